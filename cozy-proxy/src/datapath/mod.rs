@@ -1,0 +1,66 @@
+//! What a datapath is: the trait both backends implement, and the tables
+//! they hold ([`DatapathState`]).
+mod render;
+mod state;
+
+pub use render::render_text;
+
+pub use state::{AllowedPort, Change, DatapathState, StateDiff};
+
+use serde::Serialize;
+use std::fmt;
+
+/// Which datapath a node runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Nft,
+    Ebpf,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Nft => "nft",
+            BackendKind::Ebpf => "ebpf",
+        })
+    }
+}
+
+/// What one sync did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SyncReport {
+    /// Elements removed plus elements added in the kernel.
+    pub changed_elements: usize,
+    /// True when the sync (re)installed tables, chains or rules.
+    pub installed_schema: bool,
+}
+
+/// The live state of a datapath, read back from the kernel.
+#[derive(Clone, Debug, Serialize)]
+pub struct Dump {
+    pub backend: BackendKind,
+    /// False when nothing of ours is installed.
+    pub installed: bool,
+    pub state: DatapathState,
+    /// Backend-specific detail (chains and counters, attachments, ...).
+    pub details: serde_json::Value,
+}
+
+/// A datapath keeps the kernel equal to a [`DatapathState`].
+pub trait Datapath {
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    fn kind(&self) -> BackendKind;
+
+    /// Makes the kernel hold exactly `desired`. The first call adopts what a
+    /// previous instance left, without a moment where traffic is not
+    /// translated; later calls change only the elements that differ.
+    fn sync(&mut self, desired: &DatapathState) -> Result<SyncReport, Self::Error>;
+
+    /// Reads the live state back from the kernel.
+    fn dump(&self) -> Result<Dump, Self::Error>;
+
+    /// Removes everything this datapath installed.
+    fn cleanup(&mut self) -> Result<(), Self::Error>;
+}

@@ -1,0 +1,80 @@
+//! Which pod backs a Service: the ready addresses of its EndpointSlices.
+use super::types::{Family, ServiceRef};
+use super::warning::{WarningKind, Warnings};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::IpAddr,
+};
+
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// EndpointSlices grouped by the Service they belong to.
+pub struct SliceIndex<'a> {
+    by_service: HashMap<ServiceRef, Vec<&'a EndpointSlice>>,
+}
+
+impl<'a> SliceIndex<'a> {
+    pub fn new(slices: &'a [EndpointSlice]) -> Self {
+        let mut by_service: HashMap<ServiceRef, Vec<&'a EndpointSlice>> = HashMap::new();
+        for slice in slices {
+            let owner = slice
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(SERVICE_NAME_LABEL));
+            if let Some(owner) = owner {
+                let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
+                by_service
+                    .entry(ServiceRef::new(namespace, owner.as_str()))
+                    .or_default()
+                    .push(slice);
+            }
+        }
+        SliceIndex { by_service }
+    }
+
+    pub fn slices_of(&self, service: &ServiceRef) -> &[&'a EndpointSlice] {
+        self.by_service.get(service).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// The distinct ready endpoint addresses of a Service, per family. An
+/// endpoint whose `ready` condition is unset counts as ready (as the API
+/// documents). FQDN slices are ignored; unparsable addresses are reported.
+pub(crate) fn ready_addresses(
+    slices: &[&EndpointSlice],
+    warnings: &mut Warnings<'_>,
+) -> BTreeMap<Family, BTreeSet<IpAddr>> {
+    let mut out: BTreeMap<Family, BTreeSet<IpAddr>> = BTreeMap::new();
+    for slice in slices {
+        if slice.address_type != "IPv4" && slice.address_type != "IPv6" {
+            continue;
+        }
+        for endpoint in &slice.endpoints {
+            let ready = endpoint
+                .conditions
+                .as_ref()
+                .and_then(|c| c.ready)
+                .unwrap_or(true);
+            if !ready {
+                continue;
+            }
+            for text in &endpoint.addresses {
+                match text.parse::<IpAddr>() {
+                    Ok(ip) => {
+                        out.entry(Family::of(&ip)).or_default().insert(ip);
+                    }
+                    Err(_) => warnings.push(
+                        WarningKind::InvalidIp,
+                        format!(
+                            "endpoint address {text:?} in EndpointSlice {} is not an IP address; skipped",
+                            slice.metadata.name.as_deref().unwrap_or("?")
+                        ),
+                    ),
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,113 @@
+//! Values the desired-state model works with.
+use serde::Serialize;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    net::IpAddr,
+};
+
+/// A Service, by namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct ServiceRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ServiceRef {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        ServiceRef {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ServiceRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// IP address family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub fn of(ip: &IpAddr) -> Family {
+        match ip {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+}
+
+/// The L4 protocols a port filter can list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// IANA protocol number, as in the IP header.
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
+
+    pub fn from_number(n: u8) -> Option<Protocol> {
+        match n {
+            6 => Some(Protocol::Tcp),
+            17 => Some(Protocol::Udp),
+            132 => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+}
+
+/// One `(protocol, port)` a port-filtered Service lets through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct PortRule {
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+/// What traffic to the LoadBalancer IP reaches the pod.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum Mode {
+    /// Every protocol and port (`wholeIP: "true"` or absent).
+    Passthrough,
+    /// Only the listed ports, plus replies to the pod's own flows
+    /// (`wholeIP: "false"`, or an invalid value: fail closed).
+    PortFilter {
+        ports: BTreeSet<PortRule>,
+        allow_icmp: bool,
+    },
+}
+
+/// One 1:1 NAT: `lb_ip` <-> `pod_ip`, both of one family.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Mapping {
+    pub service: ServiceRef,
+    pub lb_ip: IpAddr,
+    pub pod_ip: IpAddr,
+    pub mode: Mode,
+}
+
+/// The whole desired NAT state of a node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    /// Sorted by LoadBalancer IP; no LB IP and no pod IP appears twice.
+    pub mappings: Vec<Mapping>,
+    /// LoadBalancer IPs of managed Services that are not mapped to any pod
+    /// (no ready endpoint, several, a lost conflict): traffic to them is
+    /// dropped on the node instead of being routed back out (no loop).
+    pub unmapped_lb_ips: BTreeMap<IpAddr, ServiceRef>,
+}

@@ -1,0 +1,83 @@
+//! Problems the model finds in its input, as values: the caller turns each
+//! into a log line, a Kubernetes Event and a metric.
+use super::types::ServiceRef;
+use serde::Serialize;
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum WarningKind {
+    /// `wholeIP` or `allowICMP` is neither "true" nor "false".
+    InvalidAnnotation,
+    /// An IP string in the Service status or an EndpointSlice does not parse.
+    InvalidIp,
+    /// The load-balancer status holds a hostname and no IP.
+    HostnameOnly,
+    /// The Service has no load-balancer IP yet.
+    NoLoadBalancerIp,
+    /// More than one LoadBalancer IP of one family: only the first is used.
+    ExtraLoadBalancerIp,
+    /// A port in `spec.ports` that the port filter cannot express.
+    InvalidPort,
+    /// No ready endpoint for a family that has a LoadBalancer IP.
+    NoReadyEndpoint,
+    /// Several distinct ready endpoint addresses: a 1:1 NAT needs exactly one.
+    MultipleEndpoints,
+    /// Another, older Service claims the same LoadBalancer IP.
+    LoadBalancerIpConflict,
+    /// Another, older Service claims the same pod IP.
+    PodIpConflict,
+}
+
+impl WarningKind {
+    /// Stable name, used as Event reason and metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WarningKind::InvalidAnnotation => "InvalidAnnotation",
+            WarningKind::InvalidIp => "InvalidIP",
+            WarningKind::HostnameOnly => "HostnameOnly",
+            WarningKind::NoLoadBalancerIp => "NoLoadBalancerIP",
+            WarningKind::ExtraLoadBalancerIp => "ExtraLoadBalancerIP",
+            WarningKind::InvalidPort => "InvalidPort",
+            WarningKind::NoReadyEndpoint => "NoReadyEndpoint",
+            WarningKind::MultipleEndpoints => "MultipleEndpoints",
+            WarningKind::LoadBalancerIpConflict => "LoadBalancerIPConflict",
+            WarningKind::PodIpConflict => "PodIPConflict",
+        }
+    }
+}
+
+impl fmt::Display for WarningKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct Warning {
+    pub service: ServiceRef,
+    pub kind: WarningKind,
+    pub message: String,
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}: {}", self.service, self.kind, self.message)
+    }
+}
+
+/// Collects the warnings found while reading one Service.
+#[derive(Debug)]
+pub(crate) struct Warnings<'a> {
+    pub service: &'a ServiceRef,
+    pub out: &'a mut Vec<Warning>,
+}
+
+impl Warnings<'_> {
+    pub fn push(&mut self, kind: WarningKind, message: impl Into<String>) {
+        self.out.push(Warning {
+            service: self.service.clone(),
+            kind,
+            message: message.into(),
+        });
+    }
+}

@@ -1,0 +1,341 @@
+//! A NETLINK_NETFILTER socket: atomic batches and dumps.
+use super::sys::*;
+use super::wire::{attr_str, messages, Writer, NLMSG_HDRLEN};
+use std::{
+    io,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetlinkError {
+    #[error("netlink socket: {0}")]
+    Io(#[from] io::Error),
+    #[error("nf_tables refused {what}: {source}{}", extack.as_deref().map(|m| format!(" ({m})")).unwrap_or_default())]
+    Refused {
+        what: String,
+        source: io::Error,
+        extack: Option<String>,
+    },
+    #[error("nf_tables did not acknowledge {0} message(s) of the batch")]
+    MissingAcks(usize),
+}
+
+impl NetlinkError {
+    /// The errno the kernel answered, if it answered one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            NetlinkError::Refused { source, .. } => source.raw_os_error(),
+            NetlinkError::Io(e) => e.raw_os_error(),
+            NetlinkError::MissingAcks(_) => None,
+        }
+    }
+}
+
+/// A batch of nf_tables messages applied as one transaction: all or nothing.
+pub struct Batch {
+    writer: Writer,
+    /// (sequence number, what the message does) of every message that asks
+    /// for an acknowledgement.
+    pending: Vec<(u32, String)>,
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(1);
+
+fn next_seq() -> u32 {
+    SEQ.fetch_add(1, Ordering::Relaxed)
+}
+
+impl Batch {
+    pub fn new() -> Self {
+        let mut writer = Writer::new();
+        writer.message(
+            NFNL_MSG_BATCH_BEGIN,
+            0,
+            next_seq(),
+            NFPROTO_UNSPEC,
+            NFNL_SUBSYS_NFTABLES,
+            |_| {},
+        );
+        Batch {
+            writer,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Adds one nf_tables message (`msg` is NFT_MSG_*), acknowledged.
+    pub fn add(
+        &mut self,
+        msg: u16,
+        flags: u16,
+        family: u8,
+        what: impl Into<String>,
+        body: impl FnOnce(&mut Writer),
+    ) {
+        let seq = next_seq();
+        self.writer.message(
+            (NFNL_SUBSYS_NFTABLES << 8) | msg,
+            flags | NLM_F_ACK,
+            seq,
+            family,
+            0,
+            body,
+        );
+        self.pending.push((seq, what.into()));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    pub fn message_count(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Batch::new()
+    }
+}
+
+pub struct NlSocket {
+    fd: OwnedFd,
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+impl NlSocket {
+    pub fn open() -> Result<Self, NetlinkError> {
+        // SAFETY: plain syscalls on a descriptor we own.
+        let fd = unsafe {
+            check(libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                libc::NETLINK_NETFILTER,
+            ))?
+        };
+        // SAFETY: fd was just returned by socket().
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let sock = NlSocket { fd };
+        // Large batches (tens of thousands of elements) and their acks must
+        // fit: ask for big buffers (the FORCE variants work as root).
+        for opt in [libc::SO_SNDBUFFORCE, libc::SO_RCVBUFFORCE] {
+            let size: libc::c_int = 64 << 20;
+            if sock.setsockopt(libc::SOL_SOCKET, opt, size).is_err() {
+                let plain = if opt == libc::SO_SNDBUFFORCE {
+                    libc::SO_SNDBUF
+                } else {
+                    libc::SO_RCVBUF
+                };
+                sock.setsockopt(libc::SOL_SOCKET, plain, size)?;
+            }
+        }
+        // Errors echo only the header, plus the kernel's explanation.
+        sock.setsockopt(libc::SOL_NETLINK, NETLINK_CAP_ACK, 1)?;
+        let _ = sock.setsockopt(libc::SOL_NETLINK, NETLINK_EXT_ACK, 1);
+        let timeout = libc::timeval {
+            tv_sec: 10,
+            tv_usec: 0,
+        };
+        // SAFETY: valid pointer and length for SO_RCVTIMEO.
+        unsafe {
+            check(libc::setsockopt(
+                sock.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &timeout as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as u32,
+            ))?;
+        }
+        Ok(sock)
+    }
+
+    fn setsockopt(&self, level: i32, opt: i32, value: libc::c_int) -> io::Result<()> {
+        // SAFETY: valid pointer and length for an int option.
+        unsafe {
+            check(libc::setsockopt(
+                self.fd.as_raw_fd(),
+                level,
+                opt,
+                &value as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as u32,
+            ))?;
+        }
+        Ok(())
+    }
+
+    fn send(&self, bytes: &[u8]) -> io::Result<()> {
+        // SAFETY: zeroed sockaddr_nl is the kernel's address (pid 0).
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as u16;
+        // SAFETY: buffer and address are valid for the call.
+        let n = unsafe {
+            check(libc::sendto(
+                self.fd.as_raw_fd(),
+                bytes.as_ptr() as *const libc::c_void,
+                bytes.len(),
+                0,
+                &addr as *const _ as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_nl>() as u32,
+            ) as libc::c_int)?
+        };
+        if n as usize != bytes.len() {
+            return Err(io::Error::other("short netlink send"));
+        }
+        Ok(())
+    }
+
+    /// Receives one datagram; `Ok(None)` when nothing is waiting and
+    /// `nonblocking` is set.
+    fn recv(&self, buf: &mut [u8], nonblocking: bool) -> io::Result<Option<usize>> {
+        let flags = if nonblocking { libc::MSG_DONTWAIT } else { 0 };
+        // SAFETY: buf is valid for writes of its length.
+        let n = unsafe {
+            libc::recv(
+                self.fd.as_raw_fd(),
+                buf.as_mut_ptr() as *mut libc::c_void,
+                buf.len(),
+                flags,
+            )
+        };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if nonblocking && err.kind() == io::ErrorKind::WouldBlock {
+                return Ok(None);
+            }
+            return Err(err);
+        }
+        Ok(Some(n as usize))
+    }
+
+    /// Sends a batch as one transaction and checks every acknowledgement.
+    pub fn apply(&self, mut batch: Batch) -> Result<(), NetlinkError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        batch.writer.message(
+            NFNL_MSG_BATCH_END,
+            0,
+            next_seq(),
+            NFPROTO_UNSPEC,
+            NFNL_SUBSYS_NFTABLES,
+            |_| {},
+        );
+        let bytes = batch.writer.into_bytes();
+        self.send(&bytes)?;
+        // The kernel handles the whole batch inside sendmsg(): every answer
+        // is queued by now. Wait for the first, then drain the rest.
+        let mut pending: std::collections::HashMap<u32, String> = batch.pending.into_iter().collect();
+        let mut first_error: Option<NetlinkError> = None;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut nonblocking = false;
+        while !pending.is_empty() {
+            let Some(n) = self.recv(&mut buf, nonblocking)? else {
+                break;
+            };
+            nonblocking = true;
+            for msg in messages(&buf[..n]) {
+                if msg.msg_type != NLMSG_ERROR {
+                    continue;
+                }
+                let Some(what) = pending.remove(&msg.seq) else {
+                    continue;
+                };
+                if let Some((errno, extack)) = parse_error(&msg) {
+                    if first_error.is_none() {
+                        first_error = Some(NetlinkError::Refused {
+                            what,
+                            source: io::Error::from_raw_os_error(errno),
+                            extack,
+                        });
+                    }
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        if !pending.is_empty() {
+            return Err(NetlinkError::MissingAcks(pending.len()));
+        }
+        Ok(())
+    }
+
+    /// Sends a dump request (`msg` is NFT_MSG_GET*) and returns the payload
+    /// (after nlmsghdr) of every answer.
+    pub fn dump(
+        &self,
+        msg: u16,
+        family: u8,
+        body: impl FnOnce(&mut Writer),
+    ) -> Result<Vec<Vec<u8>>, NetlinkError> {
+        let seq = next_seq();
+        let mut w = Writer::new();
+        w.message(
+            (NFNL_SUBSYS_NFTABLES << 8) | msg,
+            NLM_F_DUMP | NLM_F_ACK,
+            seq,
+            family,
+            0,
+            body,
+        );
+        self.send(&w.into_bytes())?;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = self.recv(&mut buf, false)?.unwrap_or(0);
+            for m in messages(&buf[..n]) {
+                if m.seq != seq {
+                    continue;
+                }
+                match m.msg_type {
+                    NLMSG_DONE => return Ok(out),
+                    NLMSG_ERROR => match parse_error(&m) {
+                        Some((errno, extack)) => {
+                            return Err(NetlinkError::Refused {
+                                what: format!("dump request {msg}"),
+                                source: io::Error::from_raw_os_error(errno),
+                                extack,
+                            })
+                        }
+                        None => return Ok(out),
+                    },
+                    _ => out.push(m.payload.to_vec()),
+                }
+            }
+        }
+    }
+}
+
+/// `Some((errno, message))` for an NLMSG_ERROR that reports a failure,
+/// `None` for a plain acknowledgement.
+fn parse_error(msg: &super::wire::Message<'_>) -> Option<(i32, Option<String>)> {
+    let code = i32::from_ne_bytes(msg.payload.get(0..4)?.try_into().ok()?);
+    if code == 0 {
+        return None;
+    }
+    let extack = if msg.flags & NLM_F_ACK_TLVS != 0 {
+        let orig_len = if msg.flags & NLM_F_CAPPED != 0 {
+            NLMSG_HDRLEN
+        } else {
+            msg.payload
+                .get(4..8)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_ne_bytes)
+                .map_or(NLMSG_HDRLEN, |l| l as usize)
+        };
+        msg.payload
+            .get(4 + super::wire::align4(orig_len)..)
+            .and_then(|tlvs| attr_str(tlvs, NLMSGERR_ATTR_MSG))
+    } else {
+        None
+    };
+    Some((-code, extack))
+}

@@ -1,0 +1,176 @@
+//! The standalone source: Services and EndpointSlices from YAML or JSON
+//! manifests in a directory (multi-document YAML allowed).
+use super::Snapshot;
+use serde::Deserialize;
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("reading {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// A document that could not be used; the rest of the directory still is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    pub file: PathBuf,
+    pub document: usize,
+    pub reason: String,
+}
+
+/// Everything read from the directory.
+#[derive(Clone, Debug, Default)]
+pub struct Loaded {
+    pub snapshot: Snapshot,
+    pub skipped: Vec<Skipped>,
+}
+
+fn is_manifest(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml" | "json")
+    )
+}
+
+/// The manifest files of `dir`, sorted by name.
+pub fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>, ManifestError> {
+    let io = |source| ManifestError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io)? {
+        let path = entry.map_err(io)?.path();
+        if path.is_file() && is_manifest(&path) {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// A fingerprint of the directory's manifests: their names and contents.
+/// Compared between polls to notice any change.
+pub fn fingerprint(dir: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, ManifestError> {
+    manifest_files(dir)?
+        .into_iter()
+        .map(|path| match fs::read(&path) {
+            Ok(bytes) => Ok((path, bytes)),
+            Err(source) => Err(ManifestError::Io { path, source }),
+        })
+        .collect()
+}
+
+/// Parses manifests (as returned by [`fingerprint`]).
+pub fn parse(files: &[(PathBuf, Vec<u8>)]) -> Loaded {
+    let mut loaded = Loaded::default();
+    for (file, bytes) in files {
+        let text = String::from_utf8_lossy(bytes);
+        for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
+            let skip = |reason: String| Skipped {
+                file: file.clone(),
+                document: i,
+                reason,
+            };
+            let value = match serde_yaml::Value::deserialize(doc) {
+                Ok(serde_yaml::Value::Null) => continue,
+                Ok(v) => v,
+                Err(e) => {
+                    loaded.skipped.push(skip(format!("not YAML: {e}")));
+                    // A syntax error ends the stream of this file.
+                    break;
+                }
+            };
+            if let Err(reason) = add_object(&mut loaded.snapshot, value) {
+                loaded.skipped.push(skip(reason));
+            }
+        }
+    }
+    loaded
+}
+
+fn add_object(snapshot: &mut Snapshot, value: serde_yaml::Value) -> Result<(), String> {
+    let kind = value
+        .get("kind")
+        .and_then(|k| k.as_str())
+        .unwrap_or("")
+        .to_string();
+    let api_version = value
+        .get("apiVersion")
+        .and_then(|k| k.as_str())
+        .unwrap_or("")
+        .to_string();
+    match (api_version.as_str(), kind.as_str()) {
+        ("v1", "Service") => {
+            let svc = serde_yaml::from_value(value).map_err(|e| format!("invalid Service: {e}"))?;
+            snapshot.services.push(svc);
+        }
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            let slice =
+                serde_yaml::from_value(value).map_err(|e| format!("invalid EndpointSlice: {e}"))?;
+            snapshot.endpoint_slices.push(slice);
+        }
+        ("v1", "List") => {
+            let items = value
+                .get("items")
+                .and_then(|i| i.as_sequence())
+                .cloned()
+                .unwrap_or_default();
+            for item in items {
+                add_object(snapshot, item)?;
+            }
+        }
+        _ => return Err(format!("ignored object {api_version}/{kind}")),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_multi_document_yaml_and_reports_bad_documents() {
+        let yaml = br#"
+apiVersion: v1
+kind: Service
+metadata: {name: a, namespace: ns}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: a-1, namespace: ns, labels: {kubernetes.io/service-name: a}}
+addressType: IPv4
+endpoints: [{addresses: ["192.0.2.11"]}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: c}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: 42}
+spec: {ports: "not a list"}
+"#;
+        let loaded = parse(&[(PathBuf::from("x.yaml"), yaml.to_vec())]);
+        assert_eq!(loaded.snapshot.services.len(), 1);
+        assert_eq!(loaded.snapshot.endpoint_slices.len(), 1);
+        assert_eq!(loaded.skipped.len(), 2, "{:?}", loaded.skipped);
+        assert!(loaded.skipped[0].reason.contains("ConfigMap"));
+        assert!(loaded.skipped[1].reason.contains("invalid Service"));
+    }
+
+    #[test]
+    fn a_syntax_error_skips_the_rest_of_that_file_only() {
+        let bad = b"apiVersion: v1\nkind: Service\nmetadata: {name: [\n".to_vec();
+        let good = b"apiVersion: v1\nkind: Service\nmetadata: {name: b}\n".to_vec();
+        let loaded = parse(&[(PathBuf::from("a.yaml"), bad), (PathBuf::from("b.yaml"), good)]);
+        assert_eq!(loaded.snapshot.services.len(), 1);
+        assert_eq!(loaded.skipped.len(), 1);
+    }
+}
