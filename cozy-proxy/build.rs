@@ -27,7 +27,10 @@ fn main() {
     let common_dir = root.join("cozy-proxy-common");
     for dir in [&ebpf_dir, &common_dir] {
         println!("cargo:rerun-if-changed={}", dir.join("src").display());
-        println!("cargo:rerun-if-changed={}", dir.join("Cargo.toml").display());
+        println!(
+            "cargo:rerun-if-changed={}",
+            dir.join("Cargo.toml").display()
+        );
     }
     let target_dir = PathBuf::from(env::var("OUT_DIR").expect("set by cargo")).join("ebpf");
     build_ebpf(&ebpf_dir, &target_dir);

@@ -15,7 +15,11 @@ use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
 
 #[derive(Parser)]
-#[command(name = "cozy-proxy", version, about = "1:1 NAT from a LoadBalancer IP to its one pod")]
+#[command(
+    name = "cozy-proxy",
+    version,
+    about = "1:1 NAT from a LoadBalancer IP to its one pod"
+)]
 struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "cozy_proxy=debug".
     #[arg(long, env = "COZY_PROXY_LOG", default_value = "info", global = true)]

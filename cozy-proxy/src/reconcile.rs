@@ -1,6 +1,6 @@
 //! The reconcile step shared by every source: objects in, plan computed,
 //! problems reported, datapath synced.
-use crate::datapath::{DatapathState, Datapath, SyncReport};
+use crate::datapath::{Datapath, DatapathState, SyncReport};
 use crate::model::{compute_plan, Outcome, Warning};
 use crate::source::Snapshot;
 use std::collections::BTreeSet;

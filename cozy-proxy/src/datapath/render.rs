@@ -9,7 +9,11 @@ pub fn render_text(dump: &Dump) -> String {
         out,
         "backend: {} ({})",
         dump.backend,
-        if dump.installed { "installed" } else { "not installed" }
+        if dump.installed {
+            "installed"
+        } else {
+            "not installed"
+        }
     );
     let _ = writeln!(out, "svc_pod (LoadBalancer IP -> pod):");
     for (lb, pod) in &s.svc_pod {
@@ -21,7 +25,11 @@ pub fn render_text(dump: &Dump) -> String {
     }
     let _ = writeln!(out, "filtered_pods:");
     for pod in &s.filtered_pods {
-        let icmp = if s.icmp_allowed_pods.contains(pod) { " (ICMP allowed)" } else { "" };
+        let icmp = if s.icmp_allowed_pods.contains(pod) {
+            " (ICMP allowed)"
+        } else {
+            ""
+        };
         let ports: Vec<String> = s
             .allowed_ports
             .iter()

@@ -141,7 +141,11 @@ fn candidates(
             }
             1 => pods.and_then(|p| p.iter().next().copied()),
             _ => {
-                let list: Vec<String> = pods.into_iter().flatten().map(ToString::to_string).collect();
+                let list: Vec<String> = pods
+                    .into_iter()
+                    .flatten()
+                    .map(ToString::to_string)
+                    .collect();
                 warnings.push(
                     WarningKind::MultipleEndpoints,
                     format!(

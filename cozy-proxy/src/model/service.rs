@@ -39,7 +39,10 @@ pub fn is_selected(svc: &Service) -> bool {
 
 pub fn service_ref(svc: &Service) -> ServiceRef {
     ServiceRef::new(
-        svc.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+        svc.metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
         svc.metadata.name.clone().unwrap_or_default(),
     )
 }
@@ -112,7 +115,10 @@ fn declared_ports(svc: &Service, warnings: &mut Warnings<'_>) -> BTreeSet<PortRu
             other => {
                 warnings.push(
                     WarningKind::InvalidPort,
-                    format!("port {} has unknown protocol {other:?}; not allowed", p.port),
+                    format!(
+                        "port {} has unknown protocol {other:?}; not allowed",
+                        p.port
+                    ),
                 );
                 continue;
             }

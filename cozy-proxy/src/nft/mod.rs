@@ -12,7 +12,7 @@ mod sys;
 mod wire;
 
 use crate::datapath::{
-    AllowedPort, BackendKind, Change, DatapathState, Datapath, Dump, StateDiff, SyncReport,
+    AllowedPort, BackendKind, Change, Datapath, DatapathState, Dump, StateDiff, SyncReport,
 };
 use schema::{Layout, SetDef, LAYOUTS, TABLE};
 use serde_json::json;
@@ -78,8 +78,7 @@ impl NftBackend {
                 flags: attr_u32(b, NFTA_SET_FLAGS).unwrap_or(0) & NFT_SET_MAP,
                 key_type: attr_u32(b, NFTA_SET_KEY_TYPE).unwrap_or(0),
                 key_len: attr_u32(b, NFTA_SET_KEY_LEN).unwrap_or(0),
-                data: attr_u32(b, NFTA_SET_DATA_TYPE)
-                    .zip(attr_u32(b, NFTA_SET_DATA_LEN)),
+                data: attr_u32(b, NFTA_SET_DATA_TYPE).zip(attr_u32(b, NFTA_SET_DATA_LEN)),
             })
             .collect())
     }
@@ -111,9 +110,12 @@ impl NftBackend {
         }
         let live_sets = self.read_sets(l)?;
         let compatible = schema::sets(l).iter().all(|want| {
-            live_sets
-                .iter()
-                .any(|have| SetDef { id: want.id, ..have.clone() } == *want)
+            live_sets.iter().any(|have| {
+                SetDef {
+                    id: want.id,
+                    ..have.clone()
+                } == *want
+            })
         });
         let mut state = DatapathState::default();
         if compatible {
@@ -123,7 +125,9 @@ impl NftBackend {
     }
 
     fn read_state_into(&self, l: &Layout, s: &mut DatapathState) -> Result<(), NftError> {
-        let bad = |what: &str| NftError::Decode(format!("{what} element of size other than {}", l.addr_len));
+        let bad = |what: &str| {
+            NftError::Decode(format!("{what} element of size other than {}", l.addr_len))
+        };
         let addr = |b: &[u8], what: &str| l.addr_from_bytes(b).ok_or_else(|| bad(what));
         for (k, v) in self.read_elements(l, schema::POD_SVC)? {
             s.pod_svc.insert(addr(&k, "pod_svc")?, addr(&v, "pod_svc")?);
@@ -155,45 +159,73 @@ impl NftBackend {
     fn install(batch: &mut Batch, l: &Layout, replace: bool) {
         let f = l.nfproto;
         if replace {
-            batch.add(NFT_MSG_DELTABLE, 0, f, format!("delete table {} {TABLE}", l.name), |w| {
-                w.put_str(NFTA_TABLE_NAME, TABLE)
-            });
+            batch.add(
+                NFT_MSG_DELTABLE,
+                0,
+                f,
+                format!("delete table {} {TABLE}", l.name),
+                |w| w.put_str(NFTA_TABLE_NAME, TABLE),
+            );
         }
-        batch.add(NFT_MSG_NEWTABLE, NLM_F_CREATE, f, format!("table {} {TABLE}", l.name), |w| {
-            w.put_str(NFTA_TABLE_NAME, TABLE);
-            w.put_u32(NFTA_TABLE_FLAGS, 0);
-        });
+        batch.add(
+            NFT_MSG_NEWTABLE,
+            NLM_F_CREATE,
+            f,
+            format!("table {} {TABLE}", l.name),
+            |w| {
+                w.put_str(NFTA_TABLE_NAME, TABLE);
+                w.put_u32(NFTA_TABLE_FLAGS, 0);
+            },
+        );
         for s in schema::sets(l) {
-            batch.add(NFT_MSG_NEWSET, NLM_F_CREATE, f, format!("set {}", s.name), |w| {
-                w.put_str(NFTA_SET_TABLE, TABLE);
-                w.put_str(NFTA_SET_NAME, &s.name);
-                w.put_u32(NFTA_SET_FLAGS, s.flags);
-                w.put_u32(NFTA_SET_KEY_TYPE, s.key_type);
-                w.put_u32(NFTA_SET_KEY_LEN, s.key_len);
-                if let Some((t, len)) = s.data {
-                    w.put_u32(NFTA_SET_DATA_TYPE, t);
-                    w.put_u32(NFTA_SET_DATA_LEN, len);
-                }
-                w.put_u32(NFTA_SET_ID, s.id);
-            });
+            batch.add(
+                NFT_MSG_NEWSET,
+                NLM_F_CREATE,
+                f,
+                format!("set {}", s.name),
+                |w| {
+                    w.put_str(NFTA_SET_TABLE, TABLE);
+                    w.put_str(NFTA_SET_NAME, &s.name);
+                    w.put_u32(NFTA_SET_FLAGS, s.flags);
+                    w.put_u32(NFTA_SET_KEY_TYPE, s.key_type);
+                    w.put_u32(NFTA_SET_KEY_LEN, s.key_len);
+                    if let Some((t, len)) = s.data {
+                        w.put_u32(NFTA_SET_DATA_TYPE, t);
+                        w.put_u32(NFTA_SET_DATA_LEN, len);
+                    }
+                    w.put_u32(NFTA_SET_ID, s.id);
+                },
+            );
         }
         for c in schema::chains(l) {
-            batch.add(NFT_MSG_NEWCHAIN, NLM_F_CREATE, f, format!("chain {}", c.name), |w| {
-                w.put_str(NFTA_CHAIN_TABLE, TABLE);
-                w.put_str(NFTA_CHAIN_NAME, c.name);
-                w.nest(NFTA_CHAIN_HOOK, |w| {
-                    w.put_u32(NFTA_HOOK_HOOKNUM, NF_INET_PRE_ROUTING);
-                    w.put_u32(NFTA_HOOK_PRIORITY, c.priority as u32);
-                });
-                w.put_str(NFTA_CHAIN_TYPE, "filter");
-                w.put_u32(NFTA_CHAIN_POLICY, NF_ACCEPT);
-            });
+            batch.add(
+                NFT_MSG_NEWCHAIN,
+                NLM_F_CREATE,
+                f,
+                format!("chain {}", c.name),
+                |w| {
+                    w.put_str(NFTA_CHAIN_TABLE, TABLE);
+                    w.put_str(NFTA_CHAIN_NAME, c.name);
+                    w.nest(NFTA_CHAIN_HOOK, |w| {
+                        w.put_u32(NFTA_HOOK_HOOKNUM, NF_INET_PRE_ROUTING);
+                        w.put_u32(NFTA_HOOK_PRIORITY, c.priority as u32);
+                    });
+                    w.put_str(NFTA_CHAIN_TYPE, "filter");
+                    w.put_u32(NFTA_CHAIN_POLICY, NF_ACCEPT);
+                },
+            );
             // Flush and re-add the rules: an adopted table gets this
             // version's rules, atomically with the rest of the batch.
-            batch.add(NFT_MSG_DELRULE, 0, f, format!("flush chain {}", c.name), |w| {
-                w.put_str(NFTA_RULE_TABLE, TABLE);
-                w.put_str(NFTA_RULE_CHAIN, c.name);
-            });
+            batch.add(
+                NFT_MSG_DELRULE,
+                0,
+                f,
+                format!("flush chain {}", c.name),
+                |w| {
+                    w.put_str(NFTA_RULE_TABLE, TABLE);
+                    w.put_str(NFTA_RULE_CHAIN, c.name);
+                },
+            );
             for r in &c.rules {
                 batch.add(
                     NFT_MSG_NEWRULE,
@@ -224,7 +256,9 @@ impl NftBackend {
         let addr = |ip: &IpAddr| Layout::addr_bytes(ip);
         let pairs = |c: &Change<(IpAddr, IpAddr)>, remove: bool| -> Vec<(IpAddr, Elem)> {
             let v = if remove { &c.remove } else { &c.add };
-            v.iter().map(|(k, val)| (*k, (addr(k), Some(addr(val))))).collect()
+            v.iter()
+                .map(|(k, val)| (*k, (addr(k), Some(addr(val)))))
+                .collect()
         };
         let singles = |c: &Change<IpAddr>, remove: bool| -> Vec<(IpAddr, Elem)> {
             let v = if remove { &c.remove } else { &c.add };
@@ -242,7 +276,10 @@ impl NftBackend {
                 (schema::SVC_POD, pairs(&diff.svc_pod, remove)),
                 (schema::FILTERED_PODS, singles(&diff.filtered_pods, remove)),
                 (schema::ALLOWED_PORTS, ports(&diff.allowed_ports, remove)),
-                (schema::ICMP_ALLOWED_PODS, singles(&diff.icmp_allowed_pods, remove)),
+                (
+                    schema::ICMP_ALLOWED_PODS,
+                    singles(&diff.icmp_allowed_pods, remove),
+                ),
                 (schema::UNMAPPED_LBS, singles(&diff.unmapped_lbs, remove)),
             ];
             for (set, elems) in groups {
@@ -305,13 +342,19 @@ impl NftBackend {
                         merge(&mut live, t.state);
                     }
                     if replace {
-                        warn!(family = l.name, "table {TABLE} has sets of another layout; replacing it atomically");
+                        warn!(
+                            family = l.name,
+                            "table {TABLE} has sets of another layout; replacing it atomically"
+                        );
                     }
                     Self::install(&mut batch, l, replace);
                 }
                 report.installed_schema = true;
                 if !live.is_empty() {
-                    info!(elements = live.len(), "adopting the nft datapath left by a previous instance");
+                    info!(
+                        elements = live.len(),
+                        "adopting the nft datapath left by a previous instance"
+                    );
                 }
                 live
             }
@@ -319,7 +362,11 @@ impl NftBackend {
         let diff = known.diff(desired);
         report.changed_elements = diff.size();
         Self::encode_diff(&mut batch, &diff);
-        debug!(messages = batch.message_count(), changed = report.changed_elements, "nft batch");
+        debug!(
+            messages = batch.message_count(),
+            changed = report.changed_elements,
+            "nft batch"
+        );
         self.sock.apply(batch)?;
         self.known = Some(desired.clone());
         Ok(report)
@@ -346,11 +393,20 @@ impl NftBackend {
                             .map(|(_, e)| e)
                             .find(|e| attr_str(e, NFTA_EXPR_NAME).as_deref() == Some("counter"))
                             .and_then(|e| attr(e, NFTA_EXPR_DATA))
-                            .map(|d| (attr_u64(d, NFTA_COUNTER_PACKETS), attr_u64(d, NFTA_COUNTER_BYTES)))
+                            .map(|d| {
+                                (
+                                    attr_u64(d, NFTA_COUNTER_PACKETS),
+                                    attr_u64(d, NFTA_COUNTER_BYTES),
+                                )
+                            })
                     });
                     let comment = attr(b, NFTA_RULE_USERDATA)
                         .filter(|u| u.len() > 2 && u[0] == UDATA_RULE_COMMENT)
-                        .map(|u| String::from_utf8_lossy(&u[2..]).trim_end_matches('\0').to_string());
+                        .map(|u| {
+                            String::from_utf8_lossy(&u[2..])
+                                .trim_end_matches('\0')
+                                .to_string()
+                        });
                     json!({
                         "comment": comment,
                         "packets": counter.and_then(|c| c.0),
@@ -421,9 +477,13 @@ impl Datapath for NftBackend {
         let mut batch = Batch::new();
         for l in &LAYOUTS {
             if self.table_exists(l)? {
-                batch.add(NFT_MSG_DELTABLE, 0, l.nfproto, format!("delete table {} {TABLE}", l.name), |w| {
-                    w.put_str(NFTA_TABLE_NAME, TABLE)
-                });
+                batch.add(
+                    NFT_MSG_DELTABLE,
+                    0,
+                    l.nfproto,
+                    format!("delete table {} {TABLE}", l.name),
+                    |w| w.put_str(NFTA_TABLE_NAME, TABLE),
+                );
             }
         }
         self.sock.apply(batch)?;

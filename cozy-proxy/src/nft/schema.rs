@@ -214,6 +214,45 @@ fn rewrite(l: &Layout, offset: u32, map: &'static str) -> Vec<Expr> {
     ]
 }
 
+/// ICMPv6 neighbour discovery (types 133-137: router and neighbour
+/// solicitation and advertisement, redirect) is link-local plumbing between
+/// a host and its neighbours: translating it breaks address resolution
+/// (a pod's solicitation would carry the LB IP; a router's unicast probe of
+/// the LB IP would be sent to the pod).
+fn ndp_exempt(l: &Layout) -> Option<RuleDef> {
+    (l.nfproto == NFPROTO_IPV6).then(|| RuleDef {
+        comment: "neighbour discovery is never translated",
+        exprs: vec![
+            Expr::Meta {
+                key: NFT_META_L4PROTO,
+                dreg: REG,
+            },
+            Expr::Cmp {
+                sreg: REG,
+                op: NFT_CMP_EQ,
+                data: vec![l.icmp_proto],
+            },
+            Expr::Load {
+                base: NFT_PAYLOAD_TRANSPORT_HEADER,
+                offset: 0,
+                len: 1,
+                dreg: REG,
+            },
+            Expr::Cmp {
+                sreg: REG,
+                op: NFT_CMP_GTE,
+                data: vec![133],
+            },
+            Expr::Cmp {
+                sreg: REG,
+                op: NFT_CMP_LTE,
+                data: vec![137],
+            },
+            Expr::Verdict(NF_ACCEPT),
+        ],
+    })
+}
+
 pub fn chains(l: &Layout) -> Vec<ChainDef> {
     let l4proto = |dreg| Expr::Meta {
         key: NFT_META_L4PROTO,
@@ -228,31 +267,37 @@ pub fn chains(l: &Layout) -> Vec<ChainDef> {
             // Before conntrack (-200): the tracked tuple already carries the
             // LB IP, so replies match it and the flow has one entry.
             priority: PRIO_RAW,
-            rules: vec![RuleDef {
-                comment: "pod source -> LoadBalancer IP",
-                exprs: rewrite(l, l.saddr_offset, POD_SVC),
-            }],
+            rules: ndp_exempt(l)
+                .into_iter()
+                .chain([RuleDef {
+                    comment: "pod source -> LoadBalancer IP",
+                    exprs: rewrite(l, l.saddr_offset, POD_SVC),
+                }])
+                .collect(),
         },
         ChainDef {
             name: "ingress_dnat",
             // After conntrack: replies to pod-initiated flows match the entry
             // recorded with the LB IP as source.
             priority: PRIO_MANGLE,
-            rules: vec![
-                RuleDef {
-                    comment: "LoadBalancer IP -> pod",
-                    exprs: rewrite(l, l.daddr_offset, SVC_POD),
-                },
-                RuleDef {
-                    comment: "unmapped LoadBalancer IP: drop, never route back out",
-                    exprs: vec![
-                        load_addr(l, l.daddr_offset, REG),
-                        lookup(UNMAPPED_LBS, REG),
-                        Expr::Counter,
-                        Expr::Verdict(NF_DROP),
-                    ],
-                },
-            ],
+            rules: ndp_exempt(l)
+                .into_iter()
+                .chain([
+                    RuleDef {
+                        comment: "LoadBalancer IP -> pod",
+                        exprs: rewrite(l, l.daddr_offset, SVC_POD),
+                    },
+                    RuleDef {
+                        comment: "unmapped LoadBalancer IP: drop, never route back out",
+                        exprs: vec![
+                            load_addr(l, l.daddr_offset, REG),
+                            lookup(UNMAPPED_LBS, REG),
+                            Expr::Counter,
+                            Expr::Verdict(NF_DROP),
+                        ],
+                    },
+                ])
+                .collect(),
         },
         ChainDef {
             name: "port_filter",

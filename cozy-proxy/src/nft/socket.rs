@@ -232,7 +232,8 @@ impl NlSocket {
         self.send(&bytes)?;
         // The kernel handles the whole batch inside sendmsg(): every answer
         // is queued by now. Wait for the first, then drain the rest.
-        let mut pending: std::collections::HashMap<u32, String> = batch.pending.into_iter().collect();
+        let mut pending: std::collections::HashMap<u32, String> =
+            batch.pending.into_iter().collect();
         let mut first_error: Option<NetlinkError> = None;
         let mut buf = vec![0u8; 1 << 20];
         let mut nonblocking = false;

@@ -128,3 +128,5 @@ pub const TYPE_BITS: u32 = 6;
 /// libnftnl's rule comment in NFTA_RULE_USERDATA (NFTNL_UDATA_RULE_COMMENT).
 pub const UDATA_RULE_COMMENT: u8 = 0;
 pub const NFNETLINK_V0: u8 = 0;
+pub const NFT_CMP_LTE: u32 = 3;
+pub const NFT_CMP_GTE: u32 = 5;

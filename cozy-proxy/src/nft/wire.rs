@@ -48,7 +48,8 @@ impl Writer {
         let start = self.buf.len();
         self.buf.extend_from_slice(&0u32.to_ne_bytes()); // length, patched below
         self.buf.extend_from_slice(&msg_type.to_ne_bytes());
-        self.buf.extend_from_slice(&(NLM_F_REQUEST | flags).to_ne_bytes());
+        self.buf
+            .extend_from_slice(&(NLM_F_REQUEST | flags).to_ne_bytes());
         self.buf.extend_from_slice(&seq.to_ne_bytes());
         self.buf.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel
         self.buf.push(family);
@@ -82,7 +83,8 @@ impl Writer {
     pub fn nest(&mut self, attr_type: u16, body: impl FnOnce(&mut Writer)) {
         let start = self.buf.len();
         self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf.extend_from_slice(&(attr_type | NLA_F_NESTED).to_ne_bytes());
+        self.buf
+            .extend_from_slice(&(attr_type | NLA_F_NESTED).to_ne_bytes());
         body(self);
         let len = self.buf.len() - start;
         self.buf[start..start + 2].copy_from_slice(&(len as u16).to_ne_bytes());

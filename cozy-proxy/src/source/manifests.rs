@@ -169,7 +169,10 @@ spec: {ports: "not a list"}
     fn a_syntax_error_skips_the_rest_of_that_file_only() {
         let bad = b"apiVersion: v1\nkind: Service\nmetadata: {name: [\n".to_vec();
         let good = b"apiVersion: v1\nkind: Service\nmetadata: {name: b}\n".to_vec();
-        let loaded = parse(&[(PathBuf::from("a.yaml"), bad), (PathBuf::from("b.yaml"), good)]);
+        let loaded = parse(&[
+            (PathBuf::from("a.yaml"), bad),
+            (PathBuf::from("b.yaml"), good),
+        ]);
         assert_eq!(loaded.snapshot.services.len(), 1);
         assert_eq!(loaded.skipped.len(), 1);
     }

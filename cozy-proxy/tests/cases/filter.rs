@@ -1,0 +1,86 @@
+//! Scenarios 7-11: port filter (wholeIP "false").
+use super::WEB;
+use crate::harness::{
+    manifests::Svc,
+    net::Fam,
+    traffic::{udp_request, Capture},
+    Env,
+};
+use anyhow::{ensure, Result};
+
+fn filtered(env: &Env, allow_icmp: Option<&str>) -> Svc {
+    let mut svc = Svc::new("vm1", env.lb(0)).filter(&[("TCP", 22), ("UDP", 53)]);
+    svc.allow_icmp = allow_icmp.map(str::to_string);
+    svc
+}
+
+/// 7. A listed TCP port and a listed UDP port reach pod1.
+pub fn s07_listed_ports_pass(env: &mut Env) -> Result<()> {
+    env.put_service(&filtered(env, None), &[env.pod_ip(1)])?;
+    env.settle()?;
+    let _t = env.serve_tcp(1, 22)?;
+    let _u = env.serve_udp(1, 53)?;
+    env.tcp_reaches(env.lb(0), 22, 1)?;
+    env.udp_reaches(env.lb(0), 53, 1)
+}
+
+/// 8. An unlisted TCP port and an unlisted UDP port are dropped: no reply,
+/// no RST, and pod1 never sees the packets.
+pub fn s08_unlisted_ports_dropped(env: &mut Env) -> Result<()> {
+    env.put_service(&filtered(env, None), &[env.pod_ip(1)])?;
+    env.settle()?;
+    let _ok = env.serve_tcp(1, 22)?;
+    let _t = env.serve_tcp(1, WEB)?;
+    let _u = env.serve_udp(1, 5353)?;
+    // The datapath is up: a listed port works.
+    env.tcp_reaches(env.lb(0), 22, 1)?;
+    let cap = Capture::start(
+        &env.pod_ns(1),
+        "eth0",
+        "tcp port 8080 or tcp port 9999 or udp port 5353",
+        env.scratch("cap"),
+    )?;
+    env.tcp_dropped(env.lb(0), WEB)?;
+    env.tcp_dropped(env.lb(0), 9999)?; // nothing listens: still no RST
+    env.udp_dropped(env.lb(0), 5353)?;
+    let seen = cap.stop();
+    ensure!(seen.is_empty(), "pod1 saw filtered packets: {seen:#?}");
+    Ok(())
+}
+
+/// 9. ICMP echo is dropped without allowICMP and answered with "true".
+pub fn s09_icmp_needs_allow(env: &mut Env) -> Result<()> {
+    env.put_service(&filtered(env, None), &[env.pod_ip(1)])?;
+    env.settle()?;
+    let _ok = env.serve_tcp(1, 22)?;
+    env.tcp_reaches(env.lb(0), 22, 1)?;
+    env.ping_unanswered(env.lb(0))?;
+    env.put_service(&filtered(env, Some("true")), &[env.pod_ip(1)])?;
+    env.settle()?;
+    env.ping_answered(env.lb(0))
+}
+
+/// 10. pod1's own outbound TCP and UDP flows still get their replies.
+pub fn s10_replies_to_own_flows(env: &mut Env) -> Result<()> {
+    env.put_service(&filtered(env, None), &[env.pod_ip(1)])?;
+    env.settle()?;
+    env.egress_seen_as(1, env.lb(0))
+}
+
+/// 11. ICMP errors about pod1's own flows (port unreachable from ext)
+/// reach pod1 when allowICMP is "true".
+pub fn s11_icmp_errors_reach_pod(env: &mut Env) -> Result<()> {
+    env.put_service(&filtered(env, Some("true")), &[env.pod_ip(1)])?;
+    env.settle()?;
+    env.egress_seen_as(1, env.lb(0))?; // warm up neighbours
+    let filter = match env.fam() {
+        Fam::V4 => "icmp[icmptype] == icmp-unreach",
+        Fam::V6 => "icmp6 and ip6[40] == 1",
+    };
+    let cap = Capture::start(&env.pod_ns(1), "eth0", filter, env.scratch("cap"))?;
+    // Nothing listens on ext:7999: ext answers "port unreachable" to LB_IP.
+    let _ = udp_request(&env.pod_ns(1), env.net.ext, 7999);
+    let seen = cap.stop();
+    ensure!(!seen.is_empty(), "the ICMP error did not reach pod1");
+    Ok(())
+}

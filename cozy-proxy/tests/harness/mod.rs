@@ -1,0 +1,205 @@
+//! The scenario harness: a topology, the real `cozy-proxy` binary running in
+//! the node namespace on a manifest directory, and helpers to check both the
+//! kernel state (through `cozy-proxy dump`) and real traffic.
+#![allow(dead_code)]
+
+pub mod manifests;
+pub mod net;
+pub mod sh;
+pub mod topology;
+pub mod traffic;
+
+use anyhow::{bail, Context, Result};
+use cozy_proxy::datapath::DatapathState;
+use manifests::ManifestDir;
+use net::{Fam, Net};
+use sh::{ok_in, Proc};
+use std::{fs, path::PathBuf, process::Stdio, time::Duration};
+use topology::Topology;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_cozy-proxy");
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Nft,
+    Ebpf,
+}
+
+impl Backend {
+    pub fn arg(self) -> &'static str {
+        match self {
+            Backend::Nft => "nft",
+            Backend::Ebpf => "ebpf",
+        }
+    }
+}
+
+/// The controller process (`cozy-proxy run`) in the node namespace.
+pub struct Controller {
+    proc: Option<Proc>,
+    ns: String,
+    backend: Backend,
+    dir: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Controller {
+    fn start(ns: &str, backend: Backend, dir: PathBuf, log: PathBuf) -> Result<Controller> {
+        let mut c = Controller {
+            proc: None,
+            ns: ns.into(),
+            backend,
+            dir,
+            log,
+        };
+        c.spawn()?;
+        Ok(c)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let dir = self.dir.display().to_string();
+        self.proc = Some(Proc::spawn_in(
+            &self.ns,
+            &[
+                BIN,
+                "--log",
+                "info",
+                "run",
+                "--backend",
+                self.backend.arg(),
+                "--manifests",
+                &dir,
+                "--poll-interval",
+                "100ms",
+            ],
+            Stdio::null(),
+            Stdio::from(log),
+        )?);
+        Ok(())
+    }
+
+    /// SIGTERM, wait for the exit, start again.
+    pub fn restart(&mut self) -> Result<()> {
+        if let Some(mut p) = self.proc.take() {
+            p.kill(libc::SIGTERM);
+            let status = p.child.wait()?;
+            if !status.success() {
+                bail!("controller exited with {status} on SIGTERM");
+            }
+        }
+        self.spawn()
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Still running?
+    pub fn alive(&mut self) -> bool {
+        self.proc
+            .as_mut()
+            .is_some_and(|p| matches!(p.child.try_wait(), Ok(None)))
+    }
+}
+
+/// Everything one scenario runs in. Fields drop in order: the controller
+/// stops before the namespaces go.
+pub struct Env {
+    pub ctl: Controller,
+    pub dir: ManifestDir,
+    pub topo: Topology,
+    pub net: Net,
+    pub backend: Backend,
+}
+
+impl Env {
+    pub fn new(backend: Backend, fam: Fam) -> Result<Env> {
+        check_root()?;
+        let topo = Topology::new()?;
+        let dir = ManifestDir::new(&topo.prefix)?;
+        let log = std::env::temp_dir().join(format!("{}-controller.log", topo.prefix));
+        let _ = fs::remove_file(&log);
+        let ctl = Controller::start(&topo.node(), backend, dir.path.clone(), log)?;
+        Ok(Env {
+            ctl,
+            dir,
+            topo,
+            net: Net::new(fam),
+            backend,
+        })
+    }
+
+    pub fn fam(&self) -> Fam {
+        self.net.fam
+    }
+
+    /// A scratch file for this scenario.
+    pub fn scratch(&self, name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("{}-{name}", self.topo.prefix))
+    }
+
+    /// The live datapath state, read from the kernel by `cozy-proxy dump`.
+    pub fn dump(&self) -> Result<DatapathState> {
+        let out = ok_in(
+            &self.topo.node(),
+            &[BIN, "dump", "--backend", self.backend.arg(), "-o", "json"],
+        )?;
+        let v: serde_json::Value = serde_json::from_str(&out).context("dump output")?;
+        Ok(serde_json::from_value(v["state"].clone())?)
+    }
+
+    /// What the kernel must hold for the manifests now in the directory,
+    /// per the model.
+    pub fn expected(&self) -> Result<DatapathState> {
+        let files = cozy_proxy::source::manifests::fingerprint(self.dir.path())?;
+        let loaded = cozy_proxy::source::manifests::parse(&files);
+        let outcome = cozy_proxy::model::compute_plan(
+            &loaded.snapshot.services,
+            &loaded.snapshot.endpoint_slices,
+        );
+        Ok(DatapathState::from_plan(&outcome.plan))
+    }
+
+    /// Waits until the kernel holds what the manifests ask for (or fails
+    /// after a bound), and checks the controller is still alive.
+    pub fn settle(&mut self) -> Result<DatapathState> {
+        let want = self.expected()?;
+        let got = traffic::eventually(Duration::from_secs(4), || {
+            let got = self.dump()?;
+            if got != want {
+                bail!("datapath not yet as expected:\n got {got:?}\nwant {want:?}");
+            }
+            Ok(got)
+        });
+        if !self.ctl.alive() {
+            bail!("controller died:\n{}", self.ctl.log_text());
+        }
+        got.with_context(|| format!("controller log:\n{}", self.ctl.log_text()))
+    }
+
+    /// Waits for `needle` in the controller's log.
+    pub fn wait_log(&self, needle: &str) -> Result<()> {
+        traffic::eventually(Duration::from_secs(3), || {
+            if self.ctl.log_text().contains(needle) {
+                Ok(())
+            } else {
+                bail!(
+                    "{needle:?} not in the controller log:\n{}",
+                    self.ctl.log_text()
+                )
+            }
+        })
+    }
+}
+
+fn check_root() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the datapath scenarios need root (network namespaces, nftables, BPF)");
+    }
+    Ok(())
+}

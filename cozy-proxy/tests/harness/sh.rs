@@ -1,0 +1,97 @@
+//! Running real tools (ip, nft, socat, ping, tcpdump, conntrack) inside
+//! network namespaces.
+use anyhow::{bail, Context, Result};
+use std::process::{Child, Command, Output, Stdio};
+
+/// `ip netns exec NS ARGS...`, waiting for it; returns the output whatever
+/// the exit status.
+pub fn run_in(ns: &str, args: &[&str]) -> Result<Output> {
+    Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {args:?} in {ns}"))
+}
+
+/// Like [`run_in`], failing unless the command succeeds.
+pub fn ok_in(ns: &str, args: &[&str]) -> Result<String> {
+    let out = run_in(ns, args)?;
+    if !out.status.success() {
+        bail!(
+            "{args:?} in {ns} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A host command (not in a namespace), failing unless it succeeds.
+pub fn ok(args: &[&str]) -> Result<String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {args:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{args:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A background process in a namespace, killed when dropped.
+pub struct Proc {
+    pub child: Child,
+}
+
+impl Proc {
+    pub fn spawn_in(ns: &str, args: &[&str], stdout: Stdio, stderr: Stdio) -> Result<Proc> {
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("starting {args:?} in {ns}"))?;
+        Ok(Proc { child })
+    }
+
+    pub fn kill(&mut self, signal: i32) {
+        // SAFETY: plain kill(2) on our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, signal);
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill(libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs a command in a namespace with `input` on stdin, bounded by
+/// `timeout_s` seconds (coreutils `timeout`); returns the output.
+pub fn feed_in(ns: &str, args: &[&str], input: &[u8], timeout_s: u32) -> Result<Output> {
+    use std::io::Write;
+    let limit = timeout_s.to_string();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns, "timeout", &limit])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {args:?} in {ns}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(input);
+    }
+    Ok(child.wait_with_output()?)
+}

@@ -1,0 +1,53 @@
+//! The datapath scenario suite (../shared/reference/scenarios.md): real
+//! packets through the real kernel in network namespaces, with the real
+//! `cozy-proxy` binary as controller. One list of scenarios; each backend
+//! runs it for IPv4 and IPv6. Needs root and the tools `cargo xtask setup`
+//! installs.
+mod cases;
+mod harness;
+
+use harness::{net::Fam, Backend, Env};
+
+fn run(backend: Backend, fam: Fam, scenario: fn(&mut Env) -> anyhow::Result<()>) {
+    let mut env = Env::new(backend, fam).expect("topology");
+    if let Err(e) = scenario(&mut env) {
+        panic!("{e:#}\n--- controller log ---\n{}", env.ctl.log_text());
+    }
+}
+
+/// Declares one test per scenario and family for a backend.
+macro_rules! suite {
+    ($backend:expr) => {
+        suite!(@family v4, $backend, Fam::V4);
+        suite!(@family v6, $backend, Fam::V6);
+    };
+    (@family $fam_mod:ident, $backend:expr, $fam:expr) => {
+        mod $fam_mod {
+            use super::super::{cases::*, run, Backend, Fam};
+            suite!(@tests $backend, $fam;
+                passthrough::s01_ping, passthrough::s02_any_port, passthrough::s03_other_protocol,
+                passthrough::s04_egress_source, passthrough::s05_unmanaged_pod,
+                passthrough::s06_conntrack_one_entry,
+                filter::s07_listed_ports_pass, filter::s08_unlisted_ports_dropped,
+                filter::s09_icmp_needs_allow, filter::s10_replies_to_own_flows,
+                filter::s11_icmp_errors_reach_pod,
+                changes::s12_mode_change, changes::s13_endpoint_moves,
+                changes::s14_removal_restores_plain, changes::s15_no_ready_endpoint,
+                changes::s16_restart_loses_nothing,
+                bad_input::s17_invalid_annotation, bad_input::s18_several_endpoints,
+                bad_input::s19_conflicts, bad_input::s20_hostname_and_invalid_ip);
+        }
+    };
+    (@tests $backend:expr, $fam:expr; $($module:ident :: $name:ident),*) => {
+        $(
+            #[test]
+            fn $name() {
+                run($backend, $fam, $module::$name);
+            }
+        )*
+    };
+}
+
+mod nft {
+    suite!(Backend::Nft);
+}
