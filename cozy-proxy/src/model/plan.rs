@@ -30,7 +30,7 @@ pub fn compute_plan(services: &[Service], slices: &[EndpointSlice]) -> Outcome {
     let index = SliceIndex::new(slices);
     let mut warnings = Vec::new();
     let mut wishes: Vec<(ServiceIntent, Vec<Candidate>)> = Vec::new();
-    for svc in services.iter().filter(|s| is_selected(s)) {
+    for svc in unique_services(services) {
         let service = service_ref(svc);
         let mut sink = Warnings {
             service: &service,
@@ -41,10 +41,6 @@ pub fn compute_plan(services: &[Service], slices: &[EndpointSlice]) -> Outcome {
         let candidates = candidates(&intent, &backends, &mut sink);
         wishes.push((intent, candidates));
     }
-    // Two objects with one namespace/name (a broken input, e.g. two manifest
-    // files): keep the older one.
-    wishes.sort_by(|(a, _), (b, _)| (&a.service, &a.created).cmp(&(&b.service, &b.created)));
-    wishes.dedup_by(|(later, _), (kept, _)| later.service == kept.service);
     // Older Services win conflicts; ties broken by namespace/name so that
     // every node decides the same way.
     wishes.sort_by(|(a, _), (b, _)| (&a.created, &a.service).cmp(&(&b.created, &b.service)));
@@ -108,6 +104,30 @@ pub fn compute_plan(services: &[Service], slices: &[EndpointSlice]) -> Outcome {
     warnings.sort();
     warnings.dedup();
     Outcome { plan, warnings }
+}
+
+/// The selected Services, one per namespace/name. Two objects with one name
+/// (a broken input, e.g. two manifest files) are settled by content, never
+/// by input order: the older, then the smaller serialization.
+fn unique_services(services: &[Service]) -> Vec<&Service> {
+    let mut by_name: BTreeMap<_, Vec<&Service>> = BTreeMap::new();
+    for svc in services.iter().filter(|s| is_selected(s)) {
+        by_name.entry(service_ref(svc)).or_default().push(svc);
+    }
+    by_name
+        .into_values()
+        .filter_map(|mut group| {
+            if group.len() > 1 {
+                group.sort_by_cached_key(|s| {
+                    (
+                        s.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                        serde_json::to_string(s).unwrap_or_default(),
+                    )
+                });
+            }
+            group.into_iter().next()
+        })
+        .collect()
 }
 
 /// Per family: the first LB IP and the one ready backend, if exactly one.

@@ -1,1 +1,553 @@
+//! Unit and property tests of the desired-state model.
+use super::*;
+use k8s_openapi::api::{
+    core::v1::{
+        LoadBalancerIngress, LoadBalancerStatus, Service, ServicePort, ServiceSpec, ServiceStatus,
+    },
+    discovery::v1::{Endpoint, EndpointConditions, EndpointSlice},
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use proptest::prelude::*;
+use std::{collections::BTreeMap, net::IpAddr};
 
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("test constant")
+}
+
+struct SvcSpec<'a> {
+    name: &'a str,
+    label: bool,
+    annotations: &'a [(&'a str, &'a str)],
+    lb: &'a [&'a str],
+    ports: &'a [(&'a str, i32)],
+    created: Option<i64>,
+}
+
+impl Default for SvcSpec<'_> {
+    fn default() -> Self {
+        SvcSpec {
+            name: "vm",
+            label: true,
+            annotations: &[],
+            lb: &["203.0.113.10"],
+            ports: &[],
+            created: None,
+        }
+    }
+}
+
+fn service(s: SvcSpec<'_>) -> Service {
+    let mut labels = BTreeMap::new();
+    if s.label {
+        labels.insert(PROXY_NAME_LABEL.to_string(), PROXY_NAME.to_string());
+    }
+    Service {
+        metadata: ObjectMeta {
+            name: Some(s.name.into()),
+            namespace: Some("ns".into()),
+            labels: Some(labels),
+            annotations: Some(
+                s.annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            creation_timestamp: s
+                .created
+                .map(|secs| Time(k8s_openapi::jiff::Timestamp::from_second(secs).expect("valid"))),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            ports: Some(
+                s.ports
+                    .iter()
+                    .map(|(proto, port)| ServicePort {
+                        port: *port,
+                        protocol: Some(proto.to_string()),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }),
+        status: Some(ServiceStatus {
+            load_balancer: Some(LoadBalancerStatus {
+                ingress: Some(
+                    s.lb.iter()
+                        .map(|v| {
+                            if v.starts_with("host:") {
+                                LoadBalancerIngress {
+                                    hostname: Some(v.trim_start_matches("host:").into()),
+                                    ..Default::default()
+                                }
+                            } else {
+                                LoadBalancerIngress {
+                                    ip: Some(v.to_string()),
+                                    ..Default::default()
+                                }
+                            }
+                        })
+                        .collect(),
+                ),
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+fn slice(svc: &str, family: &str, endpoints: &[(&str, Option<bool>)]) -> EndpointSlice {
+    EndpointSlice {
+        metadata: ObjectMeta {
+            name: Some(format!("{svc}-{family}-{}", endpoints.len())),
+            namespace: Some("ns".into()),
+            labels: Some([(SERVICE_NAME_LABEL.to_string(), svc.to_string())].into()),
+            ..Default::default()
+        },
+        address_type: family.into(),
+        endpoints: endpoints
+            .iter()
+            .map(|(a, ready)| Endpoint {
+                addresses: vec![a.to_string()],
+                conditions: Some(EndpointConditions {
+                    ready: *ready,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect(),
+        ports: None,
+    }
+}
+
+fn kinds(o: &Outcome) -> Vec<WarningKind> {
+    o.warnings.iter().map(|w| w.kind).collect()
+}
+
+#[test]
+fn selection_by_label_or_annotation_only() {
+    let labelled = service(SvcSpec::default());
+    let annotated = service(SvcSpec {
+        label: false,
+        annotations: &[(WHOLE_IP_ANNOTATION, "true")],
+        ..Default::default()
+    });
+    let neither = service(SvcSpec {
+        label: false,
+        ..Default::default()
+    });
+    assert!(is_selected(&labelled));
+    assert!(is_selected(&annotated));
+    assert!(!is_selected(&neither));
+    let mut other_proxy = service(SvcSpec::default());
+    other_proxy.metadata.labels = Some([(PROXY_NAME_LABEL.into(), "kube-proxy".into())].into());
+    assert!(!is_selected(&other_proxy));
+}
+
+#[test]
+fn passthrough_mapping_both_families() {
+    let svc = service(SvcSpec {
+        lb: &["203.0.113.10", "2001:db8:203::10"],
+        ..Default::default()
+    });
+    let slices = [
+        slice("vm", "IPv4", &[("192.0.2.11", None)]),
+        slice("vm", "IPv6", &[("2001:db8:2::11", Some(true))]),
+    ];
+    let o = compute_plan(&[svc], &slices);
+    assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    let pairs: Vec<(IpAddr, IpAddr, Mode)> = o
+        .plan
+        .mappings
+        .iter()
+        .map(|m| (m.lb_ip, m.pod_ip, m.mode.clone()))
+        .collect();
+    assert_eq!(
+        pairs,
+        vec![
+            (ip("203.0.113.10"), ip("192.0.2.11"), Mode::Passthrough),
+            (
+                ip("2001:db8:203::10"),
+                ip("2001:db8:2::11"),
+                Mode::Passthrough
+            ),
+        ]
+    );
+}
+
+#[test]
+fn port_filter_modes_and_fail_closed() {
+    let ports: &[(&str, i32)] = &[
+        ("TCP", 22),
+        ("UDP", 53),
+        ("SCTP", 9),
+        ("QUIC", 443),
+        ("TCP", 70000),
+    ];
+    let case = |whole: &'static str, icmp: &'static str| {
+        let ann: Vec<(&str, &str)> = [(WHOLE_IP_ANNOTATION, whole), (ALLOW_ICMP_ANNOTATION, icmp)]
+            .into_iter()
+            .filter(|(_, v)| !v.is_empty())
+            .collect();
+        let svc = service(SvcSpec {
+            annotations: &ann,
+            ports,
+            ..Default::default()
+        });
+        compute_plan(&[svc], &[slice("vm", "IPv4", &[("192.0.2.11", None)])])
+    };
+    let want_ports = [
+        PortRule {
+            protocol: Protocol::Tcp,
+            port: 22,
+        },
+        PortRule {
+            protocol: Protocol::Udp,
+            port: 53,
+        },
+        PortRule {
+            protocol: Protocol::Sctp,
+            port: 9,
+        },
+    ]
+    .into_iter()
+    .collect();
+    let o = case("false", "true");
+    assert_eq!(
+        o.plan.mappings[0].mode,
+        Mode::PortFilter {
+            ports: want_ports,
+            allow_icmp: true
+        }
+    );
+    assert_eq!(
+        kinds(&o),
+        vec![WarningKind::InvalidPort, WarningKind::InvalidPort]
+    );
+    assert_eq!(case("true", "").plan.mappings[0].mode, Mode::Passthrough);
+    assert_eq!(case("", "").plan.mappings[0].mode, Mode::Passthrough);
+    // Invalid values: warning, port filter, ICMP not allowed.
+    let o = case("yes", "maybe");
+    assert!(matches!(
+        &o.plan.mappings[0].mode,
+        Mode::PortFilter { allow_icmp: false, ports } if ports.len() == 3
+    ));
+    let invalid: Vec<&Warning> = o
+        .warnings
+        .iter()
+        .filter(|w| w.kind == WarningKind::InvalidAnnotation)
+        .collect();
+    assert_eq!(invalid.len(), 2, "{:?}", o.warnings);
+    assert!(invalid
+        .iter()
+        .any(|w| w.message.contains("wholeIP=\"yes\"")));
+    assert!(invalid
+        .iter()
+        .any(|w| w.message.contains("allowICMP=\"maybe\"")));
+}
+
+#[test]
+fn endpoints_none_several_not_ready() {
+    let svc = || service(SvcSpec::default());
+    // Unset ready counts as ready; ready=false does not count.
+    let o = compute_plan(
+        &[svc()],
+        &[slice(
+            "vm",
+            "IPv4",
+            &[("192.0.2.11", None), ("192.0.2.12", Some(false))],
+        )],
+    );
+    assert_eq!(o.plan.mappings.len(), 1);
+    assert_eq!(o.plan.mappings[0].pod_ip, ip("192.0.2.11"));
+    // None ready: unmapped, reported, dropped.
+    let o = compute_plan(
+        &[svc()],
+        &[slice("vm", "IPv4", &[("192.0.2.11", Some(false))])],
+    );
+    assert!(o.plan.mappings.is_empty());
+    assert_eq!(kinds(&o), vec![WarningKind::NoReadyEndpoint]);
+    assert!(o.plan.unmapped_lb_ips.contains_key(&ip("203.0.113.10")));
+    // Several distinct: not mapped, named. The same address in two slices
+    // is one endpoint.
+    let o = compute_plan(
+        &[svc()],
+        &[
+            slice("vm", "IPv4", &[("192.0.2.11", None), ("192.0.2.12", None)]),
+            slice("vm", "IPv4", &[("192.0.2.11", Some(true))]),
+        ],
+    );
+    assert!(o.plan.mappings.is_empty());
+    assert_eq!(kinds(&o), vec![WarningKind::MultipleEndpoints]);
+    assert!(o.warnings[0].message.contains("192.0.2.11, 192.0.2.12"));
+    let o = compute_plan(
+        &[svc()],
+        &[
+            slice("vm", "IPv4", &[("192.0.2.11", None)]),
+            slice("vm", "IPv4", &[("192.0.2.11", None)]),
+        ],
+    );
+    assert_eq!(o.plan.mappings.len(), 1);
+    // A slice of another Service or namespace does not count.
+    let mut foreign = slice("vm", "IPv4", &[("192.0.2.99", None)]);
+    foreign.metadata.namespace = Some("elsewhere".into());
+    let o = compute_plan(
+        &[svc()],
+        &[foreign, slice("other", "IPv4", &[("192.0.2.98", None)])],
+    );
+    assert_eq!(kinds(&o), vec![WarningKind::NoReadyEndpoint]);
+}
+
+#[test]
+fn conflicts_older_wins_and_hands_over() {
+    let a = service(SvcSpec {
+        name: "a",
+        created: Some(1_000),
+        ..Default::default()
+    });
+    let b = service(SvcSpec {
+        name: "b",
+        created: Some(2_000),
+        ..Default::default()
+    });
+    let slices = [
+        slice("a", "IPv4", &[("192.0.2.11", None)]),
+        slice("b", "IPv4", &[("192.0.2.13", None)]),
+    ];
+    let o = compute_plan(&[b.clone(), a.clone()], &slices);
+    assert_eq!(o.plan.mappings.len(), 1);
+    assert_eq!(o.plan.mappings[0].service.name, "a");
+    assert_eq!(kinds(&o), vec![WarningKind::LoadBalancerIpConflict]);
+    assert_eq!(o.warnings[0].service.name, "b");
+    // Deleting the older hands the IP over.
+    let o = compute_plan(&[b], &slices);
+    assert_eq!(o.plan.mappings[0].service.name, "b");
+    // Same pod, different LB IPs: the newer's LB IP is unmapped (dropped).
+    let c = service(SvcSpec {
+        name: "c",
+        created: Some(1_000),
+        lb: &["203.0.113.20"],
+        ..Default::default()
+    });
+    let d = service(SvcSpec {
+        name: "d",
+        created: Some(2_000),
+        lb: &["203.0.113.30"],
+        ..Default::default()
+    });
+    let slices = [
+        slice("c", "IPv4", &[("192.0.2.12", None)]),
+        slice("d", "IPv4", &[("192.0.2.12", None)]),
+    ];
+    let o = compute_plan(&[d, c], &slices);
+    assert_eq!(o.plan.mappings.len(), 1);
+    assert_eq!(o.plan.mappings[0].service.name, "c");
+    assert_eq!(kinds(&o), vec![WarningKind::PodIpConflict]);
+    assert!(o.plan.unmapped_lb_ips.contains_key(&ip("203.0.113.30")));
+    // Equal age: namespace/name decides.
+    let e = service(SvcSpec {
+        name: "e",
+        ..Default::default()
+    });
+    let f = service(SvcSpec {
+        name: "f",
+        ..Default::default()
+    });
+    let o = compute_plan(
+        &[f, e],
+        &[
+            slice("e", "IPv4", &[("192.0.2.11", None)]),
+            slice("f", "IPv4", &[("192.0.2.11", None)]),
+        ],
+    );
+    assert_eq!(o.plan.mappings[0].service.name, "e");
+}
+
+#[test]
+fn the_older_owner_keeps_its_lb_ip_while_not_ready() {
+    let a = service(SvcSpec {
+        name: "a",
+        created: Some(1_000),
+        ..Default::default()
+    });
+    let b = service(SvcSpec {
+        name: "b",
+        created: Some(2_000),
+        ..Default::default()
+    });
+    let slices = [
+        slice("a", "IPv4", &[("192.0.2.11", Some(false))]),
+        slice("b", "IPv4", &[("192.0.2.13", None)]),
+    ];
+    let o = compute_plan(&[a, b], &slices);
+    assert!(o.plan.mappings.is_empty());
+    assert!(o.plan.unmapped_lb_ips.contains_key(&ip("203.0.113.10")));
+    assert_eq!(
+        kinds(&o),
+        vec![
+            WarningKind::NoReadyEndpoint,
+            WarningKind::LoadBalancerIpConflict
+        ]
+    );
+}
+
+#[test]
+fn bad_addresses_hostnames_and_extra_ips() {
+    let svc = service(SvcSpec {
+        lb: &[
+            "203.0.113.300",
+            "203.0.113.10",
+            "203.0.113.11",
+            "host:lb.example.com",
+        ],
+        ..Default::default()
+    });
+    let o = compute_plan(
+        &[svc],
+        &[slice(
+            "vm",
+            "IPv4",
+            &[("not-an-ip", None), ("192.0.2.11", None)],
+        )],
+    );
+    assert_eq!(o.plan.mappings.len(), 1);
+    assert_eq!(o.plan.mappings[0].lb_ip, ip("203.0.113.10"));
+    assert_eq!(
+        kinds(&o),
+        vec![
+            WarningKind::InvalidIp,
+            WarningKind::InvalidIp,
+            WarningKind::ExtraLoadBalancerIp
+        ]
+    );
+    let only_host = service(SvcSpec {
+        lb: &["host:lb.example.com"],
+        ..Default::default()
+    });
+    assert_eq!(
+        kinds(&compute_plan(&[only_host], &[])),
+        vec![WarningKind::HostnameOnly]
+    );
+    let pending = service(SvcSpec {
+        lb: &[],
+        ..Default::default()
+    });
+    assert_eq!(
+        kinds(&compute_plan(&[pending], &[])),
+        vec![WarningKind::NoLoadBalancerIp]
+    );
+}
+
+#[test]
+fn a_broken_object_without_name_or_status_does_not_panic() {
+    let empty = Service {
+        metadata: ObjectMeta {
+            labels: Some([(PROXY_NAME_LABEL.into(), PROXY_NAME.into())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let o = compute_plan(&[empty], &[EndpointSlice::default()]);
+    assert!(o.plan.mappings.is_empty());
+    assert_eq!(kinds(&o), vec![WarningKind::NoLoadBalancerIp]);
+}
+
+// ---- property tests ----
+
+const LBS: [&str; 4] = ["203.0.113.1", "203.0.113.2", "2001:db8:203::1", "bogus"];
+const PODS: [&str; 5] = [
+    "192.0.2.1",
+    "192.0.2.2",
+    "2001:db8:2::1",
+    "2001:db8:2::2",
+    "x",
+];
+const WHOLE: [&str; 4] = ["", "true", "false", "garbage"];
+
+fn arb_world() -> impl Strategy<Value = (Vec<Service>, Vec<EndpointSlice>)> {
+    let svc = (
+        0usize..6,                                                                         // name
+        any::<bool>(),                                                                     // label
+        0usize..4,                                  // wholeIP
+        proptest::collection::vec(0usize..4, 0..3), // LB IPs
+        proptest::option::of(0i64..4),              // creation time
+        proptest::collection::vec((0usize..5, proptest::option::of(any::<bool>())), 0..3), // endpoints
+    );
+    proptest::collection::vec(svc, 0..8).prop_map(|specs| {
+        let mut services = Vec::new();
+        let mut slices = Vec::new();
+        for (name, label, whole, lbs, created, eps) in specs {
+            let name = format!("s{name}");
+            let lb: Vec<&str> = lbs.iter().map(|i| LBS[*i]).collect();
+            let ann: Vec<(&str, &str)> = if WHOLE[whole].is_empty() {
+                vec![]
+            } else {
+                vec![(WHOLE_IP_ANNOTATION, WHOLE[whole])]
+            };
+            services.push(service(SvcSpec {
+                name: &name,
+                label,
+                annotations: &ann,
+                lb: &lb,
+                ports: &[("TCP", 22)],
+                created,
+            }));
+            let eps: Vec<(&str, Option<bool>)> = eps.iter().map(|(p, r)| (PODS[*p], *r)).collect();
+            for family in ["IPv4", "IPv6"] {
+                slices.push(slice(&name, family, &eps));
+            }
+        }
+        (services, slices)
+    })
+}
+
+proptest! {
+    #[test]
+    fn plan_is_independent_of_input_order(
+        (services, slices) in arb_world(),
+        seed in any::<u64>(),
+    ) {
+        let a = compute_plan(&services, &slices);
+        let mut s2 = services.clone();
+        let mut e2 = slices.clone();
+        // A deterministic shuffle from the seed.
+        let n = s2.len().max(1) as u64;
+        s2.rotate_left((seed % n) as usize);
+        s2.reverse();
+        let m = e2.len().max(1) as u64;
+        e2.rotate_left(((seed >> 8) % m) as usize);
+        e2.reverse();
+        let b = compute_plan(&s2, &e2);
+        prop_assert_eq!(a, b);
+    }
+
+    #[test]
+    fn plan_is_one_to_one((services, slices) in arb_world()) {
+        let o = compute_plan(&services, &slices);
+        let mut lbs = std::collections::HashSet::new();
+        let mut pods = std::collections::HashSet::new();
+        for m in &o.plan.mappings {
+            prop_assert!(lbs.insert(m.lb_ip), "LB IP {} twice", m.lb_ip);
+            prop_assert!(pods.insert(m.pod_ip), "pod IP {} twice", m.pod_ip);
+            prop_assert_eq!(m.lb_ip.is_ipv4(), m.pod_ip.is_ipv4());
+            prop_assert!(!o.plan.unmapped_lb_ips.contains_key(&m.lb_ip));
+        }
+    }
+
+    #[test]
+    fn arbitrary_strings_never_panic(
+        whole in ".{0,12}",
+        icmp in ".{0,12}",
+        lb in ".{0,40}",
+        addr in ".{0,40}",
+        port in any::<i32>(),
+        proto in ".{0,6}",
+    ) {
+        let svc = service(SvcSpec {
+            annotations: &[(WHOLE_IP_ANNOTATION, &whole), (ALLOW_ICMP_ANNOTATION, &icmp)],
+            lb: &[&lb],
+            ports: &[(&proto, port)],
+            ..Default::default()
+        });
+        let _ = compute_plan(&[svc], &[slice("vm", "IPv4", &[(&addr, None)])]);
+    }
+}

@@ -35,6 +35,10 @@ pub enum NftError {
 /// attribute length is 16 bits, so one message must stay under 64 KiB.
 const ELEMENTS_PER_MESSAGE: usize = 800;
 
+/// A set element as the kernel holds it: key bytes, and value bytes for a
+/// map element (empty for a plain set).
+type RawElement = (Vec<u8>, Vec<u8>);
+
 pub struct NftBackend {
     sock: NlSocket,
     /// What the kernel holds, as of our last successful batch. `None` until
@@ -84,7 +88,7 @@ impl NftBackend {
     }
 
     /// `(key, value)` of every element of a set (value empty for sets).
-    fn read_elements(&self, l: &Layout, set: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>, NftError> {
+    fn read_elements(&self, l: &Layout, set: &str) -> Result<Vec<RawElement>, NftError> {
         let answers = self.sock.dump(NFT_MSG_GETSETELEM, l.nfproto, |w| {
             w.put_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
             w.put_str(NFTA_SET_ELEM_LIST_SET, set);

@@ -4,7 +4,7 @@ use super::WEB;
 use crate::harness::{manifests::Svc, Env};
 use anyhow::{ensure, Result};
 
-/// 17. wholeIP / allowICMP neither "true" nor "false": warning, fail closed.
+/// Scenario 17: wholeIP / allowICMP neither "true" nor "false": warning, fail closed.
 pub fn s17_invalid_annotation(env: &mut Env) -> Result<()> {
     let _other = env.other_service()?;
     let _ssh = env.serve_tcp(1, 22)?;
@@ -24,7 +24,7 @@ pub fn s17_invalid_annotation(env: &mut Env) -> Result<()> {
     env.other_still_works()
 }
 
-/// 18. Several ready endpoint addresses: not programmed, warning names them.
+/// Scenario 18: Several ready endpoint addresses: not programmed, warning names them.
 pub fn s18_several_endpoints(env: &mut Env) -> Result<()> {
     let _other = env.other_service()?;
     let _a = env.serve_tcp(1, WEB)?;
@@ -40,7 +40,7 @@ pub fn s18_several_endpoints(env: &mut Env) -> Result<()> {
     env.other_still_works()
 }
 
-/// 19. Two Services claim one LB IP, or one pod: the older keeps it, the
+/// Scenario 19: Two Services claim one LB IP, or one pod: the older keeps it, the
 /// other is warned; deleting the older hands it over.
 pub fn s19_conflicts(env: &mut Env) -> Result<()> {
     let _p1 = env.serve_tcp(1, WEB)?;
@@ -77,7 +77,7 @@ pub fn s19_conflicts(env: &mut Env) -> Result<()> {
     env.tcp_reaches(env.lb(3), WEB, 2)
 }
 
-/// 20. Only a hostname in the LB status, or an invalid IP string: skipped
+/// Scenario 20: Only a hostname in the LB status, or an invalid IP string: skipped
 /// with a warning.
 pub fn s20_hostname_and_invalid_ip(env: &mut Env) -> Result<()> {
     let _other = env.other_service()?;

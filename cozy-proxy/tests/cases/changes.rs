@@ -9,7 +9,7 @@ use crate::harness::{
 use anyhow::{ensure, Context, Result};
 use std::{fs, process::Stdio, time::Duration};
 
-/// 12. true -> false -> true takes effect without touching other Services.
+/// Scenario 12: true -> false -> true takes effect without touching other Services.
 pub fn s12_mode_change(env: &mut Env) -> Result<()> {
     let _other = env.other_service()?;
     let _ssh = env.serve_tcp(1, 22)?;
@@ -42,7 +42,7 @@ pub fn s12_mode_change(env: &mut Env) -> Result<()> {
     env.other_still_works()
 }
 
-/// 13. Moving the Service to another pod moves both directions.
+/// Scenario 13: Moving the Service to another pod moves both directions.
 pub fn s13_endpoint_moves(env: &mut Env) -> Result<()> {
     let svc = Svc::new("vm1", env.lb(0));
     env.put_service(&svc, &[env.pod_ip(1)])?;
@@ -80,7 +80,7 @@ fn plain_again(env: &mut Env) -> Result<()> {
     env.egress_seen_as(1, env.net.node)
 }
 
-/// 14. Removing the label, or the Service, restores plain behaviour.
+/// Scenario 14: Removing the label, or the Service, restores plain behaviour.
 pub fn s14_removal_restores_plain(env: &mut Env) -> Result<()> {
     let svc = Svc::new("vm1", env.lb(0));
     let _web = env.serve_tcp(1, WEB)?;
@@ -100,7 +100,7 @@ pub fn s14_removal_restores_plain(env: &mut Env) -> Result<()> {
     plain_again(env)
 }
 
-/// 15. No ready endpoint: LB_IP is not routed anywhere (no loop) and the
+/// Scenario 15: No ready endpoint: LB_IP is not routed anywhere (no loop) and the
 /// condition is reported.
 pub fn s15_no_ready_endpoint(env: &mut Env) -> Result<()> {
     let _other = env.other_service()?;
@@ -130,7 +130,7 @@ pub fn s15_no_ready_endpoint(env: &mut Env) -> Result<()> {
     env.other_still_works()
 }
 
-/// 16. Restarting the controller loses no packet of a running stream.
+/// Scenario 16: Restarting the controller loses no packet of a running stream.
 pub fn s16_restart_loses_nothing(env: &mut Env) -> Result<()> {
     env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
     env.settle()?;

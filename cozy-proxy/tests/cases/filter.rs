@@ -14,7 +14,7 @@ fn filtered(env: &Env, allow_icmp: Option<&str>) -> Svc {
     svc
 }
 
-/// 7. A listed TCP port and a listed UDP port reach pod1.
+/// Scenario 7: A listed TCP port and a listed UDP port reach pod1.
 pub fn s07_listed_ports_pass(env: &mut Env) -> Result<()> {
     env.put_service(&filtered(env, None), &[env.pod_ip(1)])?;
     env.settle()?;
@@ -24,7 +24,7 @@ pub fn s07_listed_ports_pass(env: &mut Env) -> Result<()> {
     env.udp_reaches(env.lb(0), 53, 1)
 }
 
-/// 8. An unlisted TCP port and an unlisted UDP port are dropped: no reply,
+/// Scenario 8: An unlisted TCP port and an unlisted UDP port are dropped: no reply,
 /// no RST, and pod1 never sees the packets.
 pub fn s08_unlisted_ports_dropped(env: &mut Env) -> Result<()> {
     env.put_service(&filtered(env, None), &[env.pod_ip(1)])?;
@@ -48,7 +48,7 @@ pub fn s08_unlisted_ports_dropped(env: &mut Env) -> Result<()> {
     Ok(())
 }
 
-/// 9. ICMP echo is dropped without allowICMP and answered with "true".
+/// Scenario 9: ICMP echo is dropped without allowICMP and answered with "true".
 pub fn s09_icmp_needs_allow(env: &mut Env) -> Result<()> {
     env.put_service(&filtered(env, None), &[env.pod_ip(1)])?;
     env.settle()?;
@@ -60,14 +60,14 @@ pub fn s09_icmp_needs_allow(env: &mut Env) -> Result<()> {
     env.ping_answered(env.lb(0))
 }
 
-/// 10. pod1's own outbound TCP and UDP flows still get their replies.
+/// Scenario 10: pod1's own outbound TCP and UDP flows still get their replies.
 pub fn s10_replies_to_own_flows(env: &mut Env) -> Result<()> {
     env.put_service(&filtered(env, None), &[env.pod_ip(1)])?;
     env.settle()?;
     env.egress_seen_as(1, env.lb(0))
 }
 
-/// 11. ICMP errors about pod1's own flows (port unreachable from ext)
+/// Scenario 11: ICMP errors about pod1's own flows (port unreachable from ext)
 /// reach pod1 when allowICMP is "true".
 pub fn s11_icmp_errors_reach_pod(env: &mut Env) -> Result<()> {
     env.put_service(&filtered(env, Some("true")), &[env.pod_ip(1)])?;

@@ -15,7 +15,7 @@ fn vm1(env: &mut Env) -> Result<()> {
     env.settle().map(|_| ())
 }
 
-/// 1. ping LB_IP from ext reaches pod1; the reply comes from LB_IP.
+/// Scenario 1: ping LB_IP from ext reaches pod1; the reply comes from LB_IP.
 pub fn s01_ping(env: &mut Env) -> Result<()> {
     vm1(env)?;
     let before = echo_requests_received(&env.pod_ns(1), env.fam())?;
@@ -28,7 +28,7 @@ pub fn s01_ping(env: &mut Env) -> Result<()> {
     Ok(())
 }
 
-/// 2. TCP to LB_IP on any port reaches pod1; UDP likewise.
+/// Scenario 2: TCP to LB_IP on any port reaches pod1; UDP likewise.
 pub fn s02_any_port(env: &mut Env) -> Result<()> {
     vm1(env)?;
     let mut servers = Vec::new();
@@ -47,7 +47,7 @@ pub fn s02_any_port(env: &mut Env) -> Result<()> {
     Ok(())
 }
 
-/// 3. A protocol other than TCP/UDP/ICMP (raw IP protocol 253) reaches pod1.
+/// Scenario 3: A protocol other than TCP/UDP/ICMP (raw IP protocol 253) reaches pod1.
 pub fn s03_other_protocol(env: &mut Env) -> Result<()> {
     vm1(env)?;
     let rx = RawReceiver::start(&env.pod_ns(1), env.fam(), 253, env.scratch("raw"))?;
@@ -63,13 +63,13 @@ pub fn s03_other_protocol(env: &mut Env) -> Result<()> {
     })
 }
 
-/// 4. pod1 connects out: the server sees LB_IP and the exchange completes.
+/// Scenario 4: pod1 connects out: the server sees LB_IP and the exchange completes.
 pub fn s04_egress_source(env: &mut Env) -> Result<()> {
     vm1(env)?;
     env.egress_seen_as(1, env.lb(0))
 }
 
-/// 5. pod2 (unmanaged) is masqueraded going out and untouched coming in.
+/// Scenario 5: pod2 (unmanaged) is masqueraded going out and untouched coming in.
 pub fn s05_unmanaged_pod(env: &mut Env) -> Result<()> {
     vm1(env)?;
     env.egress_seen_as(2, env.net.node)?;
@@ -77,7 +77,7 @@ pub fn s05_unmanaged_pod(env: &mut Env) -> Result<()> {
     env.tcp_reaches(env.pod_ip(2), WEB, 2)
 }
 
-/// 6. The host's conntrack has one entry per connection of 1, 2 and 4, and
+/// Scenario 6: The host's conntrack has one entry per connection of 1, 2 and 4, and
 /// none mentions the pod's own address (no half-translated duplicate).
 pub fn s06_conntrack_one_entry(env: &mut Env) -> Result<()> {
     vm1(env)?;
