@@ -8,6 +8,7 @@ use cozy_proxy::{
     source::manifests,
 };
 use std::{
+    io::IsTerminal,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -89,6 +90,7 @@ async fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).context("--log")?)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     match cli.command {
         Command::Run {

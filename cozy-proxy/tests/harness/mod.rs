@@ -82,8 +82,8 @@ impl Controller {
         Ok(())
     }
 
-    /// SIGTERM, wait for the exit, start again.
-    pub fn restart(&mut self) -> Result<()> {
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(&mut self) -> Result<()> {
         if let Some(mut p) = self.proc.take() {
             p.kill(libc::SIGTERM);
             let status = p.child.wait()?;
@@ -91,6 +91,12 @@ impl Controller {
                 bail!("controller exited with {status} on SIGTERM");
             }
         }
+        Ok(())
+    }
+
+    /// Stop, then start again.
+    pub fn restart(&mut self) -> Result<()> {
+        self.stop()?;
         self.spawn()
     }
 
