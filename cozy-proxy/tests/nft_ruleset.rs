@@ -4,10 +4,11 @@ mod harness;
 
 use anyhow::{ensure, Context, Result};
 use harness::{
+    bin,
     manifests::{slice, Svc},
     net::Fam,
     sh::ok_in,
-    Backend, Env, BIN,
+    Backend, Env,
 };
 use serde_json::Value;
 
@@ -142,11 +143,11 @@ fn a_restart_adopts_without_changes_and_cleanup_removes_everything() -> Result<(
         "stopping the controller changed the datapath"
     );
     let node = env.topo.node();
-    ok_in(&node, &[BIN, "cleanup"])?;
+    ok_in(&node, &[&bin(), "cleanup"])?;
     let ruleset = ok_in(&node, &["nft", "list", "ruleset"])?;
     ensure!(!ruleset.contains("cozy_proxy"), "left behind:\n{ruleset}");
     // Idempotent.
-    ok_in(&node, &[BIN, "cleanup"])?;
+    ok_in(&node, &[&bin(), "cleanup"])?;
     Ok(())
 }
 

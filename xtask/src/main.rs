@@ -1,1 +1,178 @@
-fn main() {}
+//! Project tasks: `cargo xtask setup | build | test | demo`.
+//!
+//! - setup: installs, idempotently, what a fresh Debian 12 machine needs
+//!   (Debian packages, bpf-linker, rustfmt and clippy).
+//! - build: the release binary, with the eBPF object built and embedded.
+//! - test: setup, then format, lint and every test (unit, property, nft
+//!   ruleset, eBPF load, the datapath scenario suite).
+//! - demo: setup, then the local demo (network namespaces as node, pod and
+//!   outside client, with real traffic).
+use anyhow::{bail, Context, Result};
+use std::{
+    env,
+    path::PathBuf,
+    process::{Command, Stdio},
+};
+
+/// Debian packages: the eBPF toolchain (Debian's rustc with its std source,
+/// LLVM 22 for bpf-linker) and the real tools the tests and the demo use.
+const APT_PACKAGES: &[&str] = &[
+    "rustc-web",
+    "rust-web-src",
+    "cargo-web",
+    "llvm-22-dev",
+    "libzstd-dev",
+    "zlib1g-dev",
+    "nftables",
+    "bpftool",
+    "iproute2",
+    "conntrack",
+    "iputils-ping",
+    "iperf3",
+    "socat",
+    "ncat",
+    "tcpdump",
+    "ethtool",
+    "sockperf",
+    "procps",
+];
+
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("setup") => setup(),
+        Some("build") => {
+            setup()?;
+            build()
+        }
+        Some("test") => {
+            setup()?;
+            test(&args[1..])
+        }
+        Some("demo") => {
+            setup()?;
+            demo()
+        }
+        _ => {
+            eprintln!("usage: cargo xtask <setup|build|test [cargo test args]|demo>");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn cargo_home_bin() -> PathBuf {
+    env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cargo")
+        })
+        .join("bin")
+}
+
+/// Runs a command, streaming its output; fails on a non-zero exit.
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: {cmd:?}");
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn succeeds(cmd: &mut Command) -> bool {
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+fn setup() -> Result<()> {
+    // SAFETY-free check of the effective user: apt and the tests need root.
+    let uid = Command::new("id").arg("-u").output().context("id -u")?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        bail!("cargo xtask setup must run as root (apt-get, network namespaces, nftables, BPF)");
+    }
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            let out = Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", p])
+                .output();
+            !out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        })
+        .collect();
+    if !missing.is_empty() {
+        run(Command::new("apt-get").arg("update").arg("-q"))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+    let linker = cargo_home_bin().join("bpf-linker");
+    if !succeeds(Command::new(&linker).arg("--version")) {
+        let path = format!("{LLVM_PREFIX}/bin:{}", env::var("PATH").unwrap_or_default());
+        run(cargo()
+            .args([
+                "install",
+                "bpf-linker",
+                "--locked",
+                "--no-default-features",
+                "--features",
+                "llvm-22",
+            ])
+            .env("LLVM_PREFIX", LLVM_PREFIX)
+            .env("PATH", path))?;
+    }
+    for (tool, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {
+        if !succeeds(cargo().args([tool, "--version"])) {
+            run(Command::new("rustup").args(["component", "add", component]))?;
+        }
+    }
+    eprintln!("xtask: setup complete");
+    Ok(())
+}
+
+fn build() -> Result<()> {
+    run(cargo().args(["build", "--release", "-p", "cozy-proxy"]))?;
+    eprintln!(
+        "xtask: built {}",
+        root().join("target/release/cozy-proxy").display()
+    );
+    Ok(())
+}
+
+fn test(extra: &[String]) -> Result<()> {
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    run(cargo().args(["test", "--workspace"]).args(extra))
+}
+
+fn demo() -> Result<()> {
+    run(cargo().args(["build", "-q", "-p", "cozy-proxy", "--bins", "--examples"]))?;
+    run(cargo()
+        .args(["run", "-q", "-p", "cozy-proxy", "--example", "demo"])
+        .env("COZY_PROXY_BIN", root().join("target/debug/cozy-proxy")))
+}

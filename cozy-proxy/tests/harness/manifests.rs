@@ -142,3 +142,14 @@ impl Drop for ManifestDir {
         let _ = fs::remove_dir_all(&self.path);
     }
 }
+
+/// The `.yaml` files of a directory, sorted.
+pub fn files_in(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    Ok(files)
+}

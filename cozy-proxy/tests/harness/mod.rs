@@ -17,7 +17,14 @@ use sh::{ok_in, Proc};
 use std::{fs, path::PathBuf, process::Stdio, time::Duration};
 use topology::Topology;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_cozy-proxy");
+/// The cozy-proxy binary under test: cargo's own for tests, or
+/// `COZY_PROXY_BIN` (the demo sets it).
+pub fn bin() -> String {
+    std::env::var("COZY_PROXY_BIN")
+        .ok()
+        .or(option_env!("CARGO_BIN_EXE_cozy-proxy").map(String::from))
+        .unwrap_or_else(|| "cozy-proxy".into())
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -62,10 +69,11 @@ impl Controller {
             .append(true)
             .open(&self.log)?;
         let dir = self.dir.display().to_string();
+        let bin = bin();
         self.proc = Some(Proc::spawn_in(
             &self.ns,
             &[
-                BIN,
+                &bin,
                 "--log",
                 "info",
                 "run",
@@ -152,7 +160,14 @@ impl Env {
     pub fn dump(&self) -> Result<DatapathState> {
         let out = ok_in(
             &self.topo.node(),
-            &[BIN, "dump", "--backend", self.backend.arg(), "-o", "json"],
+            &[
+                &bin(),
+                "dump",
+                "--backend",
+                self.backend.arg(),
+                "-o",
+                "json",
+            ],
         )?;
         let v: serde_json::Value = serde_json::from_str(&out).context("dump output")?;
         Ok(serde_json::from_value(v["state"].clone())?)
