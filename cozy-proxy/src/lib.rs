@@ -9,6 +9,7 @@
 pub mod datapath;
 pub mod ebpf;
 pub mod model;
+pub mod netlink;
 pub mod nft;
 pub mod reconcile;
 pub mod source;

@@ -14,5 +14,8 @@ fn embedded_programs_load_into_the_kernel() {
         stdout,
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("cozy_proxy_tc"), "{stdout}");
+    assert!(
+        stdout.contains("cozy_egress") && stdout.contains("cozy_ingress"),
+        "{stdout}"
+    );
 }

@@ -1,7 +1,7 @@
 //! nf_tables expressions, as the kernel receives them (what libnftnl would
 //! encode for the equivalent `nft` syntax).
 use super::sys::*;
-use super::wire::Writer;
+use crate::netlink::wire::Writer;
 
 #[derive(Clone, Debug)]
 pub enum Expr {

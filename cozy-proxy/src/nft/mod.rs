@@ -5,23 +5,28 @@
 //! payload writes with checksum flags, inverted lookups, element dumps), and
 //! one sync must be one atomic batch. The codec here is small ([`wire`],
 //! [`socket`]) and `nft -j list table` checks it independently in the tests.
+mod batch;
 mod expr;
 pub mod schema;
-mod socket;
 mod sys;
-mod wire;
 
 use crate::datapath::{
     AllowedPort, BackendKind, Change, Datapath, DatapathState, Dump, StateDiff, SyncReport,
 };
+use crate::netlink::wire::{
+    attr, attr_data, attr_str, attr_u32, attr_u64, attrs, NLM_F_APPEND, NLM_F_CREATE,
+};
+pub use crate::netlink::NetlinkError;
+use crate::netlink::NlSocket;
+use batch::{dump, Batch};
 use schema::{Layout, SetDef, LAYOUTS, TABLE};
 use serde_json::json;
-pub use socket::NetlinkError;
-use socket::{Batch, NlSocket};
 use std::net::IpAddr;
 use sys::*;
 use tracing::{debug, info, warn};
-use wire::{attr, attr_data, attr_str, attr_u32, attr_u64, attrs, NFGENMSG_LEN};
+
+/// Length of the nfgenmsg header before an answer's attributes.
+const NFGENMSG_LEN: usize = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NftError {
@@ -56,20 +61,20 @@ struct LiveTable {
 impl NftBackend {
     pub fn new() -> Result<Self, NftError> {
         Ok(NftBackend {
-            sock: NlSocket::open()?,
+            sock: NlSocket::open(libc::NETLINK_NETFILTER)?,
             known: None,
         })
     }
 
     fn table_exists(&self, l: &Layout) -> Result<bool, NftError> {
-        let tables = self.sock.dump(NFT_MSG_GETTABLE, l.nfproto, |_| {})?;
+        let tables = dump(&self.sock, NFT_MSG_GETTABLE, l.nfproto, |_| {})?;
         Ok(tables
             .iter()
             .any(|t| attr_str(body(t), NFTA_TABLE_NAME).as_deref() == Some(TABLE)))
     }
 
     fn read_sets(&self, l: &Layout) -> Result<Vec<SetDef>, NftError> {
-        let answers = self.sock.dump(NFT_MSG_GETSET, l.nfproto, |w| {
+        let answers = dump(&self.sock, NFT_MSG_GETSET, l.nfproto, |w| {
             w.put_str(NFTA_SET_TABLE, TABLE)
         })?;
         Ok(answers
@@ -89,7 +94,7 @@ impl NftBackend {
 
     /// `(key, value)` of every element of a set (value empty for sets).
     fn read_elements(&self, l: &Layout, set: &str) -> Result<Vec<RawElement>, NftError> {
-        let answers = self.sock.dump(NFT_MSG_GETSETELEM, l.nfproto, |w| {
+        let answers = dump(&self.sock, NFT_MSG_GETSETELEM, l.nfproto, |w| {
             w.put_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
             w.put_str(NFTA_SET_ELEM_LIST_SET, set);
         })?;
@@ -371,7 +376,7 @@ impl NftBackend {
             changed = report.changed_elements,
             "nft batch"
         );
-        self.sock.apply(batch)?;
+        batch.apply(&self.sock)?;
         self.known = Some(desired.clone());
         Ok(report)
     }
@@ -379,7 +384,7 @@ impl NftBackend {
     fn chain_details(&self, l: &Layout) -> Result<serde_json::Value, NftError> {
         let mut chains = Vec::new();
         for c in schema::chains(l) {
-            let rules = self.sock.dump(NFT_MSG_GETRULE, l.nfproto, |w| {
+            let rules = dump(&self.sock, NFT_MSG_GETRULE, l.nfproto, |w| {
                 w.put_str(NFTA_RULE_TABLE, TABLE);
                 w.put_str(NFTA_RULE_CHAIN, c.name);
             });
@@ -490,7 +495,7 @@ impl Datapath for NftBackend {
                 );
             }
         }
-        self.sock.apply(batch)?;
+        batch.apply(&self.sock)?;
         self.known = None;
         Ok(())
     }

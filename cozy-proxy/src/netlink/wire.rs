@@ -1,11 +1,26 @@
-//! Encoding and decoding of netlink messages and attributes (TLVs).
+//! Encoding and decoding of netlink messages and attributes (TLVs), for
+//! nfnetlink (nf_tables) and rtnetlink alike.
 //!
-//! nf_tables integers in attributes are big-endian; the netlink headers are
-//! in host order.
-use super::sys::*;
+//! nf_tables integers in attributes are big-endian; the netlink headers and
+//! rtnetlink attributes are in host order.
+
+pub const NLA_F_NESTED: u16 = 0x8000;
+pub const NLM_F_REQUEST: u16 = 1;
+pub const NLM_F_MULTI: u16 = 2;
+pub const NLM_F_ACK: u16 = 4;
+pub const NLM_F_DUMP: u16 = 0x300;
+pub const NLM_F_CREATE: u16 = 0x400;
+pub const NLM_F_EXCL: u16 = 0x200;
+pub const NLM_F_APPEND: u16 = 0x800;
+pub const NLM_F_CAPPED: u16 = 0x100;
+pub const NLM_F_ACK_TLVS: u16 = 0x200;
+pub const NLMSG_ERROR: u16 = 2;
+pub const NLMSG_DONE: u16 = 3;
+pub const NLMSGERR_ATTR_MSG: u16 = 1;
+/// nf_tables' data attribute inside value nests.
+const NFTA_DATA_VALUE: u16 = 1;
 
 pub const NLMSG_HDRLEN: usize = 16;
-pub const NFGENMSG_LEN: usize = 4;
 
 pub fn align4(n: usize) -> usize {
     (n + 3) & !3
@@ -34,15 +49,15 @@ impl Writer {
         self.buf
     }
 
-    /// Appends one message: nlmsghdr + nfgenmsg, then what `body` writes.
-    /// `msg_type` is the full netlink type (subsystem << 8 | message).
+    /// Appends one message: nlmsghdr, the family header `header` (nfgenmsg,
+    /// rtmsg, ...), then what `body` writes. `msg_type` is the full netlink
+    /// type (for nfnetlink: subsystem << 8 | message).
     pub fn message(
         &mut self,
         msg_type: u16,
         flags: u16,
         seq: u32,
-        family: u8,
-        res_id: u16,
+        header: &[u8],
         body: impl FnOnce(&mut Writer),
     ) {
         let start = self.buf.len();
@@ -52,9 +67,8 @@ impl Writer {
             .extend_from_slice(&(NLM_F_REQUEST | flags).to_ne_bytes());
         self.buf.extend_from_slice(&seq.to_ne_bytes());
         self.buf.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel
-        self.buf.push(family);
-        self.buf.push(NFNETLINK_V0);
-        self.buf.extend_from_slice(&res_id.to_be_bytes());
+        self.buf.extend_from_slice(header);
+        self.buf.resize(align4(self.buf.len()), 0);
         body(self);
         let len = (self.buf.len() - start) as u32;
         self.buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
@@ -68,8 +82,14 @@ impl Writer {
         self.buf.resize(align4(self.buf.len()), 0);
     }
 
+    /// A big-endian u32 (nf_tables attributes).
     pub fn put_u32(&mut self, attr_type: u16, value: u32) {
         self.put(attr_type, &value.to_be_bytes());
+    }
+
+    /// A host-order u32 (rtnetlink attributes).
+    pub fn put_u32_ne(&mut self, attr_type: u16, value: u32) {
+        self.put(attr_type, &value.to_ne_bytes());
     }
 
     pub fn put_str(&mut self, attr_type: u16, value: &str) {
@@ -181,7 +201,7 @@ mod tests {
     #[test]
     fn nested_attributes_round_trip() {
         let mut w = Writer::new();
-        w.message(0x0a00 | 3, 0, 7, 2, 0, |w| {
+        w.message(0x0a00 | 3, 0, 7, &[2, 0, 0, 0], |w| {
             w.put_str(1, "cozy_proxy");
             w.nest(2, |w| {
                 w.put_u32(1, 0xdead_beef);
@@ -192,7 +212,7 @@ mod tests {
         let msgs: Vec<_> = messages(&bytes).collect();
         assert_eq!(msgs.len(), 1);
         assert_eq!(msgs[0].seq, 7);
-        let body = &msgs[0].payload[NFGENMSG_LEN..];
+        let body = &msgs[0].payload[4..];
         assert_eq!(attr_str(body, 1).as_deref(), Some("cozy_proxy"));
         let nest = attr(body, 2).expect("nest");
         assert_eq!(attr_u32(nest, 1), Some(0xdead_beef));
@@ -202,7 +222,7 @@ mod tests {
     #[test]
     fn truncated_input_is_not_read_past_its_end() {
         let mut w = Writer::new();
-        w.message(1, 0, 1, 2, 0, |w| w.put_str(1, "abcdef"));
+        w.message(1, 0, 1, &[2, 0, 0, 0], |w| w.put_str(1, "abcdef"));
         let bytes = w.into_bytes();
         for cut in 0..bytes.len() {
             // Must not panic; a cut message is simply not yielded.

@@ -1,23 +1,30 @@
-//! A NETLINK_NETFILTER socket: atomic batches and dumps.
-use super::sys::*;
-use super::wire::{attr_str, messages, Writer, NLMSG_HDRLEN};
+//! A netlink socket: requests whose every message is acknowledged (an
+//! nf_tables batch, a route change) and dumps.
+use super::wire::{
+    attr_str, messages, Message, NLMSGERR_ATTR_MSG, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN,
+    NLM_F_ACK_TLVS, NLM_F_CAPPED,
+};
 use std::{
+    collections::HashMap,
     io,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     sync::atomic::{AtomicU32, Ordering},
 };
 
+const NETLINK_CAP_ACK: i32 = 10;
+const NETLINK_EXT_ACK: i32 = 11;
+
 #[derive(Debug, thiserror::Error)]
 pub enum NetlinkError {
     #[error("netlink socket: {0}")]
     Io(#[from] io::Error),
-    #[error("nf_tables refused {what}: {source}{}", extack.as_deref().map(|m| format!(" ({m})")).unwrap_or_default())]
+    #[error("the kernel refused {what}: {source}{}", extack.as_deref().map(|m| format!(" ({m})")).unwrap_or_default())]
     Refused {
         what: String,
         source: io::Error,
         extack: Option<String>,
     },
-    #[error("nf_tables did not acknowledge {0} message(s) of the batch")]
+    #[error("the kernel did not acknowledge {0} message(s)")]
     MissingAcks(usize),
 }
 
@@ -32,71 +39,11 @@ impl NetlinkError {
     }
 }
 
-/// A batch of nf_tables messages applied as one transaction: all or nothing.
-pub struct Batch {
-    writer: Writer,
-    /// (sequence number, what the message does) of every message that asks
-    /// for an acknowledgement.
-    pending: Vec<(u32, String)>,
-}
-
 static SEQ: AtomicU32 = AtomicU32::new(1);
 
-fn next_seq() -> u32 {
+/// A fresh sequence number for a message.
+pub fn next_seq() -> u32 {
     SEQ.fetch_add(1, Ordering::Relaxed)
-}
-
-impl Batch {
-    pub fn new() -> Self {
-        let mut writer = Writer::new();
-        writer.message(
-            NFNL_MSG_BATCH_BEGIN,
-            0,
-            next_seq(),
-            NFPROTO_UNSPEC,
-            NFNL_SUBSYS_NFTABLES,
-            |_| {},
-        );
-        Batch {
-            writer,
-            pending: Vec::new(),
-        }
-    }
-
-    /// Adds one nf_tables message (`msg` is NFT_MSG_*), acknowledged.
-    pub fn add(
-        &mut self,
-        msg: u16,
-        flags: u16,
-        family: u8,
-        what: impl Into<String>,
-        body: impl FnOnce(&mut Writer),
-    ) {
-        let seq = next_seq();
-        self.writer.message(
-            (NFNL_SUBSYS_NFTABLES << 8) | msg,
-            flags | NLM_F_ACK,
-            seq,
-            family,
-            0,
-            body,
-        );
-        self.pending.push((seq, what.into()));
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
-    }
-
-    pub fn message_count(&self) -> usize {
-        self.pending.len()
-    }
-}
-
-impl Default for Batch {
-    fn default() -> Self {
-        Batch::new()
-    }
 }
 
 pub struct NlSocket {
@@ -112,13 +59,14 @@ fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
 }
 
 impl NlSocket {
-    pub fn open() -> Result<Self, NetlinkError> {
+    /// `protocol`: `libc::NETLINK_NETFILTER`, `libc::NETLINK_ROUTE`, ...
+    pub fn open(protocol: i32) -> Result<Self, NetlinkError> {
         // SAFETY: plain syscalls on a descriptor we own.
         let fd = unsafe {
             check(libc::socket(
                 libc::AF_NETLINK,
                 libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_NETFILTER,
+                protocol,
             ))?
         };
         // SAFETY: fd was just returned by socket().
@@ -215,25 +163,16 @@ impl NlSocket {
         Ok(Some(n as usize))
     }
 
-    /// Sends a batch as one transaction and checks every acknowledgement.
-    pub fn apply(&self, mut batch: Batch) -> Result<(), NetlinkError> {
-        if batch.is_empty() {
+    /// Sends `bytes` (one or more messages) and checks the acknowledgement
+    /// of every message in `pending` (sequence number, what it does).
+    pub fn transact(&self, bytes: &[u8], pending: Vec<(u32, String)>) -> Result<(), NetlinkError> {
+        if pending.is_empty() {
             return Ok(());
         }
-        batch.writer.message(
-            NFNL_MSG_BATCH_END,
-            0,
-            next_seq(),
-            NFPROTO_UNSPEC,
-            NFNL_SUBSYS_NFTABLES,
-            |_| {},
-        );
-        let bytes = batch.writer.into_bytes();
-        self.send(&bytes)?;
-        // The kernel handles the whole batch inside sendmsg(): every answer
-        // is queued by now. Wait for the first, then drain the rest.
-        let mut pending: std::collections::HashMap<u32, String> =
-            batch.pending.into_iter().collect();
+        self.send(bytes)?;
+        // The kernel handles the request inside sendmsg(): every answer is
+        // queued by now. Wait for the first, then drain the rest.
+        let mut pending: HashMap<u32, String> = pending.into_iter().collect();
         let mut first_error: Option<NetlinkError> = None;
         let mut buf = vec![0u8; 1 << 20];
         let mut nonblocking = false;
@@ -269,25 +208,10 @@ impl NlSocket {
         Ok(())
     }
 
-    /// Sends a dump request (`msg` is NFT_MSG_GET*) and returns the payload
-    /// (after nlmsghdr) of every answer.
-    pub fn dump(
-        &self,
-        msg: u16,
-        family: u8,
-        body: impl FnOnce(&mut Writer),
-    ) -> Result<Vec<Vec<u8>>, NetlinkError> {
-        let seq = next_seq();
-        let mut w = Writer::new();
-        w.message(
-            (NFNL_SUBSYS_NFTABLES << 8) | msg,
-            NLM_F_DUMP | NLM_F_ACK,
-            seq,
-            family,
-            0,
-            body,
-        );
-        self.send(&w.into_bytes())?;
+    /// Sends a dump request (one message, sequence number `seq`) and returns
+    /// the payload (after nlmsghdr) of every answer.
+    pub fn dump(&self, request: &[u8], seq: u32, what: &str) -> Result<Vec<Vec<u8>>, NetlinkError> {
+        self.send(request)?;
         let mut out = Vec::new();
         let mut buf = vec![0u8; 1 << 20];
         loop {
@@ -301,7 +225,7 @@ impl NlSocket {
                     NLMSG_ERROR => match parse_error(&m) {
                         Some((errno, extack)) => {
                             return Err(NetlinkError::Refused {
-                                what: format!("dump request {msg}"),
+                                what: what.to_string(),
                                 source: io::Error::from_raw_os_error(errno),
                                 extack,
                             })
@@ -317,7 +241,7 @@ impl NlSocket {
 
 /// `Some((errno, message))` for an NLMSG_ERROR that reports a failure,
 /// `None` for a plain acknowledgement.
-fn parse_error(msg: &super::wire::Message<'_>) -> Option<(i32, Option<String>)> {
+fn parse_error(msg: &Message<'_>) -> Option<(i32, Option<String>)> {
     let code = i32::from_ne_bytes(msg.payload.get(0..4)?.try_into().ok()?);
     if code == 0 {
         return None;

@@ -1,0 +1,107 @@
+//! nfnetlink framing for nf_tables: transactions (batches) and dump requests.
+use super::sys::{
+    NFNETLINK_V0, NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END, NFNL_SUBSYS_NFTABLES, NFPROTO_UNSPEC,
+};
+use crate::netlink::{
+    socket::{next_seq, NetlinkError, NlSocket},
+    wire::{Writer, NLM_F_ACK, NLM_F_DUMP},
+};
+
+/// The nfgenmsg header.
+fn nfgen(family: u8, res_id: u16) -> [u8; 4] {
+    let r = res_id.to_be_bytes();
+    [family, NFNETLINK_V0, r[0], r[1]]
+}
+
+/// A batch of nf_tables messages applied as one transaction: all or nothing.
+pub struct Batch {
+    writer: Writer,
+    /// (sequence number, what the message does) of every message.
+    pending: Vec<(u32, String)>,
+}
+
+impl Batch {
+    pub fn new() -> Self {
+        let mut writer = Writer::new();
+        writer.message(
+            NFNL_MSG_BATCH_BEGIN,
+            0,
+            next_seq(),
+            &nfgen(NFPROTO_UNSPEC, NFNL_SUBSYS_NFTABLES),
+            |_| {},
+        );
+        Batch {
+            writer,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Adds one nf_tables message (`msg` is NFT_MSG_*), acknowledged.
+    pub fn add(
+        &mut self,
+        msg: u16,
+        flags: u16,
+        family: u8,
+        what: impl Into<String>,
+        body: impl FnOnce(&mut Writer),
+    ) {
+        let seq = next_seq();
+        self.writer.message(
+            (NFNL_SUBSYS_NFTABLES << 8) | msg,
+            flags | NLM_F_ACK,
+            seq,
+            &nfgen(family, 0),
+            body,
+        );
+        self.pending.push((seq, what.into()));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    pub fn message_count(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Sends the batch and checks every acknowledgement.
+    pub fn apply(mut self, sock: &NlSocket) -> Result<(), NetlinkError> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        self.writer.message(
+            NFNL_MSG_BATCH_END,
+            0,
+            next_seq(),
+            &nfgen(NFPROTO_UNSPEC, NFNL_SUBSYS_NFTABLES),
+            |_| {},
+        );
+        sock.transact(&self.writer.into_bytes(), self.pending)
+    }
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Batch::new()
+    }
+}
+
+/// Dumps nf_tables objects (`msg` is NFT_MSG_GET*); returns each answer's
+/// payload after nlmsghdr.
+pub fn dump(
+    sock: &NlSocket,
+    msg: u16,
+    family: u8,
+    body: impl FnOnce(&mut Writer),
+) -> Result<Vec<Vec<u8>>, NetlinkError> {
+    let seq = next_seq();
+    let mut w = Writer::new();
+    w.message(
+        (NFNL_SUBSYS_NFTABLES << 8) | msg,
+        NLM_F_DUMP | NLM_F_ACK,
+        seq,
+        &nfgen(family, 0),
+        body,
+    );
+    sock.dump(&w.into_bytes(), seq, &format!("nf_tables dump {msg}"))
+}
