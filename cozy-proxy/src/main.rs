@@ -1,8 +1,9 @@
 //! cozy-proxy command line: `run`, `dump`, `cleanup`, `check-ebpf`.
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use cozy_proxy::{
     datapath::{BackendKind, Datapath, Dump},
+    ebpf::{EbpfBackend, EbpfConfig, Interfaces},
     nft::NftBackend,
     reconcile::Reconciler,
     source::manifests,
@@ -29,12 +30,44 @@ struct Cli {
     command: Command,
 }
 
+/// Where the eBPF backend keeps its state, and where it attaches.
+#[derive(clap::Args, Clone)]
+struct EbpfArgs {
+    /// bpffs directory of the pinned maps and links.
+    #[arg(long, env = "COZY_PROXY_BPF_PIN_DIR", default_value = cozy_proxy::ebpf::PIN_DIR)]
+    bpf_pin_dir: PathBuf,
+    /// "auto" (every Ethernet interface, following new ones) or a
+    /// comma-separated list.
+    #[arg(long, default_value = "auto")]
+    interfaces: Interfaces,
+}
+
+impl EbpfArgs {
+    fn config(&self) -> EbpfConfig {
+        EbpfConfig {
+            pin_dir: self.bpf_pin_dir.clone(),
+            interfaces: self.interfaces.clone(),
+        }
+    }
+}
+
+/// The datapath `run` uses.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendChoice {
+    Nft,
+    Ebpf,
+    /// eBPF where the kernel loads it, nftables otherwise.
+    Auto,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Keep the datapath equal to the Services and EndpointSlices of a source.
     Run {
-        #[arg(long, value_enum, default_value_t = BackendKind::Nft)]
-        backend: BackendKind,
+        #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+        backend: BackendChoice,
+        #[command(flatten)]
+        ebpf: EbpfArgs,
         /// Read Services and EndpointSlices from YAML/JSON manifests in DIR
         /// and re-apply within a second of any change.
         #[arg(long, value_name = "DIR")]
@@ -49,11 +82,16 @@ enum Command {
         backend: BackendKind,
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
         output: Output,
+        #[command(flatten)]
+        ebpf: EbpfArgs,
     },
-    /// Remove everything cozy-proxy installed in the kernel.
+    /// Remove everything cozy-proxy installed in the kernel (both backends
+    /// unless one is named).
     Cleanup {
-        #[arg(long, value_enum, default_value_t = BackendKind::Nft)]
-        backend: BackendKind,
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
+        #[command(flatten)]
+        ebpf: EbpfArgs,
     },
     /// Load the embedded eBPF programs into the kernel and unload them.
     CheckEbpf,
@@ -77,13 +115,6 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
-fn nft_only(backend: BackendKind) -> Result<()> {
-    if backend == BackendKind::Ebpf {
-        bail!("the ebpf backend is not implemented yet; use --backend nft");
-    }
-    Ok(())
-}
-
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
@@ -95,20 +126,30 @@ async fn main() -> Result<()> {
     match cli.command {
         Command::Run {
             backend,
+            ebpf,
             manifests,
             poll_interval,
+        } => run(backend, &ebpf, &manifests, poll_interval).await,
+        Command::Dump {
+            backend,
+            output,
+            ebpf,
         } => {
-            nft_only(backend)?;
-            run_manifests(NftBackend::new()?, &manifests, poll_interval).await
+            let dump = match backend {
+                BackendKind::Nft => NftBackend::new()?.dump()?,
+                BackendKind::Ebpf => EbpfBackend::inspect(&ebpf.bpf_pin_dir)?,
+            };
+            print_dump(&dump, output)
         }
-        Command::Dump { backend, output } => {
-            nft_only(backend)?;
-            print_dump(&NftBackend::new()?.dump()?, output)
-        }
-        Command::Cleanup { backend } => {
-            nft_only(backend)?;
-            NftBackend::new()?.cleanup()?;
-            info!(%backend, "removed the datapath");
+        Command::Cleanup { backend, ebpf } => {
+            if backend != Some(BackendKind::Ebpf) {
+                NftBackend::new()?.cleanup()?;
+                info!("removed the nft datapath");
+            }
+            if backend != Some(BackendKind::Nft) {
+                EbpfBackend::remove_all(&ebpf.bpf_pin_dir)?;
+                info!("removed the eBPF datapath");
+            }
             Ok(())
         }
         Command::CheckEbpf => {
@@ -119,7 +160,51 @@ async fn main() -> Result<()> {
     }
 }
 
-async fn run_manifests<D: Datapath>(datapath: D, dir: &Path, poll: Duration) -> Result<()> {
+/// Starts the chosen backend; once it has synced, the other backend's state
+/// is removed (switching a node's backend leaves nothing behind, and the
+/// two never leave a gap: they translate the same way, idempotently).
+async fn run(choice: BackendChoice, ebpf: &EbpfArgs, dir: &Path, poll: Duration) -> Result<()> {
+    let pin_dir = ebpf.bpf_pin_dir.clone();
+    let ebpf_backend = match choice {
+        BackendChoice::Nft => None,
+        BackendChoice::Ebpf => {
+            Some(EbpfBackend::new(ebpf.config()).context("starting the eBPF backend")?)
+        }
+        BackendChoice::Auto => match EbpfBackend::new(ebpf.config()) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                warn!(error = %e, "eBPF datapath unavailable on this node; using nftables");
+                None
+            }
+        },
+    };
+    match ebpf_backend {
+        Some(b) => {
+            info!(backend = "ebpf", "datapath chosen");
+            run_manifests(b, dir, poll, || {
+                NftBackend::new()?.cleanup()?;
+                Ok(())
+            })
+            .await
+        }
+        None => {
+            info!(backend = "nft", "datapath chosen");
+            run_manifests(NftBackend::new()?, dir, poll, move || {
+                EbpfBackend::remove_all(&pin_dir)?;
+                Ok(())
+            })
+            .await
+        }
+    }
+}
+
+async fn run_manifests<D: Datapath>(
+    datapath: D,
+    dir: &Path,
+    poll: Duration,
+    retire_other: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    let mut retire_other = Some(retire_other);
     let mut reconciler = Reconciler::new(datapath);
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -131,6 +216,9 @@ async fn run_manifests<D: Datapath>(datapath: D, dir: &Path, poll: Duration) -> 
             _ = tick.tick() => {}
             _ = sigterm.recv() => break,
             _ = sigint.recv() => break,
+        }
+        if let Err(e) = reconciler.datapath_mut().tick() {
+            warn!(error = %e, "datapath upkeep failed");
         }
         let files = match manifests::fingerprint(dir) {
             Ok(f) => f,
@@ -147,7 +235,14 @@ async fn run_manifests<D: Datapath>(datapath: D, dir: &Path, poll: Duration) -> 
             warn!(file = %s.file.display(), document = s.document, "skipped: {}", s.reason);
         }
         match reconciler.reconcile(&loaded.snapshot) {
-            Ok(_) => applied = Some(files),
+            Ok(_) => {
+                applied = Some(files);
+                if let Some(retire) = retire_other.take() {
+                    if let Err(e) = retire() {
+                        warn!(error = %e, "removing the other backend's state failed");
+                    }
+                }
+            }
             // Retried at the next tick; the datapath keeps its last state.
             Err(e) => error!(error = %e, "sync failed"),
         }

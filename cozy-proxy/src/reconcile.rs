@@ -35,6 +35,10 @@ impl<D: Datapath> Reconciler<D> {
         &self.datapath
     }
 
+    pub fn datapath_mut(&mut self) -> &mut D {
+        &mut self.datapath
+    }
+
     pub fn reconcile(&mut self, snapshot: &Snapshot) -> Result<ReconcileReport, D::Error> {
         let outcome = compute_plan(&snapshot.services, &snapshot.endpoint_slices);
         let new_warnings = self.report(&outcome.warnings);

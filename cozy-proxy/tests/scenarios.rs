@@ -51,3 +51,7 @@ macro_rules! suite {
 mod nft {
     suite!(Backend::Nft);
 }
+
+mod ebpf {
+    suite!(Backend::Ebpf);
+}

@@ -58,6 +58,12 @@ pub trait Datapath {
     /// translated; later calls change only the elements that differ.
     fn sync(&mut self, desired: &DatapathState) -> Result<SyncReport, Self::Error>;
 
+    /// Periodic upkeep between syncs (e.g. following interfaces that come
+    /// and go).
+    fn tick(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
     /// Reads the live state back from the kernel.
     fn dump(&self) -> Result<Dump, Self::Error>;
 

@@ -41,22 +41,56 @@ impl Backend {
     }
 }
 
+/// A bpffs the tests pin under. `ip netns exec` mounts a fresh /sys, which
+/// hides /sys/fs/bpf; a bpffs mounted elsewhere stays visible.
+const TEST_BPFFS: &str = "/run/cozy-proxy-tests/bpf";
+
+fn test_bpffs() -> Result<PathBuf> {
+    let path = PathBuf::from(TEST_BPFFS);
+    fs::create_dir_all(&path)?;
+    let mounts = fs::read_to_string("/proc/mounts")?;
+    if !mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(TEST_BPFFS))
+    {
+        // Another test may mount it at the same moment: check again after.
+        let _ = sh::ok(&["mount", "-t", "bpf", "bpf", TEST_BPFFS]);
+        let mounts = fs::read_to_string("/proc/mounts")?;
+        if !mounts
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(TEST_BPFFS))
+        {
+            bail!("could not mount a bpffs at {TEST_BPFFS}");
+        }
+    }
+    Ok(path)
+}
+
 /// The controller process (`cozy-proxy run`) in the node namespace.
 pub struct Controller {
     proc: Option<Proc>,
     ns: String,
     backend: Backend,
     dir: PathBuf,
+    /// The eBPF backend's pin directory (unique per test).
+    pub pin_dir: PathBuf,
     pub log: PathBuf,
 }
 
 impl Controller {
-    fn start(ns: &str, backend: Backend, dir: PathBuf, log: PathBuf) -> Result<Controller> {
+    fn start(
+        ns: &str,
+        backend: Backend,
+        dir: PathBuf,
+        pin_dir: PathBuf,
+        log: PathBuf,
+    ) -> Result<Controller> {
         let mut c = Controller {
             proc: None,
             ns: ns.into(),
             backend,
             dir,
+            pin_dir,
             log,
         };
         c.spawn()?;
@@ -69,6 +103,7 @@ impl Controller {
             .append(true)
             .open(&self.log)?;
         let dir = self.dir.display().to_string();
+        let pins = self.pin_dir.display().to_string();
         let bin = bin();
         self.proc = Some(Proc::spawn_in(
             &self.ns,
@@ -83,6 +118,8 @@ impl Controller {
                 &dir,
                 "--poll-interval",
                 "100ms",
+                "--bpf-pin-dir",
+                &pins,
             ],
             Stdio::null(),
             Stdio::from(log),
@@ -137,7 +174,11 @@ impl Env {
         let dir = ManifestDir::new(&topo.prefix)?;
         let log = std::env::temp_dir().join(format!("{}-controller.log", topo.prefix));
         let _ = fs::remove_file(&log);
-        let ctl = Controller::start(&topo.node(), backend, dir.path.clone(), log)?;
+        let pin_dir = match backend {
+            Backend::Ebpf => test_bpffs()?.join(&topo.prefix),
+            Backend::Nft => std::env::temp_dir().join(format!("{}-unused-pins", topo.prefix)),
+        };
+        let ctl = Controller::start(&topo.node(), backend, dir.path.clone(), pin_dir, log)?;
         Ok(Env {
             ctl,
             dir,
@@ -167,6 +208,8 @@ impl Env {
                 self.backend.arg(),
                 "-o",
                 "json",
+                "--bpf-pin-dir",
+                &self.ctl.pin_dir.display().to_string(),
             ],
         )?;
         let v: serde_json::Value = serde_json::from_str(&out).context("dump output")?;
@@ -214,6 +257,19 @@ impl Env {
                 )
             }
         })
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // Stop the controller, then remove what it left in the kernel that
+        // outlives the namespaces (pinned maps and links live in bpffs).
+        let _ = self.ctl.stop();
+        let pins = self.ctl.pin_dir.display().to_string();
+        let _ = sh::run_in(
+            &self.topo.node(),
+            &[&bin(), "cleanup", "--bpf-pin-dir", &pins],
+        );
     }
 }
 

@@ -1,0 +1,173 @@
+//! rtnetlink: the node's links, and the routes the eBPF datapath owns.
+use super::socket::{next_seq, NetlinkError, NlSocket};
+use super::wire::{attr, attr_str, Writer, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP};
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+const RTM_GETLINK: u16 = 18;
+const RTM_NEWROUTE: u16 = 24;
+const RTM_DELROUTE: u16 = 25;
+const RTM_GETROUTE: u16 = 26;
+const IFLA_IFNAME: u16 = 3;
+const RTA_DST: u16 = 1;
+const RTA_GATEWAY: u16 = 5;
+const RTA_TABLE: u16 = 15;
+const RT_TABLE_MAIN: u8 = 254;
+const RTN_UNICAST: u8 = 1;
+const RT_SCOPE_UNIVERSE: u8 = 0;
+const NLM_F_REPLACE: u16 = 0x100;
+const IFINFOMSG_LEN: usize = 16;
+const RTMSG_LEN: usize = 12;
+pub const ARPHRD_ETHER: u16 = 1;
+
+/// A network interface of the node.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Link {
+    pub index: u32,
+    pub name: String,
+    /// ARPHRD_* link type.
+    pub kind: u16,
+}
+
+pub fn links(sock: &NlSocket) -> Result<Vec<Link>, NetlinkError> {
+    let seq = next_seq();
+    let mut w = Writer::new();
+    let ifinfo = [0u8; IFINFOMSG_LEN];
+    w.message(RTM_GETLINK, NLM_F_DUMP, seq, &ifinfo, |_| {});
+    let answers = sock.dump(&w.into_bytes(), seq, "link dump")?;
+    let mut out = Vec::new();
+    for a in answers.iter().filter(|a| a.len() >= IFINFOMSG_LEN) {
+        let kind = u16::from_ne_bytes([a[2], a[3]]);
+        let index = i32::from_ne_bytes([a[4], a[5], a[6], a[7]]);
+        let Some(name) = attr_str(&a[IFINFOMSG_LEN..], IFLA_IFNAME) else {
+            continue;
+        };
+        if let Ok(index) = u32::try_from(index) {
+            out.push(Link { index, name, kind });
+        }
+    }
+    Ok(out)
+}
+
+fn family(ip: &IpAddr) -> u8 {
+    match ip {
+        IpAddr::V4(_) => libc::AF_INET as u8,
+        IpAddr::V6(_) => libc::AF_INET6 as u8,
+    }
+}
+
+fn bytes(ip: &IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+fn host_prefix(ip: &IpAddr) -> u8 {
+    if ip.is_ipv4() {
+        32
+    } else {
+        128
+    }
+}
+
+fn rtmsg(family: u8, dst_len: u8, protocol: u8) -> [u8; RTMSG_LEN] {
+    [
+        family,
+        dst_len,
+        0,
+        0,
+        RT_TABLE_MAIN,
+        protocol,
+        RT_SCOPE_UNIVERSE,
+        RTN_UNICAST,
+        0,
+        0,
+        0,
+        0,
+    ]
+}
+
+fn parse_ip(b: &[u8]) -> Option<IpAddr> {
+    match b.len() {
+        4 => <[u8; 4]>::try_from(b)
+            .ok()
+            .map(|a| IpAddr::V4(Ipv4Addr::from(a))),
+        16 => <[u8; 16]>::try_from(b)
+            .ok()
+            .map(|a| IpAddr::V6(Ipv6Addr::from(a))),
+        _ => None,
+    }
+}
+
+/// Host routes `dst via gateway` in the main table tagged with `protocol`.
+pub fn host_routes(
+    sock: &NlSocket,
+    protocol: u8,
+) -> Result<BTreeSet<(IpAddr, IpAddr)>, NetlinkError> {
+    let mut out = BTreeSet::new();
+    for fam in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        let seq = next_seq();
+        let mut w = Writer::new();
+        w.message(RTM_GETROUTE, NLM_F_DUMP, seq, &rtmsg(fam, 0, 0), |_| {});
+        for a in sock.dump(&w.into_bytes(), seq, "route dump")? {
+            if a.len() < RTMSG_LEN || a[5] != protocol {
+                continue;
+            }
+            let body = &a[RTMSG_LEN..];
+            let table = attr(body, RTA_TABLE)
+                .and_then(|t| <[u8; 4]>::try_from(t).ok())
+                .map_or(a[4] as u32, u32::from_ne_bytes);
+            if table != RT_TABLE_MAIN as u32 {
+                continue;
+            }
+            let dst = attr(body, RTA_DST).and_then(parse_ip);
+            let gw = attr(body, RTA_GATEWAY).and_then(parse_ip);
+            if let (Some(dst), Some(gw)) = (dst, gw) {
+                out.insert((dst, gw));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Deletes `remove` and adds (or re-points) `add`, each acknowledged.
+pub fn change_host_routes(
+    sock: &NlSocket,
+    protocol: u8,
+    remove: &[(IpAddr, IpAddr)],
+    add: &[(IpAddr, IpAddr)],
+) -> Result<(), NetlinkError> {
+    let mut w = Writer::new();
+    let mut pending = Vec::new();
+    let mut put = |w: &mut Writer, msg: u16, flags: u16, dst: &IpAddr, gw: &IpAddr, verb: &str| {
+        let seq = next_seq();
+        w.message(
+            msg,
+            flags | NLM_F_ACK,
+            seq,
+            &rtmsg(family(dst), host_prefix(dst), protocol),
+            |w| {
+                w.put(RTA_DST, &bytes(dst));
+                w.put(RTA_GATEWAY, &bytes(gw));
+            },
+        );
+        pending.push((seq, format!("{verb} route {dst} via {gw}")));
+    };
+    for (dst, gw) in remove {
+        put(&mut w, RTM_DELROUTE, 0, dst, gw, "delete");
+    }
+    for (dst, gw) in add {
+        put(
+            &mut w,
+            RTM_NEWROUTE,
+            NLM_F_CREATE | NLM_F_REPLACE,
+            dst,
+            gw,
+            "add",
+        );
+    }
+    sock.transact(&w.into_bytes(), pending)
+}
