@@ -136,6 +136,8 @@ pub struct EbpfBackend {
     ebpf: aya::Ebpf,
     maps: Maps,
     rtnl: NlSocket,
+    /// Link notifications (RTMGRP_LINK): interfaces to follow.
+    link_events: NlSocket,
     known: Option<DatapathState>,
     known_routes: Option<BTreeSet<(IpAddr, IpAddr)>>,
     attached: BTreeSet<u32>,
@@ -176,6 +178,7 @@ impl EbpfBackend {
             ebpf,
             maps,
             rtnl: NlSocket::open(libc::NETLINK_ROUTE)?,
+            link_events: NlSocket::subscribe(libc::NETLINK_ROUTE, libc::RTMGRP_LINK as u32)?,
             known: None,
             known_routes: None,
             attached: BTreeSet::new(),
@@ -346,7 +349,11 @@ impl Datapath for EbpfBackend {
     }
 
     fn tick(&mut self) -> Result<(), EbpfError> {
-        self.follow_interfaces()
+        // Rescan only when the kernel announced a link change.
+        if self.link_events.pending_events()? > 0 {
+            self.follow_interfaces()?;
+        }
+        Ok(())
     }
 
     fn dump(&self) -> Result<Dump, EbpfError> {

@@ -59,6 +59,40 @@ fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
 }
 
 impl NlSocket {
+    /// A socket that receives the multicast `groups` (e.g. RTMGRP_LINK), for
+    /// [`NlSocket::pending_events`].
+    pub fn subscribe(protocol: i32, groups: u32) -> Result<Self, NetlinkError> {
+        let sock = Self::open(protocol)?;
+        // SAFETY: zeroed sockaddr_nl, then the fields we set.
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as u16;
+        addr.nl_groups = groups;
+        // SAFETY: valid address and length.
+        unsafe {
+            check(libc::bind(
+                sock.fd.as_raw_fd(),
+                &addr as *const _ as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_nl>() as u32,
+            ))?;
+        }
+        Ok(sock)
+    }
+
+    /// Drains the notifications waiting on a subscribed socket; returns how
+    /// many there were (an overrun counts as one: something changed).
+    pub fn pending_events(&self) -> Result<usize, NetlinkError> {
+        let mut buf = vec![0u8; 64 << 10];
+        let mut count = 0;
+        loop {
+            match self.recv(&mut buf, true) {
+                Ok(Some(n)) => count += messages(&buf[..n]).count().max(1),
+                Ok(None) => return Ok(count),
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => count += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
     /// `protocol`: `libc::NETLINK_NETFILTER`, `libc::NETLINK_ROUTE`, ...
     pub fn open(protocol: i32) -> Result<Self, NetlinkError> {
         // SAFETY: plain syscalls on a descriptor we own.

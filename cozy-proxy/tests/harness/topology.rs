@@ -2,19 +2,68 @@
 //! `ext`, `node`, `pod1`..`pod3`, created per test with unique names and
 //! removed when dropped.
 use super::sh::{feed_in, ok, ok_in};
-use anyhow::bail;
-use anyhow::Result;
+use anyhow::{bail, Result};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+/// Pods every topology starts with.
+pub const POD_COUNT: usize = 3;
+
 pub struct Topology {
     pub prefix: String,
+    /// Pods created so far (pod1..=podN).
+    pub pods: usize,
 }
 
-/// Interface names: `uplink` on both ends of ext<->node, `pod{i}` on the
-/// node side of each pod veth, `eth0` inside the pod.
-pub const POD_COUNT: usize = 3;
+/// Runs a command given as one line (words split on spaces) in `ns`.
+fn cmd(ns: &str, line: &str) -> Result<()> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    ok_in(ns, &words).map(|_| ())
+}
+
+/// A namespace with loopback up and the sysctls every host shares: no
+/// duplicate address detection (addresses usable at once), no reverse-path
+/// filter (a mapped pod's packets arrive carrying the LB IP as source, which
+/// a strict or loose check drops).
+fn new_ns(ns: &str) -> Result<()> {
+    ok(&["ip", "netns", "add", ns])?;
+    cmd(ns, "ip link set lo up")?;
+    cmd(
+        ns,
+        "sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0 \
+         net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0",
+    )
+}
+
+/// With transmit checksum offload on, veth passes packets with a partial
+/// checksum and a missing L4 fix-up would go unnoticed.
+fn no_offload(ns: &str, dev: &str) -> Result<()> {
+    cmd(ns, &format!("ethtool -K {dev} tx off"))
+}
+
+/// A veth pair `a` (in `ns_a`) <-> `b` (in `ns_b`).
+fn veth(a: &str, ns_a: &str, b: &str, ns_b: &str) -> Result<()> {
+    ok(&[
+        "ip", "link", "add", a, "netns", ns_a, "type", "veth", "peer", b, "netns", ns_b,
+    ])
+    .map(|_| ())
+}
+
+const MASQUERADE: &str = "\
+table ip cni {
+  chain post {
+    type nat hook postrouting priority srcnat;
+    ip saddr 192.0.2.0/24 oifname \"uplink\" masquerade
+  }
+}
+table ip6 cni {
+  chain post {
+    type nat hook postrouting priority srcnat;
+    ip6 saddr 2001:db8:2::/64 oifname \"uplink\" masquerade
+  }
+}
+";
 
 impl Topology {
     pub fn ns(&self, role: &str) -> String {
@@ -36,187 +85,93 @@ impl Topology {
 
     pub fn new() -> Result<Topology> {
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
-        let t = Topology {
+        let mut t = Topology {
             prefix: format!("cpt{}x{id}", std::process::id()),
+            pods: 0,
         };
-        let mut all = vec![t.ext(), t.node()];
-        all.extend((1..=POD_COUNT).map(|i| t.pod(i)));
-        for ns in &all {
-            ok(&["ip", "netns", "add", ns])?;
-            ok_in(ns, &["ip", "link", "set", "lo", "up"])?;
-            // No duplicate address detection (addresses usable at once), no
-            // reverse-path filter: a mapped pod's packets arrive carrying
-            // the LB IP as source, which a strict or loose check drops.
-            ok_in(
-                ns,
-                &[
-                    "sysctl",
-                    "-qw",
-                    "net.ipv6.conf.all.accept_dad=0",
-                    "net.ipv6.conf.default.accept_dad=0",
-                    "net.ipv4.conf.all.rp_filter=0",
-                    "net.ipv4.conf.default.rp_filter=0",
-                ],
-            )?;
-        }
         let (ext, node) = (t.ext(), t.node());
-        ok(&[
-            "ip", "link", "add", "uplink", "netns", &node, "type", "veth", "peer", "uplink",
-            "netns", &ext,
-        ])?;
+        new_ns(&ext)?;
+        new_ns(&node)?;
+        veth("uplink", &node, "uplink", &ext)?;
         for (ns, v4, v6) in [
             (&ext, "198.51.100.1/24", "2001:db8:100::1/64"),
             (&node, "198.51.100.2/24", "2001:db8:100::2/64"),
         ] {
-            ok_in(ns, &["ip", "addr", "add", v4, "dev", "uplink"])?;
-            ok_in(ns, &["ip", "addr", "add", v6, "dev", "uplink", "nodad"])?;
+            cmd(ns, &format!("ip addr add {v4} dev uplink"))?;
+            cmd(ns, &format!("ip addr add {v6} dev uplink nodad"))?;
             no_offload(ns, "uplink")?;
-            ok_in(ns, &["ip", "link", "set", "uplink", "up"])?;
+            cmd(ns, "ip link set uplink up")?;
         }
         // ext routes the LoadBalancer ranges (and the pod network, to reach
         // an unmanaged pod directly) via the node.
-        for dst in ["203.0.113.0/24", "192.0.2.0/24"] {
-            ok_in(&ext, &["ip", "route", "add", dst, "via", "198.51.100.2"])?;
-        }
-        for dst in ["2001:db8:203::/64", "2001:db8:2::/64"] {
-            ok_in(
-                &ext,
-                &["ip", "-6", "route", "add", dst, "via", "2001:db8:100::2"],
-            )?;
-        }
-        ok_in(
-            &node,
-            &["ip", "route", "add", "default", "via", "198.51.100.1"],
+        cmd(&ext, "ip route add 203.0.113.0/24 via 198.51.100.2")?;
+        cmd(&ext, "ip route add 192.0.2.0/24 via 198.51.100.2")?;
+        cmd(
+            &ext,
+            "ip -6 route add 2001:db8:203::/64 via 2001:db8:100::2",
         )?;
-        ok_in(
+        cmd(&ext, "ip -6 route add 2001:db8:2::/64 via 2001:db8:100::2")?;
+        cmd(&node, "ip route add default via 198.51.100.1")?;
+        cmd(&node, "ip -6 route add default via 2001:db8:100::1")?;
+        cmd(
             &node,
-            &[
-                "ip",
-                "-6",
-                "route",
-                "add",
-                "default",
-                "via",
-                "2001:db8:100::1",
-            ],
+            "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
         )?;
-        ok_in(
-            &node,
-            &[
-                "sysctl",
-                "-qw",
-                "net.ipv4.ip_forward=1",
-                "net.ipv6.conf.all.forwarding=1",
-            ],
-        )?;
-        for i in 1..=POD_COUNT {
-            t.add_pod(i)?;
+        for _ in 0..POD_COUNT {
+            t.add_pod()?;
         }
         // The CNI's masquerade for pod traffic leaving the uplink.
-        let masquerade = "table ip cni {\n chain post {\n  type nat hook postrouting priority srcnat;\n  ip saddr 192.0.2.0/24 oifname \"uplink\" masquerade\n }\n}\n\
-            table ip6 cni {\n chain post {\n  type nat hook postrouting priority srcnat;\n  ip6 saddr 2001:db8:2::/64 oifname \"uplink\" masquerade\n }\n}\n";
-        let out = feed_in(&node, &["nft", "-f", "-"], masquerade.as_bytes(), 5)?;
+        let out = feed_in(&node, &["nft", "-f", "-"], MASQUERADE.as_bytes(), 5)?;
         if !out.status.success() {
             bail!("masquerade rules: {}", String::from_utf8_lossy(&out.stderr));
         }
         Ok(t)
     }
 
-    /// A pod as a typical CNI wires it: a veth, /32 and /128 routes on the
-    /// node, the node side as the pod's gateway.
-    fn add_pod(&self, i: usize) -> Result<()> {
+    /// A new pod (pod{N+1}) as a typical CNI wires it: a veth, /32 and /128
+    /// routes on the node, the node side as the pod's gateway; addresses
+    /// 192.0.2.1N and 2001:db8:2::1N.
+    pub fn add_pod(&mut self) -> Result<usize> {
+        self.pods += 1;
+        let i = self.pods;
         let (node, pod) = (self.node(), self.pod(i));
+        new_ns(&pod)?;
         let host_if = format!("pod{i}");
-        ok(&[
-            "ip", "link", "add", &host_if, "netns", &node, "type", "veth", "peer", "eth0", "netns",
-            &pod,
-        ])?;
-        let v4 = format!("192.0.2.1{i}");
-        let v6 = format!("2001:db8:2::1{i}");
-        ok_in(
+        veth(&host_if, &node, "eth0", &pod)?;
+        cmd(&node, &format!("ip addr add 192.0.2.1/32 dev {host_if}"))?;
+        cmd(
             &node,
-            &["ip", "addr", "add", "192.0.2.1/32", "dev", &host_if],
+            &format!("ip addr add 2001:db8:2::1/128 dev {host_if} nodad"),
         )?;
-        ok_in(
-            &node,
-            &[
-                "ip",
-                "addr",
-                "add",
-                "2001:db8:2::1/128",
-                "dev",
-                &host_if,
-                "nodad",
-            ],
-        )?;
-        ok_in(
+        cmd(&pod, &format!("ip addr add 192.0.2.1{i}/32 dev eth0"))?;
+        cmd(
             &pod,
-            &["ip", "addr", "add", &format!("{v4}/32"), "dev", "eth0"],
-        )?;
-        ok_in(
-            &pod,
-            &[
-                "ip",
-                "addr",
-                "add",
-                &format!("{v6}/128"),
-                "dev",
-                "eth0",
-                "nodad",
-            ],
+            &format!("ip addr add 2001:db8:2::1{i}/128 dev eth0 nodad"),
         )?;
         for (ns, dev) in [(&node, host_if.as_str()), (&pod, "eth0")] {
             no_offload(ns, dev)?;
-            ok_in(ns, &["ip", "link", "set", dev, "up"])?;
+            cmd(ns, &format!("ip link set {dev} up"))?;
         }
-        ok_in(
+        cmd(
             &node,
-            &["ip", "route", "add", &format!("{v4}/32"), "dev", &host_if],
+            &format!("ip route add 192.0.2.1{i}/32 dev {host_if}"),
         )?;
-        ok_in(
+        cmd(
             &node,
-            &[
-                "ip",
-                "-6",
-                "route",
-                "add",
-                &format!("{v6}/128"),
-                "dev",
-                &host_if,
-            ],
+            &format!("ip -6 route add 2001:db8:2::1{i}/128 dev {host_if}"),
         )?;
-        ok_in(&pod, &["ip", "route", "add", "192.0.2.1", "dev", "eth0"])?;
-        ok_in(&pod, &["ip", "route", "add", "default", "via", "192.0.2.1"])?;
-        ok_in(
-            &pod,
-            &["ip", "-6", "route", "add", "2001:db8:2::1", "dev", "eth0"],
-        )?;
-        ok_in(
-            &pod,
-            &[
-                "ip",
-                "-6",
-                "route",
-                "add",
-                "default",
-                "via",
-                "2001:db8:2::1",
-            ],
-        )?;
-        Ok(())
+        cmd(&pod, "ip route add 192.0.2.1 dev eth0")?;
+        cmd(&pod, "ip route add default via 192.0.2.1")?;
+        cmd(&pod, "ip -6 route add 2001:db8:2::1 dev eth0")?;
+        cmd(&pod, "ip -6 route add default via 2001:db8:2::1")?;
+        Ok(i)
     }
-}
-
-/// With transmit checksum offload on, veth passes packets with a partial
-/// checksum and a missing L4 fix-up would go unnoticed.
-fn no_offload(ns: &str, dev: &str) -> Result<()> {
-    ok_in(ns, &["ethtool", "-K", dev, "tx", "off"]).map(|_| ())
 }
 
 impl Drop for Topology {
     fn drop(&mut self) {
         let mut all = vec![self.ext(), self.node()];
-        all.extend((1..=POD_COUNT).map(|i| self.pod(i)));
+        all.extend((1..=self.pods).map(|i| self.pod(i)));
         for ns in &all {
             if let Ok(out) = ok(&["ip", "netns", "pids", ns]) {
                 for pid in out.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {

@@ -1,0 +1,176 @@
+//! The eBPF backend's kernel state, as the real `bpftool` and `ip` show it:
+//! readable pinned maps, tcx links that survive a restart (re-pointed, not
+//! re-created), new interfaces followed, and cleanup. Needs root.
+mod harness;
+
+use anyhow::{ensure, Context, Result};
+use harness::{
+    manifests::{slice, Svc},
+    net::Fam,
+    sh::{ok, ok_in},
+    traffic::{answer, eventually, tcp_request, Server, SETTLE},
+    Backend, Env,
+};
+use serde_json::Value;
+use std::path::Path;
+
+fn bpftool(args: &[&str]) -> Result<Value> {
+    let mut all = vec!["bpftool", "-j"];
+    all.extend_from_slice(args);
+    Ok(serde_json::from_str(&ok(&all)?)?)
+}
+
+/// `(link id, program id)` of every pinned link.
+fn pinned_links(pin_dir: &Path) -> Result<Vec<(u64, u64, String)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(pin_dir.join("links"))? {
+        let path = entry?.path();
+        let v = bpftool(&["link", "show", "pinned", &path.display().to_string()])?;
+        out.push((
+            v["id"].as_u64().context("link id")?,
+            v["prog_id"].as_u64().context("prog id")?,
+            // bpftool 7.1 (Debian 12) predates tcx and prints the number.
+            match &v["type"] {
+                Value::String(t) => t.clone(),
+                other => format!("type {other}"),
+            },
+        ));
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn setup() -> Result<Env> {
+    let mut env = Env::new(Backend::Ebpf, Fam::V4)?;
+    let svc = Svc::new("vm1", env.net.lbs[0]).filter(&[("TCP", 22)]);
+    env.dir.put("vm1", &svc.yaml())?;
+    env.dir.put(
+        "vm1-eps",
+        &slice("vm1", "IPv4", &[(env.net.pods[0].to_string(), None)]),
+    )?;
+    env.settle()?;
+    Ok(env)
+}
+
+#[test]
+fn bpftool_shows_readable_maps_and_tcx_links() -> Result<()> {
+    let env = setup()?;
+    let pins = &env.ctl.pin_dir;
+    let dump = bpftool(&[
+        "map",
+        "dump",
+        "pinned",
+        &pins.join("svc_pod").display().to_string(),
+    ])?;
+    let entry = &dump.as_array().context("array")?[0];
+    // BTF-typed: bpftool prints the fields of our structs, not hex bytes.
+    let key = &entry["formatted"]["key"];
+    let value = &entry["formatted"]["value"];
+    ensure!(key["family"] == 4, "key: {entry}");
+    ensure!(
+        key["addr"].as_array().map(|a| a[..4].to_vec())
+            == Some(vec![203.into(), 0.into(), 113.into(), 10.into()]),
+        "key: {key}"
+    );
+    ensure!(
+        value["addr"].as_array().map(|a| a[..4].to_vec())
+            == Some(vec![192.into(), 0.into(), 2.into(), 11.into()]),
+        "value: {value}"
+    );
+    let ports = bpftool(&[
+        "map",
+        "dump",
+        "pinned",
+        &pins.join("allowed_ports").display().to_string(),
+    ])?;
+    ensure!(
+        ports.to_string().contains("\"port\":22"),
+        "allowed_ports: {ports}"
+    );
+    // Four interfaces (uplink, pod1..3), two tcx links each.
+    let links = pinned_links(pins)?;
+    ensure!(links.len() == 8, "links: {links:?}");
+    // BPF_LINK_TYPE_TCX is 11.
+    ensure!(
+        links.iter().all(|(_, _, t)| t == "tcx" || t == "type 11"),
+        "links: {links:?}"
+    );
+    // The host route that steers the LB IP to its pod.
+    let routes = ok_in(&env.topo.node(), &["ip", "route", "show", "proto", "249"])?;
+    ensure!(
+        routes.contains("203.0.113.10 via 192.0.2.11"),
+        "routes: {routes}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_restart_re_points_the_same_links_and_keeps_the_maps() -> Result<()> {
+    let mut env = setup()?;
+    let before_state = env.dump()?;
+    let before = pinned_links(&env.ctl.pin_dir)?;
+    env.ctl.restart()?;
+    env.wait_log("adopting the eBPF datapath")?;
+    env.settle()?;
+    let after = pinned_links(&env.ctl.pin_dir)?;
+    let ids = |l: &[(u64, u64, String)]| l.iter().map(|x| x.0).collect::<Vec<_>>();
+    ensure!(
+        ids(&before) == ids(&after),
+        "links re-created: {before:?} -> {after:?}"
+    );
+    ensure!(
+        before.iter().zip(&after).all(|(b, a)| b.1 != a.1),
+        "programs not replaced: {before:?} -> {after:?}"
+    );
+    ensure!(
+        env.dump()? == before_state,
+        "state changed across the restart"
+    );
+    Ok(())
+}
+
+#[test]
+fn interfaces_that_appear_later_are_followed() -> Result<()> {
+    let mut env = setup()?;
+    let i = env.topo.add_pod()?;
+    let pod_ip: std::net::IpAddr = format!("192.0.2.1{i}").parse()?;
+    let lb = env.net.lbs[3];
+    env.dir.put("vm4", &Svc::new("vm4", lb).yaml())?;
+    env.dir.put(
+        "vm4-eps",
+        &slice("vm4", "IPv4", &[(pod_ip.to_string(), None)]),
+    )?;
+    env.settle()?;
+    env.wait_log(&format!("interface=pod{i}"))?;
+    let ext = env.topo.ext();
+    let _srv = Server::tcp(&ext, Fam::V4, 7000, "ext")?;
+    let got = eventually(SETTLE, || tcp_request(&env.topo.pod(i), env.net.ext, 7000))?;
+    ensure!(got == answer("ext", lb), "pod{i} egress: {got}");
+    Ok(())
+}
+
+#[test]
+fn cleanup_removes_links_maps_and_routes() -> Result<()> {
+    let mut env = setup()?;
+    let pins = env.ctl.pin_dir.clone();
+    let links = pinned_links(&pins)?;
+    env.ctl.stop()?;
+    // Stopped: everything still in place (and still translating).
+    ensure!(pinned_links(&pins)? == links, "stopping changed the links");
+    let node = env.topo.node();
+    let pin_arg = pins.display().to_string();
+    ok_in(
+        &node,
+        &[&harness::bin(), "cleanup", "--bpf-pin-dir", &pin_arg],
+    )?;
+    ensure!(!pins.exists(), "pin directory left: {}", pins.display());
+    for (id, _, _) in links {
+        let shown = std::process::Command::new("bpftool")
+            .args(["link", "show", "id", &id.to_string()])
+            .output()?;
+        ensure!(!shown.status.success(), "link {id} still exists");
+    }
+    let routes = ok_in(&node, &["ip", "route", "show", "proto", "249"])?;
+    ensure!(routes.trim().is_empty(), "routes left: {routes}");
+    Ok(())
+}
