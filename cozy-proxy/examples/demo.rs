@@ -21,11 +21,20 @@ fn step(text: &str) {
 }
 
 fn main() -> Result<()> {
+    for backend in [Backend::Nft, Backend::Ebpf] {
+        println!("\n########## backend: {} ##########", backend.arg());
+        demo(backend)?;
+    }
+    Ok(())
+}
+
+fn demo(backend: Backend) -> Result<()> {
     step("Creating namespaces: ext (outside client/server), node (forwarding, CNI masquerade), pod1..pod3");
-    let mut env = Env::new(Backend::Nft, Fam::V4)?;
+    let mut env = Env::new(backend, Fam::V4)?;
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/demo");
     step(&format!(
-        "Starting `cozy-proxy run --backend nft --manifests DIR` in node with {}",
+        "Starting `cozy-proxy run --backend {} --manifests DIR` in node with {}",
+        backend.arg(),
         examples.display()
     ));
     for file in harness::manifests::files_in(&examples)? {
@@ -38,7 +47,21 @@ fn main() -> Result<()> {
     }
     env.settle()?;
     step("`cozy-proxy dump` (read back from the kernel)");
-    print!("{}", ok_in(&env.topo.node(), &[&harness::bin(), "dump"])?);
+    let pins = env.ctl.pin_dir.display().to_string();
+    print!(
+        "{}",
+        ok_in(
+            &env.topo.node(),
+            &[
+                &harness::bin(),
+                "dump",
+                "--backend",
+                backend.arg(),
+                "--bpf-pin-dir",
+                &pins
+            ]
+        )?
+    );
 
     let ext = env.topo.ext();
     for fam in [Fam::V4, Fam::V6] {
@@ -75,14 +98,29 @@ fn main() -> Result<()> {
     }
     let from = eventually(SETTLE, || ping(&ext, lb3))?;
     println!("    ping {lb3}: reply from {from}");
-    step("nft list table ip cozy_proxy (the real nft tool)");
-    print!(
-        "{}",
-        ok_in(
-            &env.topo.node(),
-            &["nft", "list", "table", "ip", "cozy_proxy"]
-        )?
-    );
+    match backend {
+        Backend::Nft => {
+            step("nft list table ip cozy_proxy (the real nft tool)");
+            let table = ok_in(
+                &env.topo.node(),
+                &["nft", "list", "table", "ip", "cozy_proxy"],
+            )?;
+            print!("{table}");
+        }
+        Backend::Ebpf => {
+            let map = env.ctl.pin_dir.join("svc_pod").display().to_string();
+            step(&format!("bpftool map dump pinned {map}"));
+            print!(
+                "{}",
+                harness::sh::ok(&["bpftool", "map", "dump", "pinned", &map])?
+            );
+            step("ip route show proto 249 (LB IP -> pod routes)");
+            print!(
+                "{}",
+                ok_in(&env.topo.node(), &["ip", "route", "show", "proto", "249"])?
+            );
+        }
+    }
     step("Done; removing the namespaces");
     Ok(())
 }
