@@ -95,6 +95,41 @@ fn bpftool_shows_readable_maps_and_tcx_links() -> Result<()> {
         links.iter().all(|(_, _, t)| t == "tcx" || t == "type 11"),
         "links: {links:?}"
     );
+    // Per-service and drop counters (per-CPU maps), summed by `dump`.
+    let _ssh = Server::tcp(&env.topo.pod(1), Fam::V4, 22, "pod1")?;
+    eventually(SETTLE, || tcp_request(&env.topo.ext(), env.net.lbs[0], 22))?;
+    ensure!(
+        tcp_request(&env.topo.ext(), env.net.lbs[0], 8080).is_err(),
+        "8080 must be filtered"
+    );
+    let pin_arg = pins.display().to_string();
+    let dump: Value = serde_json::from_str(&ok_in(
+        &env.topo.node(),
+        &[
+            &harness::bin(),
+            "dump",
+            "--backend",
+            "ebpf",
+            "-o",
+            "json",
+            "--bpf-pin-dir",
+            &pin_arg,
+        ],
+    )?)?;
+    let counters = &dump["details"]["counters"];
+    let svc = &counters["services"]["203.0.113.10"];
+    ensure!(
+        svc["ingress_packets"].as_u64() > Some(0),
+        "ingress counter: {counters}"
+    );
+    ensure!(
+        svc["egress_packets"].as_u64() > Some(0),
+        "egress counter: {counters}"
+    );
+    ensure!(
+        counters["drops"]["filtered_port"]["packets"].as_u64() > Some(0),
+        "drop counter: {counters}"
+    );
     // The host route that steers the LB IP to its pod.
     let routes = ok_in(&env.topo.node(), &["ip", "route", "show", "proto", "249"])?;
     ensure!(
@@ -110,7 +145,8 @@ fn a_restart_re_points_the_same_links_and_keeps_the_maps() -> Result<()> {
     let before_state = env.dump()?;
     let before = pinned_links(&env.ctl.pin_dir)?;
     env.ctl.restart()?;
-    env.wait_log("adopting the eBPF datapath")?;
+    env.wait_log("backend=ebpf elements=")?;
+    env.wait_log("adopting the datapath")?;
     env.settle()?;
     let after = pinned_links(&env.ctl.pin_dir)?;
     let ids = |l: &[(u64, u64, String)]| l.iter().map(|x| x.0).collect::<Vec<_>>();

@@ -167,7 +167,44 @@ fn test(extra: &[String]) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
-    run(cargo().args(["test", "--workspace"]).args(extra))
+    // The tests' output passes through and is tallied, so that the last
+    // line sums up every test binary.
+    let mut cmd = cargo();
+    cmd.args(["test", "--workspace"])
+        .args(extra)
+        .stdout(Stdio::piped());
+    eprintln!("xtask: {cmd:?}");
+    let mut child = cmd.spawn().context("cargo test")?;
+    let (mut passed, mut failed) = (0u64, 0u64);
+    if let Some(out) = child.stdout.take() {
+        use std::io::{BufRead, BufReader};
+        for line in BufReader::new(out).lines() {
+            let line = line?;
+            println!("{line}");
+            if let Some((p, f)) = tally(&line) {
+                passed += p;
+                failed += f;
+            }
+        }
+    }
+    let status = child.wait()?;
+    println!("tests: {passed} passed, {failed} failed");
+    if !status.success() {
+        bail!("cargo test failed: {status}");
+    }
+    Ok(())
+}
+
+/// `(passed, failed)` from a libtest line "test result: ok. 3 passed; 0 failed; ...".
+fn tally(line: &str) -> Option<(u64, u64)> {
+    let rest = line.strip_prefix("test result: ")?;
+    let count = |word: &str| -> Option<u64> {
+        rest.split(';')
+            .find_map(|part| part.trim().strip_suffix(word))
+            .and_then(|n| n.trim().rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+    };
+    Some((count("passed")?, count("failed")?))
 }
 
 fn demo() -> Result<()> {
@@ -175,4 +212,14 @@ fn demo() -> Result<()> {
     run(cargo()
         .args(["run", "-q", "-p", "cozy-proxy", "--example", "demo"])
         .env("COZY_PROXY_BIN", root().join("target/debug/cozy-proxy")))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tally_reads_libtest_summaries() {
+        let line = "test result: ok. 80 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 98.55s";
+        assert_eq!(super::tally(line), Some((80, 2)));
+        assert_eq!(super::tally("test foo ... ok"), None);
+    }
 }

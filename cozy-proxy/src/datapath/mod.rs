@@ -47,6 +47,15 @@ pub struct Dump {
     pub details: serde_json::Value,
 }
 
+/// The state a datapath found in the kernel at its first sync: what a
+/// previous instance left, taken over as is (reported when not empty).
+pub fn adopt(kind: BackendKind, live: DatapathState) -> DatapathState {
+    if !live.is_empty() {
+        tracing::info!(backend = %kind, elements = live.len(), "adopting the datapath left by a previous instance");
+    }
+    live
+}
+
 /// A datapath keeps the kernel equal to a [`DatapathState`].
 pub trait Datapath {
     type Error: std::error::Error + Send + Sync + 'static;

@@ -20,7 +20,7 @@ use std::{
     net::IpAddr,
     path::{Path, PathBuf},
 };
-use tracing::{info, warn};
+use tracing::warn;
 
 /// The object built from `cozy-proxy-ebpf` by build.rs.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("COZY_PROXY_EBPF_OBJ"));
@@ -251,14 +251,7 @@ impl EbpfBackend {
             Some(k) => k,
             None => {
                 report.installed_schema = true;
-                let live = self.maps.read_state()?;
-                if !live.is_empty() {
-                    info!(
-                        elements = live.len(),
-                        "adopting the eBPF datapath left by a previous instance"
-                    );
-                }
-                live
+                crate::datapath::adopt(BackendKind::Ebpf, self.maps.read_state()?)
             }
         };
         let diff = known.diff(desired);

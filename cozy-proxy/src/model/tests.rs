@@ -119,6 +119,15 @@ fn slice(svc: &str, family: &str, endpoints: &[(&str, Option<bool>)]) -> Endpoin
     }
 }
 
+/// A passthrough Service on 203.0.113.10 created at `secs`.
+fn aged(name: &str, secs: i64) -> Service {
+    service(SvcSpec {
+        name,
+        created: Some(secs),
+        ..Default::default()
+    })
+}
+
 fn kinds(o: &Outcome) -> Vec<WarningKind> {
     o.warnings.iter().map(|w| w.kind).collect()
 }
@@ -299,16 +308,7 @@ fn endpoints_none_several_not_ready() {
 
 #[test]
 fn conflicts_older_wins_and_hands_over() {
-    let a = service(SvcSpec {
-        name: "a",
-        created: Some(1_000),
-        ..Default::default()
-    });
-    let b = service(SvcSpec {
-        name: "b",
-        created: Some(2_000),
-        ..Default::default()
-    });
+    let (a, b) = (aged("a", 1_000), aged("b", 2_000));
     let slices = [
         slice("a", "IPv4", &[("192.0.2.11", None)]),
         slice("b", "IPv4", &[("192.0.2.13", None)]),
@@ -364,16 +364,7 @@ fn conflicts_older_wins_and_hands_over() {
 
 #[test]
 fn the_older_owner_keeps_its_lb_ip_while_not_ready() {
-    let a = service(SvcSpec {
-        name: "a",
-        created: Some(1_000),
-        ..Default::default()
-    });
-    let b = service(SvcSpec {
-        name: "b",
-        created: Some(2_000),
-        ..Default::default()
-    });
+    let (a, b) = (aged("a", 1_000), aged("b", 2_000));
     let slices = [
         slice("a", "IPv4", &[("192.0.2.11", Some(false))]),
         slice("b", "IPv4", &[("192.0.2.13", None)]),

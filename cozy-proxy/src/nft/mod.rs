@@ -23,7 +23,7 @@ use schema::{Layout, SetDef, LAYOUTS, TABLE};
 use serde_json::json;
 use std::net::IpAddr;
 use sys::*;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 /// Length of the nfgenmsg header before an answer's attributes.
 const NFGENMSG_LEN: usize = 4;
@@ -359,13 +359,7 @@ impl NftBackend {
                     Self::install(&mut batch, l, replace);
                 }
                 report.installed_schema = true;
-                if !live.is_empty() {
-                    info!(
-                        elements = live.len(),
-                        "adopting the nft datapath left by a previous instance"
-                    );
-                }
-                live
+                crate::datapath::adopt(BackendKind::Nft, live)
             }
         };
         let diff = known.diff(desired);
