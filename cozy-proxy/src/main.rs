@@ -1,20 +1,18 @@
 //! cozy-proxy command line: `run`, `dump`, `cleanup`, `check-ebpf`.
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use cozy_proxy::{
+    controller::{self, LoopSettings, WarningSink},
     datapath::{BackendKind, Datapath, Dump},
     ebpf::{EbpfBackend, EbpfConfig, Interfaces},
+    events::EventPublisher,
     nft::NftBackend,
-    reconcile::Reconciler,
-    source::manifests,
+    source::{kube::KubeSource, ManifestSource, Source},
+    telemetry::{self, Telemetry},
 };
-use std::{
-    io::IsTerminal,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{io::IsTerminal, path::PathBuf, time::Duration};
 use tokio::signal::unix::{signal, SignalKind};
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 #[derive(Parser)]
 #[command(
@@ -38,7 +36,7 @@ struct EbpfArgs {
     bpf_pin_dir: PathBuf,
     /// "auto" (every Ethernet interface, following new ones) or a
     /// comma-separated list.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, env = "COZY_PROXY_INTERFACES", default_value = "auto")]
     interfaces: Interfaces,
 }
 
@@ -52,7 +50,7 @@ impl EbpfArgs {
 }
 
 /// The datapath `run` uses.
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum BackendChoice {
     Nft,
     Ebpf,
@@ -60,22 +58,49 @@ enum BackendChoice {
     Auto,
 }
 
+/// Node label that overrides `--backend` on that node (read at start).
+const BACKEND_LABEL: &str = "networking.cozystack.io/cozy-proxy-backend";
+
+#[derive(clap::Args)]
+struct RunArgs {
+    #[arg(long, env = "COZY_PROXY_BACKEND", value_enum, default_value_t = BackendChoice::Auto)]
+    backend: BackendChoice,
+    #[command(flatten)]
+    ebpf: EbpfArgs,
+    /// Standalone: read Services and EndpointSlices from YAML/JSON manifests
+    /// in DIR (re-applied within a second of any change) instead of the
+    /// Kubernetes API.
+    #[arg(long, value_name = "DIR")]
+    manifests: Option<PathBuf>,
+    /// Kubernetes API access from this kubeconfig (default: in-cluster
+    /// service account, else $KUBECONFIG or ~/.kube/config).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// This node's name (the DaemonSet sets it from the downward API).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// Address of /metrics, /healthz and /readyz ("" to disable).
+    #[arg(long, env = "COZY_PROXY_METRICS_ADDR", default_value = "0.0.0.0:9402")]
+    metrics_addr: String,
+    /// How often the manifest directory is checked for changes.
+    #[arg(long, default_value = "250ms", value_parser = parse_duration)]
+    poll_interval: Duration,
+    /// How long to coalesce a burst of API events before reconciling.
+    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+    debounce: Duration,
+    /// How often the kernel state is read again and drift repaired.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    resync: Duration,
+    /// How often the datapath's traffic counters are copied into /metrics.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    counters_interval: Duration,
+}
+
 #[derive(Subcommand)]
 enum Command {
-    /// Keep the datapath equal to the Services and EndpointSlices of a source.
-    Run {
-        #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
-        backend: BackendChoice,
-        #[command(flatten)]
-        ebpf: EbpfArgs,
-        /// Read Services and EndpointSlices from YAML/JSON manifests in DIR
-        /// and re-apply within a second of any change.
-        #[arg(long, value_name = "DIR")]
-        manifests: PathBuf,
-        /// How often the manifest directory is checked for changes.
-        #[arg(long, default_value = "250ms", value_parser = parse_duration)]
-        poll_interval: Duration,
-    },
+    /// Keep the datapath equal to the Services and EndpointSlices of the
+    /// Kubernetes API (or of a manifest directory).
+    Run(Box<RunArgs>),
     /// Print the live datapath state, read back from the kernel.
     Dump {
         #[arg(long, value_enum, default_value_t = BackendKind::Nft)]
@@ -95,6 +120,9 @@ enum Command {
     },
     /// Load the embedded eBPF programs into the kernel and unload them.
     CheckEbpf,
+    /// Print the Kubernetes RBAC rules the controller needs (ClusterRole
+    /// rules, YAML).
+    Rbac,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -111,7 +139,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     match unit {
         "ms" => Ok(Duration::from_millis(n)),
         "s" => Ok(Duration::from_secs(n)),
-        _ => Err(format!("invalid duration unit in {s:?} (use ms or s)")),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("invalid duration unit in {s:?} (use ms, s or m)")),
     }
 }
 
@@ -124,12 +153,7 @@ async fn main() -> Result<()> {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     match cli.command {
-        Command::Run {
-            backend,
-            ebpf,
-            manifests,
-            poll_interval,
-        } => run(backend, &ebpf, &manifests, poll_interval).await,
+        Command::Run(args) => run(*args).await,
         Command::Dump {
             backend,
             output,
@@ -152,6 +176,10 @@ async fn main() -> Result<()> {
             }
             Ok(())
         }
+        Command::Rbac => {
+            print!("{}", cozy_proxy::rbac::cluster_role_rules_yaml());
+            Ok(())
+        }
         Command::CheckEbpf => {
             let names = cozy_proxy::ebpf::load_check()?;
             println!("loaded: {}", names.join(", "));
@@ -160,11 +188,109 @@ async fn main() -> Result<()> {
     }
 }
 
-/// Starts the chosen backend; once it has synced, the other backend's state
-/// is removed (switching a node's backend leaves nothing behind, and the
-/// two never leave a gap: they translate the same way, idempotently).
-async fn run(choice: BackendChoice, ebpf: &EbpfArgs, dir: &Path, poll: Duration) -> Result<()> {
-    let pin_dir = ebpf.bpf_pin_dir.clone();
+async fn kube_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no in-cluster config or kubeconfig")?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// The backend named by this node's label, if any (read once at start).
+async fn node_backend(client: &kube::Client, node: &str) -> Option<BackendChoice> {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    match nodes.get(node).await {
+        Ok(n) => {
+            let value = n.metadata.labels.as_ref()?.get(BACKEND_LABEL)?.clone();
+            match BackendChoice::from_str(&value, true) {
+                Ok(b) => {
+                    info!(node, backend = %value, "backend chosen by the node label {BACKEND_LABEL}");
+                    Some(b)
+                }
+                Err(_) => {
+                    warn!(node, value = %value, "invalid {BACKEND_LABEL} label (ebpf, nft or auto); using --backend");
+                    None
+                }
+            }
+        }
+        Err(e) => {
+            warn!(node, error = %e, "could not read this node's labels; using --backend");
+            None
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+async fn run(args: RunArgs) -> Result<()> {
+    let telemetry = Telemetry::new();
+    if !args.metrics_addr.is_empty() {
+        let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
+            .await
+            .with_context(|| format!("listening on {}", args.metrics_addr))?;
+        tokio::spawn(telemetry::serve(listener, telemetry.clone()));
+    }
+    let settings = LoopSettings {
+        debounce: args.debounce,
+        resync: args.resync,
+        upkeep: Duration::from_secs(1),
+        counters: args.counters_interval,
+    };
+    if let Some(dir) = &args.manifests {
+        let source = ManifestSource::new(dir.clone(), args.poll_interval);
+        return with_backend(
+            args.backend,
+            &args.ebpf,
+            source,
+            telemetry,
+            settings,
+            Box::new(|_| {}),
+        )
+        .await;
+    }
+    let client = kube_client(args.kubeconfig.as_ref()).await?;
+    let mut choice = args.backend;
+    if let Some(node) = &args.node_name {
+        if let Some(b) = node_backend(&client, node).await {
+            choice = b;
+        }
+    }
+    let source = KubeSource::start(client.clone());
+    let events = EventPublisher::new(client, args.node_name.clone());
+    let uids = source.uid_lookup();
+    let sink: WarningSink =
+        Box::new(move |w| events.publish(w, |ns, name| uids.service_uid(ns, name)));
+    with_backend(choice, &args.ebpf, source, telemetry, settings, sink).await
+}
+
+/// Starts the chosen backend and runs the loop; once it has synced, the
+/// other backend's state is removed (switching a node's backend leaves
+/// nothing behind, and there is no gap: both translate the same way).
+async fn with_backend<S: Source>(
+    choice: BackendChoice,
+    ebpf: &EbpfArgs,
+    source: S,
+    telemetry: Telemetry,
+    settings: LoopSettings,
+    sink: WarningSink<'_>,
+) -> Result<()> {
     let ebpf_backend = match choice {
         BackendChoice::Nft => None,
         BackendChoice::Ebpf => {
@@ -178,77 +304,48 @@ async fn run(choice: BackendChoice, ebpf: &EbpfArgs, dir: &Path, poll: Duration)
             }
         },
     };
+    let pin_dir = ebpf.bpf_pin_dir.clone();
     match ebpf_backend {
         Some(b) => {
             info!(backend = "ebpf", "datapath chosen");
-            run_manifests(b, dir, poll, || {
-                NftBackend::new()?.cleanup()?;
-                Ok(())
-            })
-            .await
+            let retire = || {
+                if let Err(e) = NftBackend::new().and_then(|mut n| n.cleanup()) {
+                    warn!(error = %e, "removing the nft datapath failed");
+                }
+            };
+            controller::run(
+                b,
+                source,
+                telemetry,
+                settings,
+                sink,
+                retire,
+                shutdown_signal(),
+            )
+            .await;
         }
         None => {
+            if choice == BackendChoice::Ebpf {
+                bail!("the eBPF backend could not start");
+            }
             info!(backend = "nft", "datapath chosen");
-            run_manifests(NftBackend::new()?, dir, poll, move || {
-                EbpfBackend::remove_all(&pin_dir)?;
-                Ok(())
-            })
-            .await
-        }
-    }
-}
-
-async fn run_manifests<D: Datapath>(
-    datapath: D,
-    dir: &Path,
-    poll: Duration,
-    retire_other: impl FnOnce() -> Result<()>,
-) -> Result<()> {
-    let mut retire_other = Some(retire_other);
-    let mut reconciler = Reconciler::new(datapath);
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut tick = tokio::time::interval(poll);
-    let mut applied: Option<Vec<(PathBuf, Vec<u8>)>> = None;
-    info!(dir = %dir.display(), "watching manifests");
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = sigterm.recv() => break,
-            _ = sigint.recv() => break,
-        }
-        if let Err(e) = reconciler.datapath_mut().tick() {
-            warn!(error = %e, "datapath upkeep failed");
-        }
-        let files = match manifests::fingerprint(dir) {
-            Ok(f) => f,
-            Err(e) => {
-                warn!(error = %e, "cannot read the manifest directory; keeping the datapath as it is");
-                continue;
-            }
-        };
-        if applied.as_ref() == Some(&files) {
-            continue;
-        }
-        let loaded = manifests::parse(&files);
-        for s in &loaded.skipped {
-            warn!(file = %s.file.display(), document = s.document, "skipped: {}", s.reason);
-        }
-        match reconciler.reconcile(&loaded.snapshot) {
-            Ok(_) => {
-                applied = Some(files);
-                if let Some(retire) = retire_other.take() {
-                    if let Err(e) = retire() {
-                        warn!(error = %e, "removing the other backend's state failed");
-                    }
+            let retire = move || {
+                if let Err(e) = EbpfBackend::remove_all(&pin_dir) {
+                    warn!(error = %e, "removing the eBPF datapath failed");
                 }
-            }
-            // Retried at the next tick; the datapath keeps its last state.
-            Err(e) => error!(error = %e, "sync failed"),
+            };
+            controller::run(
+                NftBackend::new()?,
+                source,
+                telemetry,
+                settings,
+                sink,
+                retire,
+                shutdown_signal(),
+            )
+            .await;
         }
     }
-    // No flush on exit: the kernel keeps translating while we restart.
-    info!("stopping; the datapath stays in place (`cozy-proxy cleanup` removes it)");
     Ok(())
 }
 

@@ -20,6 +20,8 @@ pub struct ReconcileReport {
     pub sync: SyncReport,
     /// Warnings that appeared with this reconcile.
     pub new_warnings: Vec<Warning>,
+    /// Elements the datapath holds now.
+    pub elements: usize,
 }
 
 impl<D: Datapath> Reconciler<D> {
@@ -54,11 +56,13 @@ impl<D: Datapath> Reconciler<D> {
                 "datapath synced"
             );
         }
+        let elements = desired.len();
         self.last_desired = Some(desired);
         Ok(ReconcileReport {
             outcome,
             sync,
             new_warnings,
+            elements,
         })
     }
 

@@ -6,25 +6,30 @@
 mod cases;
 mod harness;
 
-use harness::{net::Fam, Backend, Env};
+use harness::{net::Fam, Backend, Env, SourceKind};
 
-fn run(backend: Backend, fam: Fam, scenario: fn(&mut Env) -> anyhow::Result<()>) {
-    let mut env = Env::new(backend, fam).expect("topology");
+fn run(
+    backend: Backend,
+    source: SourceKind,
+    fam: Fam,
+    scenario: fn(&mut Env) -> anyhow::Result<()>,
+) {
+    let mut env = Env::with_source(backend, source, fam).expect("topology");
     if let Err(e) = scenario(&mut env) {
         panic!("{e:#}\n--- controller log ---\n{}", env.ctl.log_text());
     }
 }
 
-/// Declares one test per scenario and family for a backend.
+/// Declares one test per scenario and family for a backend and a source.
 macro_rules! suite {
-    ($backend:expr) => {
-        suite!(@family v4, $backend, Fam::V4);
-        suite!(@family v6, $backend, Fam::V6);
+    ($backend:expr, $source:expr) => {
+        suite!(@family v4, $backend, $source, Fam::V4);
+        suite!(@family v6, $backend, $source, Fam::V6);
     };
-    (@family $fam_mod:ident, $backend:expr, $fam:expr) => {
+    (@family $fam_mod:ident, $backend:expr, $source:expr, $fam:expr) => {
         mod $fam_mod {
-            use super::super::{cases::*, run, Backend, Fam};
-            suite!(@tests $backend, $fam;
+            use super::super::{cases::*, run, Backend, Fam, SourceKind};
+            suite!(@tests $backend, $source, $fam;
                 passthrough::s01_ping, passthrough::s02_any_port, passthrough::s03_other_protocol,
                 passthrough::s04_egress_source, passthrough::s05_unmanaged_pod,
                 passthrough::s06_conntrack_one_entry,
@@ -38,20 +43,26 @@ macro_rules! suite {
                 bad_input::s19_conflicts, bad_input::s20_hostname_and_invalid_ip);
         }
     };
-    (@tests $backend:expr, $fam:expr; $($module:ident :: $name:ident),*) => {
+    (@tests $backend:expr, $source:expr, $fam:expr; $($module:ident :: $name:ident),*) => {
         $(
             #[test]
             fn $name() {
-                run($backend, $fam, $module::$name);
+                run($backend, $source, $fam, $module::$name);
             }
         )*
     };
 }
 
 mod nft {
-    suite!(Backend::Nft);
+    suite!(Backend::Nft, SourceKind::Manifests);
 }
 
 mod ebpf {
-    suite!(Backend::Ebpf);
+    suite!(Backend::Ebpf, SourceKind::Manifests);
+}
+
+/// The same scenarios through the Kubernetes source: the real kube-rs
+/// client against the API stand-in.
+mod kube_nft {
+    suite!(Backend::Nft, SourceKind::Kube);
 }

@@ -35,6 +35,7 @@ const APT_PACKAGES: &[&str] = &[
     "ethtool",
     "sockperf",
     "procps",
+    "curl",
 ];
 
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

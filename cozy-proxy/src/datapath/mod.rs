@@ -67,6 +67,11 @@ pub trait Datapath {
     /// translated; later calls change only the elements that differ.
     fn sync(&mut self, desired: &DatapathState) -> Result<SyncReport, Self::Error>;
 
+    /// Forgets what it believes the kernel holds: the next sync reads the
+    /// kernel again and repairs any drift (elements, chains, tables or
+    /// routes removed by hand).
+    fn forget(&mut self);
+
     /// Periodic upkeep between syncs (e.g. following interfaces that come
     /// and go).
     fn tick(&mut self) -> Result<(), Self::Error> {
@@ -75,6 +80,12 @@ pub trait Datapath {
 
     /// Reads the live state back from the kernel.
     fn dump(&self) -> Result<Dump, Self::Error>;
+
+    /// The datapath's own traffic counters, as in `Dump::details`
+    /// (`{"services": {...}, "drops": {...}}`); null where it keeps none.
+    fn counters(&self) -> Result<serde_json::Value, Self::Error> {
+        Ok(serde_json::Value::Null)
+    }
 
     /// Removes everything this datapath installed.
     fn cleanup(&mut self) -> Result<(), Self::Error>;

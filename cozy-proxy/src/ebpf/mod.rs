@@ -341,6 +341,11 @@ impl Datapath for EbpfBackend {
         }
     }
 
+    fn forget(&mut self) {
+        self.known = None;
+        self.known_routes = None;
+    }
+
     fn tick(&mut self) -> Result<(), EbpfError> {
         // Rescan only when the kernel announced a link change.
         if self.link_events.pending_events()? > 0 {
@@ -351,6 +356,10 @@ impl Datapath for EbpfBackend {
 
     fn dump(&self) -> Result<Dump, EbpfError> {
         Self::inspect(&self.cfg.pin_dir)
+    }
+
+    fn counters(&self) -> Result<serde_json::Value, EbpfError> {
+        Ok(self.maps.counters()?)
     }
 
     fn cleanup(&mut self) -> Result<(), EbpfError> {

@@ -53,9 +53,26 @@ pub struct NftBackend {
 
 /// What one family's table looks like in the kernel.
 struct LiveTable {
-    /// Sets present with the definition we expect.
-    compatible: bool,
+    /// Written by this schema version, with the sets we expect.
+    current: bool,
+    /// Every chain present with as many rules as we install.
+    chains_intact: bool,
+    /// The elements (empty unless `current`).
     state: DatapathState,
+}
+
+/// What the first sync must do to one family's table.
+#[derive(Debug, PartialEq, Eq)]
+enum Install {
+    /// Nothing: the table is ours, current and intact.
+    Nothing,
+    /// Chains or rules were changed by hand: re-add them.
+    Rules,
+    /// Absent: create it.
+    Create,
+    /// Of another schema version or set layout: delete and create it (in
+    /// one batch, so traffic never sees it missing).
+    Replace,
 }
 
 impl NftBackend {
@@ -114,11 +131,17 @@ impl NftBackend {
     }
 
     fn read_table(&self, l: &Layout) -> Result<Option<LiveTable>, NftError> {
-        if !self.table_exists(l)? {
+        let tables = dump(&self.sock, NFT_MSG_GETTABLE, l.nfproto, |_| {})?;
+        let Some(table) = tables
+            .iter()
+            .map(|t| body(t))
+            .find(|t| attr_str(t, NFTA_TABLE_NAME).as_deref() == Some(TABLE))
+        else {
             return Ok(None);
-        }
+        };
+        let version_ok = attr(table, NFTA_TABLE_USERDATA) == Some(schema::SCHEMA_MARK);
         let live_sets = self.read_sets(l)?;
-        let compatible = schema::sets(l).iter().all(|want| {
+        let sets_ok = schema::sets(l).iter().all(|want| {
             live_sets.iter().any(|have| {
                 SetDef {
                     id: want.id,
@@ -126,11 +149,33 @@ impl NftBackend {
                 } == *want
             })
         });
+        let current = version_ok && sets_ok;
         let mut state = DatapathState::default();
-        if compatible {
+        if current {
             self.read_state_into(l, &mut state)?;
         }
-        Ok(Some(LiveTable { compatible, state }))
+        let mut chains_intact = true;
+        for c in schema::chains(l) {
+            let rules = self.chain_rules(l, c.name)?;
+            chains_intact &= rules.is_some_and(|r| r.len() == c.rules.len());
+        }
+        Ok(Some(LiveTable {
+            current,
+            chains_intact,
+            state,
+        }))
+    }
+
+    /// The rules of one of our chains (`None`: no such chain).
+    fn chain_rules(&self, l: &Layout, chain: &str) -> Result<Option<Vec<Vec<u8>>>, NftError> {
+        match dump(&self.sock, NFT_MSG_GETRULE, l.nfproto, |w| {
+            w.put_str(NFTA_RULE_TABLE, TABLE);
+            w.put_str(NFTA_RULE_CHAIN, chain);
+        }) {
+            Ok(r) => Ok(Some(r)),
+            Err(e) if e.errno() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn read_state_into(&self, l: &Layout, s: &mut DatapathState) -> Result<(), NftError> {
@@ -165,8 +210,12 @@ impl NftBackend {
     /// Adds the messages that create (or adopt) one family's table, sets,
     /// chains and rules. `replace` deletes an incompatible table first; in
     /// one batch with the rest, so traffic never sees the table missing.
-    fn install(batch: &mut Batch, l: &Layout, replace: bool) {
+    fn install(batch: &mut Batch, l: &Layout, how: Install) {
         let f = l.nfproto;
+        if how == Install::Nothing {
+            return;
+        }
+        let replace = how == Install::Replace;
         if replace {
             batch.add(
                 NFT_MSG_DELTABLE,
@@ -184,6 +233,7 @@ impl NftBackend {
             |w| {
                 w.put_str(NFTA_TABLE_NAME, TABLE);
                 w.put_u32(NFTA_TABLE_FLAGS, 0);
+                w.put(NFTA_TABLE_USERDATA, schema::SCHEMA_MARK);
             },
         );
         for s in schema::sets(l) {
@@ -345,20 +395,28 @@ impl NftBackend {
                 // (re)install the schema in the same batch as the elements.
                 let mut live = DatapathState::default();
                 for l in &LAYOUTS {
-                    let table = self.read_table(l)?;
-                    let replace = table.as_ref().is_some_and(|t| !t.compatible);
-                    if let Some(t) = table.filter(|t| t.compatible) {
-                        merge(&mut live, t.state);
-                    }
-                    if replace {
-                        warn!(
-                            family = l.name,
-                            "table {TABLE} has sets of another layout; replacing it atomically"
-                        );
-                    }
-                    Self::install(&mut batch, l, replace);
+                    let how = match self.read_table(l)? {
+                        None => Install::Create,
+                        Some(t) if !t.current => {
+                            warn!(family = l.name, "table {TABLE} is of another schema version; replacing it atomically");
+                            Install::Replace
+                        }
+                        Some(t) => {
+                            merge(&mut live, t.state);
+                            if t.chains_intact {
+                                Install::Nothing
+                            } else {
+                                warn!(
+                                    family = l.name,
+                                    "chains of {TABLE} were changed; restoring them"
+                                );
+                                Install::Rules
+                            }
+                        }
+                    };
+                    report.installed_schema |= how != Install::Nothing;
+                    Self::install(&mut batch, l, how);
                 }
-                report.installed_schema = true;
                 crate::datapath::adopt(BackendKind::Nft, live)
             }
         };
@@ -378,14 +436,8 @@ impl NftBackend {
     fn chain_details(&self, l: &Layout) -> Result<serde_json::Value, NftError> {
         let mut chains = Vec::new();
         for c in schema::chains(l) {
-            let rules = dump(&self.sock, NFT_MSG_GETRULE, l.nfproto, |w| {
-                w.put_str(NFTA_RULE_TABLE, TABLE);
-                w.put_str(NFTA_RULE_CHAIN, c.name);
-            });
-            let rules = match rules {
-                Ok(r) => r,
-                Err(e) if e.errno() == Some(libc::ENOENT) => continue,
-                Err(e) => return Err(e.into()),
+            let Some(rules) = self.chain_rules(l, c.name)? else {
+                continue;
             };
             let rules: Vec<_> = rules
                 .iter()
@@ -442,6 +494,10 @@ impl Datapath for NftBackend {
 
     fn kind(&self) -> BackendKind {
         BackendKind::Nft
+    }
+
+    fn forget(&mut self) {
+        self.known = None;
     }
 
     fn sync(&mut self, desired: &DatapathState) -> Result<SyncReport, NftError> {

@@ -7,6 +7,11 @@ use std::net::IpAddr;
 
 pub const TABLE: &str = "cozy_proxy";
 
+/// Stored as the table's user data. Change it whenever the sets, chains or
+/// rules change: a table with another mark is replaced (atomically) at the
+/// first sync, one with this mark is adopted as it is.
+pub const SCHEMA_MARK: &[u8] = b"cozy-proxy nft schema 1";
+
 pub const POD_SVC: &str = "pod_svc";
 pub const SVC_POD: &str = "svc_pod";
 pub const FILTERED_PODS: &str = "filtered_pods";

@@ -21,6 +21,7 @@ pub const NFT_MSG_GETSETELEM: u16 = 13;
 pub const NFT_MSG_DELSETELEM: u16 = 14;
 pub const NFTA_TABLE_NAME: u16 = 1;
 pub const NFTA_TABLE_FLAGS: u16 = 2;
+pub const NFTA_TABLE_USERDATA: u16 = 6;
 pub const NFTA_CHAIN_TABLE: u16 = 1;
 pub const NFTA_CHAIN_NAME: u16 = 3;
 pub const NFTA_CHAIN_HOOK: u16 = 4;

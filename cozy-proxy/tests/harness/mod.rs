@@ -66,12 +66,107 @@ fn test_bpffs() -> Result<PathBuf> {
     Ok(path)
 }
 
+/// Where the controller gets Services and EndpointSlices from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceKind {
+    /// `--manifests DIR`: the standalone source.
+    Manifests,
+    /// `--kubeconfig`: the real kube-rs client against the API stand-in
+    /// (`examples/kube_standin.rs`), which serves the same directory.
+    Kube,
+}
+
+/// The Kubernetes API stand-in, in the node namespace on 127.0.0.1:6443.
+pub struct StandIn {
+    proc: Option<Proc>,
+    ns: String,
+    dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    log: PathBuf,
+}
+
+pub const STANDIN_URL: &str = "http://127.0.0.1:6443";
+
+impl StandIn {
+    fn start(ns: &str, dir: PathBuf, scratch: PathBuf) -> Result<StandIn> {
+        let kubeconfig = scratch.with_extension("kubeconfig");
+        fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster: {{server: \"{STANDIN_URL}\"}}\n\
+                 users:\n- name: test\n  user: {{token: test}}\ncontexts:\n- name: standin\n  context: {{cluster: standin, user: test}}\n\
+                 current-context: standin\n"
+            ),
+        )?;
+        let mut s = StandIn {
+            proc: None,
+            ns: ns.into(),
+            dir,
+            kubeconfig,
+            log: scratch.with_extension("standin.log"),
+        };
+        s.spawn()?;
+        Ok(s)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let exe = std::path::Path::new(&bin())
+            .parent()
+            .map(|p| p.join("examples/kube_standin"))
+            .context("stand-in path")?;
+        if !exe.exists() {
+            bail!("{} missing: cargo test builds the examples", exe.display());
+        }
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let exe = exe.display().to_string();
+        let dir = self.dir.display().to_string();
+        self.proc = Some(Proc::spawn_in(
+            &self.ns,
+            &[&exe, "--dir", &dir, "--listen", "127.0.0.1:6443"],
+            Stdio::null(),
+            Stdio::from(log),
+        )?);
+        traffic::eventually(Duration::from_secs(3), || self.get("/version").map(|_| ()))
+    }
+
+    /// Kills the stand-in (an API server outage).
+    pub fn stop(&mut self) {
+        self.proc = None;
+    }
+
+    pub fn restart(&mut self) -> Result<()> {
+        self.stop();
+        self.spawn()
+    }
+
+    fn call(&self, method: &str, path: &str) -> Result<String> {
+        let url = format!("{STANDIN_URL}{path}");
+        let out = sh::ok_in(
+            &self.ns,
+            &["curl", "-sS", "-f", "-X", method, "--max-time", "2", &url],
+        )?;
+        Ok(out)
+    }
+
+    pub fn get(&self, path: &str) -> Result<String> {
+        self.call("GET", path)
+    }
+
+    pub fn post(&self, path: &str) -> Result<String> {
+        self.call("POST", path)
+    }
+}
+
 /// The controller process (`cozy-proxy run`) in the node namespace.
 pub struct Controller {
     proc: Option<Proc>,
     ns: String,
     backend: Backend,
-    dir: PathBuf,
+    /// `--manifests DIR` or `--kubeconfig FILE`.
+    source_args: Vec<String>,
     /// The eBPF backend's pin directory (unique per test).
     pub pin_dir: PathBuf,
     pub log: PathBuf,
@@ -81,7 +176,7 @@ impl Controller {
     fn start(
         ns: &str,
         backend: Backend,
-        dir: PathBuf,
+        source_args: Vec<String>,
         pin_dir: PathBuf,
         log: PathBuf,
     ) -> Result<Controller> {
@@ -89,7 +184,7 @@ impl Controller {
             proc: None,
             ns: ns.into(),
             backend,
-            dir,
+            source_args,
             pin_dir,
             log,
         };
@@ -102,25 +197,30 @@ impl Controller {
             .create(true)
             .append(true)
             .open(&self.log)?;
-        let dir = self.dir.display().to_string();
         let pins = self.pin_dir.display().to_string();
         let bin = bin();
+        let mut args: Vec<&str> = vec![
+            &bin,
+            "--log",
+            "info",
+            "run",
+            "--backend",
+            self.backend.arg(),
+            "--poll-interval",
+            "100ms",
+            "--resync",
+            "2s",
+            "--counters-interval",
+            "1s",
+            "--bpf-pin-dir",
+            &pins,
+            "--node-name",
+            "node1",
+        ];
+        args.extend(self.source_args.iter().map(String::as_str));
         self.proc = Some(Proc::spawn_in(
             &self.ns,
-            &[
-                &bin,
-                "--log",
-                "info",
-                "run",
-                "--backend",
-                self.backend.arg(),
-                "--manifests",
-                &dir,
-                "--poll-interval",
-                "100ms",
-                "--bpf-pin-dir",
-                &pins,
-            ],
+            &args,
             Stdio::null(),
             Stdio::from(log),
         )?);
@@ -161,6 +261,8 @@ impl Controller {
 /// stops before the namespaces go.
 pub struct Env {
     pub ctl: Controller,
+    /// The API stand-in, with the kube source.
+    pub standin: Option<StandIn>,
     pub dir: ManifestDir,
     pub topo: Topology,
     pub net: Net,
@@ -169,6 +271,10 @@ pub struct Env {
 
 impl Env {
     pub fn new(backend: Backend, fam: Fam) -> Result<Env> {
+        Env::with_source(backend, SourceKind::Manifests, fam)
+    }
+
+    pub fn with_source(backend: Backend, source: SourceKind, fam: Fam) -> Result<Env> {
         check_root()?;
         let topo = Topology::new()?;
         let dir = ManifestDir::new(&topo.prefix)?;
@@ -178,9 +284,28 @@ impl Env {
             Backend::Ebpf => test_bpffs()?.join(&topo.prefix),
             Backend::Nft => std::env::temp_dir().join(format!("{}-unused-pins", topo.prefix)),
         };
-        let ctl = Controller::start(&topo.node(), backend, dir.path.clone(), pin_dir, log)?;
+        let (standin, source_args) = match source {
+            SourceKind::Manifests => (
+                None,
+                vec!["--manifests".to_string(), dir.path.display().to_string()],
+            ),
+            SourceKind::Kube => {
+                let s = StandIn::start(
+                    &topo.node(),
+                    dir.path.clone(),
+                    std::env::temp_dir().join(&topo.prefix),
+                )?;
+                let args = vec![
+                    "--kubeconfig".to_string(),
+                    s.kubeconfig.display().to_string(),
+                ];
+                (Some(s), args)
+            }
+        };
+        let ctl = Controller::start(&topo.node(), backend, source_args, pin_dir, log)?;
         Ok(Env {
             ctl,
+            standin,
             dir,
             topo,
             net: Net::new(fam),
@@ -243,6 +368,13 @@ impl Env {
             bail!("controller died:\n{}", self.ctl.log_text());
         }
         got.with_context(|| format!("controller log:\n{}", self.ctl.log_text()))
+    }
+
+    /// Removes a Service's manifest and its EndpointSlice's (as written by
+    /// the kube source tests: `NAME.yaml` and `NAME-eps.yaml`).
+    pub fn delete_service_files(&self, name: &str) -> Result<()> {
+        self.dir.remove(name)?;
+        self.dir.remove(&format!("{name}-eps"))
     }
 
     /// Waits for `needle` in the controller's log.

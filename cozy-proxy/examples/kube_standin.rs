@@ -1,0 +1,516 @@
+//! A stand-in for the Kubernetes API server, for tests: no kube-apiserver
+//! can be installed on these machines, so the real kube-rs client code of
+//! `cozy-proxy run` is exercised against this instead.
+//!
+//! It serves what cozy-proxy uses, the way the API server does: list and
+//! watch (`?watch=true&resourceVersion=N`, chunked JSON lines, bookmarks,
+//! `labelSelector`, `fieldSelector`, timeouts) of Services, EndpointSlices
+//! and Nodes, GET of one Node, and POST/PATCH of events.k8s.io/v1 Events.
+//! Its objects are the YAML manifests in `--dir`: every change of the
+//! directory becomes ADDED/MODIFIED/DELETED watch events with increasing
+//! resourceVersions (time-based, so they keep increasing across restarts).
+//!
+//! Faults on demand: `POST /control/cut` closes every open watch;
+//! `POST /control/compact` forgets history, so older resourceVersions get
+//! `410 Gone` (open watches get an Expired ERROR event). `GET
+//! /control/events` lists the Events received.
+use serde_json::{json, Value};
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+    sync::{broadcast, watch},
+};
+
+/// (kind, namespace, name)
+type Key = (String, String, String);
+
+#[derive(Clone, Debug)]
+struct Change {
+    rv: u64,
+    kind: String,
+    event: &'static str,
+    object: Value,
+}
+
+struct State {
+    objects: BTreeMap<Key, Value>,
+    history: Vec<Change>,
+    /// Watches from before this resourceVersion get 410 Gone.
+    oldest: u64,
+    rv: u64,
+    events: Vec<Value>,
+}
+
+struct Server {
+    state: Mutex<State>,
+    changes: broadcast::Sender<Change>,
+    /// Bumped by /control/cut and /control/compact: open watches end.
+    epoch: watch::Sender<u64>,
+}
+
+fn now_rv() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |d| d.as_micros() as u64)
+}
+
+fn read_dir(dir: &PathBuf) -> BTreeMap<Key, Value> {
+    let mut out = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    let mut files: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    files.sort();
+    for f in files
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "yaml"))
+    {
+        let Ok(text) = std::fs::read_to_string(f) else {
+            continue;
+        };
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let Ok(v) = serde::Deserialize::deserialize(doc).map(|v: serde_yaml::Value| v) else {
+                break;
+            };
+            let Ok(v) = serde_json::to_value(v) else {
+                continue;
+            };
+            let kind = v["kind"].as_str().unwrap_or_default().to_string();
+            if !matches!(kind.as_str(), "Service" | "EndpointSlice" | "Node") {
+                continue;
+            }
+            let ns = if kind == "Node" {
+                String::new()
+            } else {
+                v["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("default")
+                    .to_string()
+            };
+            let name = v["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            out.insert((kind, ns, name), v);
+        }
+    }
+    out
+}
+
+impl Server {
+    /// Applies the directory's content: one watch event per difference.
+    fn rescan(&self, dir: &PathBuf) {
+        let wanted = read_dir(dir);
+        let mut st = self.state.lock().expect("lock");
+        let mut changes = Vec::new();
+        for (key, spec) in &wanted {
+            let existing = st.objects.get(key).cloned();
+            let mut stripped = existing.clone().unwrap_or(Value::Null);
+            if let Some(m) = stripped.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.remove("resourceVersion");
+                m.remove("uid");
+                if spec["metadata"]["creationTimestamp"].is_null() {
+                    m.remove("creationTimestamp");
+                }
+            }
+            if stripped == *spec {
+                continue;
+            }
+            st.rv = st.rv.max(now_rv()) + 1;
+            let mut obj = spec.clone();
+            let meta = &mut obj["metadata"];
+            meta["resourceVersion"] = json!(st.rv.to_string());
+            meta["uid"] = json!(format!("uid-{}-{}-{}", key.0, key.1, key.2).to_lowercase());
+            if meta["creationTimestamp"].is_null() {
+                meta["creationTimestamp"] = existing
+                    .as_ref()
+                    .map(|e| e["metadata"]["creationTimestamp"].clone())
+                    .unwrap_or_else(|| json!("2024-01-01T00:00:00Z"));
+            }
+            let event = if existing.is_some() {
+                "MODIFIED"
+            } else {
+                "ADDED"
+            };
+            st.objects.insert(key.clone(), obj.clone());
+            changes.push(Change {
+                rv: st.rv,
+                kind: key.0.clone(),
+                event,
+                object: obj,
+            });
+        }
+        let gone: Vec<Key> = st
+            .objects
+            .keys()
+            .filter(|k| !wanted.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            st.rv = st.rv.max(now_rv()) + 1;
+            let mut obj = st.objects.remove(&key).unwrap_or(Value::Null);
+            obj["metadata"]["resourceVersion"] = json!(st.rv.to_string());
+            changes.push(Change {
+                rv: st.rv,
+                kind: key.0.clone(),
+                event: "DELETED",
+                object: obj,
+            });
+        }
+        for c in changes {
+            st.history.push(c.clone());
+            let _ = self.changes.send(c);
+        }
+    }
+}
+
+/// The query parameters of a request path.
+fn query(path: &str) -> BTreeMap<String, String> {
+    let Some((_, q)) = path.split_once('?') else {
+        return BTreeMap::new();
+    };
+    q.split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), percent_decode(v)))
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Label selector terms: `k`, `!k`, `k=v`, `k==v`, `k!=v`.
+fn labels_match(obj: &Value, selector: &str) -> bool {
+    let labels = &obj["metadata"]["labels"];
+    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
+        if let Some((k, v)) = term.split_once("!=") {
+            labels[k].as_str() != Some(v)
+        } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
+            labels[k].as_str() == Some(v)
+        } else if let Some(k) = term.strip_prefix('!') {
+            labels[k].is_null()
+        } else {
+            !labels[term].is_null()
+        }
+    })
+}
+
+/// Field selector terms: `metadata.name=X`, `metadata.namespace=Y`.
+fn fields_match(obj: &Value, selector: &str) -> bool {
+    selector
+        .split(',')
+        .filter(|t| !t.is_empty())
+        .all(|term| match term.split_once('=') {
+            Some(("metadata.name", v)) => obj["metadata"]["name"].as_str() == Some(v),
+            Some(("metadata.namespace", v)) => obj["metadata"]["namespace"].as_str() == Some(v),
+            _ => true,
+        })
+}
+
+fn selected(obj: &Value, q: &BTreeMap<String, String>) -> bool {
+    labels_match(obj, q.get("labelSelector").map_or("", String::as_str))
+        && fields_match(obj, q.get("fieldSelector").map_or("", String::as_str))
+}
+
+async fn respond(stream: &mut TcpStream, status: &str, body: &Value) -> std::io::Result<()> {
+    let body = body.to_string();
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+async fn chunk(stream: &mut TcpStream, line: &Value) -> std::io::Result<()> {
+    let data = format!("{line}\n");
+    stream
+        .write_all(format!("{:x}\r\n{data}\r\n", data.len()).as_bytes())
+        .await
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code})
+}
+
+async fn watch_stream(
+    server: Arc<Server>,
+    mut stream: TcpStream,
+    kind: &str,
+    q: BTreeMap<String, String>,
+) -> std::io::Result<()> {
+    let since: u64 = q
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let timeout = q
+        .get("timeoutSeconds")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(290u64);
+    let mut live = server.changes.subscribe();
+    let mut epoch = server.epoch.subscribe();
+    let (backlog, oldest, rv) = {
+        let st = server.state.lock().expect("lock");
+        let backlog: Vec<Change> = st
+            .history
+            .iter()
+            .filter(|c| c.rv > since && c.kind == kind)
+            .cloned()
+            .collect();
+        (backlog, st.oldest, st.rv)
+    };
+    stream
+        .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+        .await?;
+    if since != 0 && since < oldest {
+        let gone = status(
+            410,
+            "Expired",
+            &format!("too old resource version: {since} ({oldest})"),
+        );
+        chunk(&mut stream, &json!({"type": "ERROR", "object": gone})).await?;
+        return stream.write_all(b"0\r\n\r\n").await;
+    }
+    for c in backlog.iter().filter(|c| selected(&c.object, &q)) {
+        chunk(&mut stream, &json!({"type": c.event, "object": c.object})).await?;
+    }
+    let bookmark_kind = kind.to_string();
+    let mut last_rv = backlog.last().map_or(rv.max(since), |c| c.rv);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+    let mut bookmarks = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            c = live.recv() => match c {
+                Ok(c) if c.kind == kind && c.rv > last_rv => {
+                    last_rv = c.rv;
+                    if selected(&c.object, &q) {
+                        chunk(&mut stream, &json!({"type": c.event, "object": c.object})).await?;
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            },
+            _ = bookmarks.tick() => {
+                let api_version = if bookmark_kind == "EndpointSlice" { "discovery.k8s.io/v1" } else { "v1" };
+                let mark = json!({"type": "BOOKMARK", "object": {"kind": bookmark_kind, "apiVersion": api_version, "metadata": {"resourceVersion": last_rv.to_string()}}});
+                chunk(&mut stream, &mark).await?;
+            }
+            _ = epoch.changed() => {
+                let st_oldest = server.state.lock().expect("lock").oldest;
+                if last_rv < st_oldest {
+                    let gone = status(410, "Expired", "watch expired by compaction");
+                    chunk(&mut stream, &json!({"type": "ERROR", "object": gone})).await?;
+                }
+                // A cut: the connection just ends, as when an API server restarts.
+                return stream.shutdown().await;
+            }
+            _ = tokio::time::sleep_until(deadline) => break,
+        }
+    }
+    stream.write_all(b"0\r\n\r\n").await?;
+    stream.shutdown().await
+}
+
+async fn handle(server: Arc<Server>, mut stream: TcpStream) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 8192];
+    let head_end = loop {
+        let n = stream.read(&mut tmp).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&tmp[..n]);
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break p + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let mut lines = head.lines();
+    let mut first = lines.next().unwrap_or_default().split_whitespace();
+    let (method, path) = (
+        first.next().unwrap_or("GET").to_string(),
+        first.next().unwrap_or("/").to_string(),
+    );
+    let length: usize = lines
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        let n = stream.read(&mut tmp).await?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    }
+    let body: Value = serde_json::from_slice(&buf[head_end..]).unwrap_or(Value::Null);
+    let q = query(&path);
+    let route = path.split('?').next().unwrap_or("/").to_string();
+    let list_kind = match route.as_str() {
+        "/api/v1/services" => Some(("Service", "v1", "ServiceList")),
+        "/apis/discovery.k8s.io/v1/endpointslices" => {
+            Some(("EndpointSlice", "discovery.k8s.io/v1", "EndpointSliceList"))
+        }
+        "/api/v1/nodes" => Some(("Node", "v1", "NodeList")),
+        _ => None,
+    };
+    if let (Some((kind, api_version, list)), "GET") = (list_kind, method.as_str()) {
+        if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
+            return watch_stream(server, stream, kind, q).await;
+        }
+        let (items, rv) = {
+            let st = server.state.lock().expect("lock");
+            let items: Vec<Value> = st
+                .objects
+                .iter()
+                .filter(|(k, o)| k.0 == kind && selected(o, &q))
+                .map(|(_, o)| o.clone())
+                .collect();
+            (items, st.rv)
+        };
+        let body = json!({"kind": list, "apiVersion": api_version, "metadata": {"resourceVersion": rv.to_string()}, "items": items});
+        return respond(&mut stream, "200 OK", &body).await;
+    }
+    if let Some(name) = route.strip_prefix("/api/v1/nodes/") {
+        let node = server
+            .state
+            .lock()
+            .expect("lock")
+            .objects
+            .get(&("Node".into(), String::new(), name.into()))
+            .cloned();
+        return match node {
+            Some(n) => respond(&mut stream, "200 OK", &n).await,
+            None => {
+                respond(
+                    &mut stream,
+                    "404 Not Found",
+                    &status(404, "NotFound", &format!("nodes \"{name}\" not found")),
+                )
+                .await
+            }
+        };
+    }
+    if route.starts_with("/apis/events.k8s.io/v1/namespaces/")
+        && (method == "POST" || method == "PATCH")
+    {
+        server
+            .state
+            .lock()
+            .expect("lock")
+            .events
+            .push(json!({"method": method, "path": route, "body": body}));
+        let mut obj = body.clone();
+        if obj["metadata"]["name"].is_null() {
+            obj["metadata"]["name"] = json!(format!("event-{}", now_rv()));
+        }
+        let code = if method == "POST" {
+            "201 Created"
+        } else {
+            "200 OK"
+        };
+        return respond(&mut stream, code, &obj).await;
+    }
+    match (method.as_str(), route.as_str()) {
+        ("GET", "/control/events") => {
+            let events = server.state.lock().expect("lock").events.clone();
+            respond(&mut stream, "200 OK", &json!(events)).await
+        }
+        ("POST", "/control/cut") => {
+            server.epoch.send_modify(|e| *e += 1);
+            respond(&mut stream, "200 OK", &json!({"cut": true})).await
+        }
+        ("POST", "/control/compact") => {
+            {
+                let mut st = server.state.lock().expect("lock");
+                st.rv = st.rv.max(now_rv()) + 1;
+                st.oldest = st.rv;
+                st.history.clear();
+            }
+            server.epoch.send_modify(|e| *e += 1);
+            respond(&mut stream, "200 OK", &json!({"compacted": true})).await
+        }
+        ("GET", "/version") => {
+            respond(
+                &mut stream,
+                "200 OK",
+                &json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-standin"}),
+            )
+            .await
+        }
+        _ => {
+            respond(
+                &mut stream,
+                "404 Not Found",
+                &status(404, "NotFound", &format!("{method} {route}")),
+            )
+            .await
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> std::io::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let dir = PathBuf::from(arg("--dir").expect("--dir DIR"));
+    let listen = arg("--listen").unwrap_or_else(|| "127.0.0.1:6443".into());
+    let (changes, _) = broadcast::channel(4096);
+    let (epoch, _) = watch::channel(0);
+    let start = now_rv();
+    let server = Arc::new(Server {
+        state: Mutex::new(State {
+            objects: BTreeMap::new(),
+            history: Vec::new(),
+            oldest: start,
+            rv: start,
+            events: Vec::new(),
+        }),
+        changes,
+        epoch,
+    });
+    server.rescan(&dir);
+    let listener = TcpListener::bind(&listen).await?;
+    eprintln!("kube stand-in serving {} on {listen}", dir.display());
+    let scanner = server.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        loop {
+            tick.tick().await;
+            scanner.rescan(&dir);
+        }
+    });
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let server = server.clone();
+        tokio::spawn(async move {
+            let _ = handle(server, stream).await;
+        });
+    }
+}
