@@ -4,7 +4,7 @@
 mod links;
 mod maps;
 
-use crate::datapath::{BackendKind, Datapath, DatapathState, Dump, SyncReport};
+use crate::datapath::{BackendKind, Datapath, DatapathState, Dump, StateDiff, SyncReport};
 use crate::netlink::{route, NetlinkError, NlSocket};
 use aya::{maps::MapError, programs::SchedClassifier, EbpfLoader};
 use cozy_proxy_common::{
@@ -139,7 +139,8 @@ pub struct EbpfBackend {
     /// Link notifications (RTMGRP_LINK): interfaces to follow.
     link_events: NlSocket,
     known: Option<DatapathState>,
-    known_routes: Option<BTreeSet<(IpAddr, IpAddr)>>,
+    /// LB IPs our host routes steer, as of our last change.
+    known_routes: Option<BTreeSet<IpAddr>>,
     attached: BTreeSet<u32>,
 }
 
@@ -224,25 +225,61 @@ impl EbpfBackend {
         Ok(())
     }
 
-    fn sync_routes(&mut self, desired: &DatapathState) -> Result<usize, EbpfError> {
-        let want: BTreeSet<(IpAddr, IpAddr)> = desired
-            .svc_pod
-            .iter()
-            .map(|(lb, pod)| (*lb, *pod))
-            .collect();
+    /// One host route per mapping: the LB IP goes where the kernel sends
+    /// the pod IP (its own route: the pod's veth on this node, or the next
+    /// hop toward the pod's node), so the egress program on that interface
+    /// rewrites it. A mapping whose pod cannot be routed to is reported and
+    /// retried at the next resync; it does not hold up the others.
+    fn sync_routes(
+        &mut self,
+        diff: &StateDiff,
+        desired: &DatapathState,
+    ) -> Result<usize, EbpfError> {
+        let first = self.known_routes.is_none();
         let have = match self.known_routes.take() {
             Some(h) => h,
-            None => route::host_routes(&self.rtnl, ROUTE_PROTO)?,
+            None => route::tagged_destinations(&self.rtnl, ROUTE_PROTO)?,
         };
-        let remove: Vec<_> = have
+        let remove: Vec<IpAddr> = have
             .iter()
-            .filter(|(lb, _)| !desired.svc_pod.contains_key(lb))
+            .filter(|lb| !desired.svc_pod.contains_key(lb))
             .copied()
             .collect();
-        let add: Vec<_> = want.difference(&have).copied().collect();
-        route::change_host_routes(&self.rtnl, ROUTE_PROTO, &remove, &add)?;
-        self.known_routes = Some(want);
-        Ok(remove.len() + add.len())
+        route::delete_host_routes(&self.rtnl, ROUTE_PROTO, &remove)?;
+        // New or moved mappings; at the first sync (or after drift) all of
+        // them, since a pod's path may have changed meanwhile.
+        let changed: BTreeSet<IpAddr> = diff.svc_pod.add.iter().map(|(lb, _)| *lb).collect();
+        let mut installed: BTreeSet<IpAddr> = have
+            .into_iter()
+            .filter(|lb| desired.svc_pod.contains_key(lb))
+            .collect();
+        let mut count = remove.len();
+        for (lb, pod) in &desired.svc_pod {
+            if !first && installed.contains(lb) && !changed.contains(lb) {
+                continue;
+            }
+            // On the pod's own link (no gateway), the pod itself is the
+            // next hop: the frame gets its MAC.
+            let result = route::lookup(&self.rtnl, pod).and_then(|via| {
+                let via = route::NextHop {
+                    gateway: via.gateway.or(Some(*pod)),
+                    ..via
+                };
+                route::set_host_route(&self.rtnl, ROUTE_PROTO, lb, &via)
+            });
+            match result {
+                Ok(()) => {
+                    installed.insert(*lb);
+                    count += 1;
+                }
+                Err(e) => {
+                    installed.remove(lb);
+                    warn!(lb = %lb, pod = %pod, error = %e, "no route to the pod; this LB IP is not steered until the next resync");
+                }
+            }
+        }
+        self.known_routes = Some(installed);
+        Ok(count)
     }
 
     fn try_sync(&mut self, desired: &DatapathState) -> Result<SyncReport, EbpfError> {
@@ -260,7 +297,7 @@ impl EbpfBackend {
         self.known = Some(desired.clone());
         // Routes after the maps: an LB IP is steered to its pod only once
         // the rewrite for it is in place.
-        report.changed_elements += self.sync_routes(desired)?;
+        report.changed_elements += self.sync_routes(&diff, desired)?;
         Ok(report)
     }
 
@@ -307,10 +344,10 @@ impl EbpfBackend {
     /// Removes routes, attachments and pinned maps.
     pub fn remove_all(pin_dir: &Path) -> Result<(), EbpfError> {
         let rtnl = NlSocket::open(libc::NETLINK_ROUTE)?;
-        let routes: Vec<_> = route::host_routes(&rtnl, ROUTE_PROTO)?
+        let routes: Vec<IpAddr> = route::tagged_destinations(&rtnl, ROUTE_PROTO)?
             .into_iter()
             .collect();
-        route::change_host_routes(&rtnl, ROUTE_PROTO, &routes, &[])?;
+        route::delete_host_routes(&rtnl, ROUTE_PROTO, &routes)?;
         links::detach_all(pin_dir);
         for name in names::ALL {
             let _ = fs::remove_file(pin_dir.join(name));

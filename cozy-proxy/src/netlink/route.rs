@@ -133,41 +133,107 @@ pub fn host_routes(
     Ok(out)
 }
 
-/// Deletes `remove` and adds (or re-points) `add`, each acknowledged.
-pub fn change_host_routes(
+/// How the kernel reaches an address: gateway (if any), interface, flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NextHop {
+    pub gateway: Option<IpAddr>,
+    pub oif: u32,
+    /// RTNH_F_ONLINK and friends, copied as they are.
+    pub flags: u32,
+}
+
+const RTA_OIF: u16 = 4;
+const RTM_F_LOOKUP_TABLE: u32 = 0x1000;
+const RTNH_F_ONLINK: u32 = 4;
+
+/// The next hop the kernel would use toward `dst` (a route lookup, as `ip
+/// route get`).
+pub fn lookup(sock: &NlSocket, dst: &IpAddr) -> Result<NextHop, NetlinkError> {
+    let seq = next_seq();
+    let mut w = Writer::new();
+    let mut header = rtmsg(family(dst), host_prefix(dst), 0);
+    header[8..12].copy_from_slice(&RTM_F_LOOKUP_TABLE.to_ne_bytes());
+    w.message(RTM_GETROUTE, NLM_F_ACK, seq, &header, |w| {
+        w.put(RTA_DST, &bytes(dst))
+    });
+    let answers = sock.dump(&w.into_bytes(), seq, &format!("route lookup of {dst}"))?;
+    let a = answers
+        .iter()
+        .find(|a| a.len() >= RTMSG_LEN)
+        .ok_or(NetlinkError::MissingAcks(1))?;
+    let body = &a[RTMSG_LEN..];
+    Ok(NextHop {
+        gateway: attr(body, RTA_GATEWAY).and_then(parse_ip),
+        oif: attr(body, RTA_OIF)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map_or(0, u32::from_ne_bytes),
+        flags: u32::from_ne_bytes([a[8], a[9], a[10], a[11]]) & RTNH_F_ONLINK,
+    })
+}
+
+/// Host routes in the main table tagged with `protocol`: their destinations.
+pub fn tagged_destinations(
     sock: &NlSocket,
     protocol: u8,
-    remove: &[(IpAddr, IpAddr)],
-    add: &[(IpAddr, IpAddr)],
+) -> Result<BTreeSet<IpAddr>, NetlinkError> {
+    Ok(host_routes(sock, protocol)?
+        .into_iter()
+        .map(|(dst, _)| dst)
+        .collect())
+}
+
+/// Deletes the tagged host routes to `dst`.
+pub fn delete_host_routes(
+    sock: &NlSocket,
+    protocol: u8,
+    dsts: &[IpAddr],
 ) -> Result<(), NetlinkError> {
     let mut w = Writer::new();
     let mut pending = Vec::new();
-    let mut put = |w: &mut Writer, msg: u16, flags: u16, dst: &IpAddr, gw: &IpAddr, verb: &str| {
+    for dst in dsts {
         let seq = next_seq();
         w.message(
-            msg,
-            flags | NLM_F_ACK,
+            RTM_DELROUTE,
+            NLM_F_ACK,
             seq,
             &rtmsg(family(dst), host_prefix(dst), protocol),
             |w| {
                 w.put(RTA_DST, &bytes(dst));
-                w.put(RTA_GATEWAY, &bytes(gw));
             },
         );
-        pending.push((seq, format!("{verb} route {dst} via {gw}")));
-    };
-    for (dst, gw) in remove {
-        put(&mut w, RTM_DELROUTE, 0, dst, gw, "delete");
-    }
-    for (dst, gw) in add {
-        put(
-            &mut w,
-            RTM_NEWROUTE,
-            NLM_F_CREATE | NLM_F_REPLACE,
-            dst,
-            gw,
-            "add",
-        );
+        pending.push((seq, format!("delete route {dst}")));
     }
     sock.transact(&w.into_bytes(), pending)
+}
+
+/// Adds (or replaces) the host route `dst` through `via`.
+pub fn set_host_route(
+    sock: &NlSocket,
+    protocol: u8,
+    dst: &IpAddr,
+    via: &NextHop,
+) -> Result<(), NetlinkError> {
+    let seq = next_seq();
+    let mut w = Writer::new();
+    let mut header = rtmsg(family(dst), host_prefix(dst), protocol);
+    header[8..12].copy_from_slice(&via.flags.to_ne_bytes());
+    w.message(
+        RTM_NEWROUTE,
+        NLM_F_CREATE | NLM_F_REPLACE | NLM_F_ACK,
+        seq,
+        &header,
+        |w| {
+            w.put(RTA_DST, &bytes(dst));
+            if let Some(gw) = &via.gateway {
+                w.put(RTA_GATEWAY, &bytes(gw));
+            }
+            if via.oif != 0 {
+                w.put_u32_ne(RTA_OIF, via.oif);
+            }
+        },
+    );
+    sock.transact(
+        &w.into_bytes(),
+        vec![(seq, format!("route {dst} via {via:?}"))],
+    )
 }

@@ -264,6 +264,8 @@ pub struct Env {
     /// The API stand-in, with the kube source.
     pub standin: Option<StandIn>,
     pub dir: ManifestDir,
+    /// Namespaces a test adds (removed with the topology).
+    pub extra_namespaces: Vec<String>,
     pub topo: Topology,
     pub net: Net,
     pub backend: Backend,
@@ -306,6 +308,7 @@ impl Env {
         Ok(Env {
             ctl,
             standin,
+            extra_namespaces: Vec::new(),
             dir,
             topo,
             net: Net::new(fam),
@@ -398,6 +401,9 @@ impl Drop for Env {
         // outlives the namespaces (pinned maps and links live in bpffs).
         let _ = self.ctl.stop();
         let pins = self.ctl.pin_dir.display().to_string();
+        for ns in &self.extra_namespaces {
+            let _ = sh::ok(&["ip", "netns", "del", ns]);
+        }
         let _ = sh::run_in(
             &self.topo.node(),
             &[&bin(), "cleanup", "--bpf-pin-dir", &pins],
