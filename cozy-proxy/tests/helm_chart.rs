@@ -1,0 +1,199 @@
+//! The Helm chart through the real `helm` 3 (`cargo xtask setup` installs
+//! it): lint, render for each backend, check the rendered objects, and
+//! refuse bad values through values.schema.json.
+use serde_yaml::Value;
+use std::{path::PathBuf, process::Command};
+
+fn chart() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../charts/cozy-proxy")
+        .display()
+        .to_string()
+}
+
+fn helm(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new("helm")
+        .args(args)
+        .output()
+        .expect("helm 3 on PATH (cargo xtask setup installs it)");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn render(sets: &[&str]) -> Vec<Value> {
+    let chart = chart();
+    let mut args = vec!["template", "cozy", chart.as_str(), "-n", "kube-system"];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let (ok, out, err) = helm(&args);
+    assert!(ok, "helm template {sets:?}: {err}");
+    serde_yaml::Deserializer::from_str(&out)
+        .filter_map(|d| serde::Deserialize::deserialize(d).ok())
+        .filter(|v: &Value| !v.is_null())
+        .collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"].as_str() == Some(kind))
+        .unwrap_or_else(|| panic!("no {kind} rendered"))
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_sequence()
+        .map(|s| {
+            s.iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn helm_lint_passes_for_each_backend() {
+    for backend in ["auto", "ebpf", "nft"] {
+        let set = format!("backend={backend}");
+        let (ok, out, err) = helm(&["lint", &chart(), "--set", &set]);
+        assert!(ok, "helm lint {backend}: {out}{err}");
+    }
+}
+
+#[test]
+fn the_daemonset_asks_for_what_each_backend_needs_and_no_more() {
+    for (backend, caps, bpffs, seccomp) in [
+        ("nft", vec!["NET_ADMIN"], false, "RuntimeDefault"),
+        (
+            "ebpf",
+            vec!["NET_ADMIN", "BPF", "PERFMON"],
+            true,
+            "Unconfined",
+        ),
+        (
+            "auto",
+            vec!["NET_ADMIN", "BPF", "PERFMON"],
+            true,
+            "Unconfined",
+        ),
+    ] {
+        let docs = render(&[&format!("backend={backend}")]);
+        let ds = find(&docs, "DaemonSet");
+        let pod = &ds["spec"]["template"]["spec"];
+        let c = &pod["containers"][0];
+        let sc = &c["securityContext"];
+        assert_eq!(strings(&sc["capabilities"]["add"]), caps, "{backend}");
+        assert_eq!(strings(&sc["capabilities"]["drop"]), vec!["ALL"]);
+        assert_eq!(sc["privileged"].as_bool(), Some(false));
+        assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false));
+        assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true));
+        assert_eq!(sc["seccompProfile"]["type"].as_str(), Some(seccomp));
+        let mounts = serde_yaml::to_string(&c["volumeMounts"]).unwrap_or_default();
+        assert_eq!(
+            mounts.contains("/sys/fs/bpf"),
+            bpffs,
+            "{backend} bpffs mount: {mounts}"
+        );
+        assert!(strings(&c["args"]).contains(&format!("--backend={backend}")));
+        assert_eq!(pod["hostNetwork"].as_bool(), Some(true));
+        assert_eq!(
+            pod["priorityClassName"].as_str(),
+            Some("system-node-critical")
+        );
+        assert_eq!(
+            pod["tolerations"][0]["operator"].as_str(),
+            Some("Exists"),
+            "runs on every node"
+        );
+        assert_eq!(pod["serviceAccountName"].as_str(), Some("cozy-proxy"));
+        let env = serde_yaml::to_string(&c["env"]).unwrap_or_default();
+        assert!(
+            env.contains("NODE_NAME") && env.contains("spec.nodeName"),
+            "{env}"
+        );
+        assert_eq!(
+            c["livenessProbe"]["httpGet"]["path"].as_str(),
+            Some("/healthz")
+        );
+        assert_eq!(
+            c["readinessProbe"]["httpGet"]["path"].as_str(),
+            Some("/readyz")
+        );
+        assert_eq!(
+            ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"].as_i64(),
+            Some(1)
+        );
+    }
+}
+
+#[test]
+fn the_cluster_role_has_exactly_the_controllers_rules() {
+    let docs = render(&[]);
+    let role = find(&docs, "ClusterRole");
+    let out = Command::new(env!("CARGO_BIN_EXE_cozy-proxy"))
+        .arg("rbac")
+        .output()
+        .expect("cozy-proxy rbac");
+    let wanted: Value = serde_yaml::from_slice(&out.stdout).expect("rbac YAML");
+    assert_eq!(role["rules"], wanted);
+    let binding = find(&docs, "ClusterRoleBinding");
+    assert_eq!(binding["subjects"][0]["name"].as_str(), Some("cozy-proxy"));
+    assert_eq!(
+        binding["subjects"][0]["namespace"].as_str(),
+        Some("kube-system")
+    );
+}
+
+#[test]
+fn values_show_up_where_they_belong() {
+    let docs = render(&[
+        "interfaces=eth0\\,eth1",
+        "metrics.port=9555",
+        "image.tag=v9",
+        "logLevel=debug",
+        "metrics.serviceMonitor.enabled=true",
+    ]);
+    let c = &find(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0];
+    let args = strings(&c["args"]);
+    assert!(
+        args.contains(&"--interfaces=eth0,eth1".to_string()),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--metrics-addr=0.0.0.0:9555".to_string()),
+        "{args:?}"
+    );
+    assert!(c["image"].as_str().is_some_and(|i| i.ends_with(":v9")));
+    assert_eq!(c["ports"][0]["containerPort"].as_i64(), Some(9555));
+    find(&docs, "ServiceMonitor");
+    assert!(!render(&[])
+        .iter()
+        .any(|d| d["kind"].as_str() == Some("ServiceMonitor")));
+}
+
+#[test]
+fn bad_values_are_refused_by_the_schema() {
+    let chart = chart();
+    for bad in [
+        "backend=ebfp",
+        "interfaces=eth0;reboot",
+        "metrics.port=0",
+        "metrics.port=70000",
+        "image.pullPolicy=Sometimes",
+        "resync=soon",
+        "bpfPinDir=/tmp/x",
+        "backnd=nft",
+    ] {
+        let (ok, _, err) = helm(&["template", "cozy", &chart, "--set", bad]);
+        assert!(!ok, "{bad} was accepted");
+        assert!(
+            err.contains("schema")
+                || err.contains("must be")
+                || err.contains("Additional property")
+                || err.contains("additional properties"),
+            "{bad}: {err}"
+        );
+    }
+}
