@@ -82,7 +82,10 @@ fn read_dir(dir: &PathBuf) -> BTreeMap<Key, Value> {
                 continue;
             };
             let kind = v["kind"].as_str().unwrap_or_default().to_string();
-            if !matches!(kind.as_str(), "Service" | "EndpointSlice" | "Node") {
+            if !matches!(
+                kind.as_str(),
+                "Service" | "EndpointSlice" | "Node" | "DaemonSet"
+            ) {
                 continue;
             }
             let ns = if kind == "Node" {
@@ -411,6 +414,33 @@ async fn handle(server: Arc<Server>, mut stream: TcpStream) -> std::io::Result<(
                 .await
             }
         };
+    }
+    if let Some(rest) = route.strip_prefix("/apis/apps/v1/namespaces/") {
+        if let Some((ns, name)) = rest.split_once("/daemonsets/") {
+            let key = ("DaemonSet".to_string(), ns.to_string(), name.to_string());
+            let ds = server
+                .state
+                .lock()
+                .expect("lock")
+                .objects
+                .get(&key)
+                .cloned();
+            return match ds {
+                Some(d) => respond(&mut stream, "200 OK", &d).await,
+                None => {
+                    respond(
+                        &mut stream,
+                        "404 Not Found",
+                        &status(
+                            404,
+                            "NotFound",
+                            &format!("daemonsets.apps \"{name}\" not found"),
+                        ),
+                    )
+                    .await
+                }
+            };
+        }
     }
     if route.starts_with("/apis/events.k8s.io/v1/namespaces/")
         && (method == "POST" || method == "PATCH")

@@ -79,6 +79,11 @@ struct RunArgs {
     /// This node's name (the DaemonSet sets it from the downward API).
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
+    /// Our DaemonSet, as NAMESPACE/NAME: at shutdown, if it is gone or being
+    /// deleted (an uninstall), the datapath is removed; otherwise (a restart,
+    /// a rolling update) it stays.
+    #[arg(long, env = "COZY_PROXY_DAEMONSET")]
+    daemonset: Option<String>,
     /// Address of /metrics, /healthz and /readyz ("" to disable).
     #[arg(long, env = "COZY_PROXY_METRICS_ADDR", default_value = "0.0.0.0:9402")]
     metrics_addr: String,
@@ -120,9 +125,12 @@ enum Command {
     },
     /// Load the embedded eBPF programs into the kernel and unload them.
     CheckEbpf,
-    /// Print the Kubernetes RBAC rules the controller needs (ClusterRole
-    /// rules, YAML).
-    Rbac,
+    /// Print the Kubernetes RBAC rules the controller needs: the ClusterRole
+    /// rules, or with --role-for NAME those of the Role in its namespace.
+    Rbac {
+        #[arg(long, value_name = "DAEMONSET")]
+        role_for: Option<String>,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -176,8 +184,11 @@ async fn main() -> Result<()> {
             }
             Ok(())
         }
-        Command::Rbac => {
-            print!("{}", cozy_proxy::rbac::cluster_role_rules_yaml());
+        Command::Rbac { role_for } => {
+            match role_for {
+                Some(ds) => print!("{}", cozy_proxy::rbac::role_rules_yaml(&ds)),
+                None => print!("{}", cozy_proxy::rbac::cluster_role_rules_yaml()),
+            }
             Ok(())
         }
         Command::CheckEbpf => {
@@ -226,20 +237,22 @@ async fn node_backend(client: &kube::Client, node: &str) -> Option<BackendChoice
     }
 }
 
-async fn shutdown_signal() {
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+/// Resolves at SIGTERM or SIGINT. The handlers are registered when this is
+/// called (not when first polled), so a signal that comes early is not lost
+/// to the default action.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }
 
 async fn run(args: RunArgs) -> Result<()> {
+    let shutdown = shutdown_signal()?;
     let telemetry = Telemetry::new();
     if !args.metrics_addr.is_empty() {
         let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
@@ -262,6 +275,7 @@ async fn run(args: RunArgs) -> Result<()> {
             telemetry,
             settings,
             Box::new(|_| {}),
+            shutdown,
         )
         .await;
     }
@@ -273,11 +287,43 @@ async fn run(args: RunArgs) -> Result<()> {
         }
     }
     let source = KubeSource::start(client.clone());
-    let events = EventPublisher::new(client, args.node_name.clone());
+    let events = EventPublisher::new(client.clone(), args.node_name.clone());
     let uids = source.uid_lookup();
     let sink: WarningSink =
         Box::new(move |w| events.publish(w, |ns, name| uids.service_uid(ns, name)));
-    with_backend(choice, &args.ebpf, source, telemetry, settings, sink).await
+    with_backend(
+        choice, &args.ebpf, source, telemetry, settings, sink, shutdown,
+    )
+    .await?;
+    if let Some(ds) = &args.daemonset {
+        if uninstalling(&client, ds).await {
+            info!(daemonset = %ds, "our DaemonSet is gone: uninstall; removing the datapath");
+            NftBackend::new()?.cleanup()?;
+            EbpfBackend::remove_all(&args.ebpf.bpf_pin_dir)?;
+        } else {
+            info!(daemonset = %ds, "our DaemonSet remains: the datapath stays for the next pod");
+        }
+    }
+    Ok(())
+}
+
+/// Is `namespace/name` (our DaemonSet) gone or being deleted? When the API
+/// cannot say, the answer is no: keeping the datapath is the safe side.
+async fn uninstalling(client: &kube::Client, daemonset: &str) -> bool {
+    let Some((ns, name)) = daemonset.split_once('/') else {
+        warn!(daemonset, "expected NAMESPACE/NAME");
+        return false;
+    };
+    let api: kube::Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        kube::Api::namespaced(client.clone(), ns);
+    match api.get_opt(name).await {
+        Ok(None) => true,
+        Ok(Some(ds)) => ds.metadata.deletion_timestamp.is_some(),
+        Err(e) => {
+            warn!(error = %e, "could not read our DaemonSet; keeping the datapath");
+            false
+        }
+    }
 }
 
 /// Starts the chosen backend and runs the loop; once it has synced, the
@@ -290,6 +336,7 @@ async fn with_backend<S: Source>(
     telemetry: Telemetry,
     settings: LoopSettings,
     sink: WarningSink<'_>,
+    shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
     let ebpf_backend = match choice {
         BackendChoice::Nft => None,
@@ -313,16 +360,7 @@ async fn with_backend<S: Source>(
                     warn!(error = %e, "removing the nft datapath failed");
                 }
             };
-            controller::run(
-                b,
-                source,
-                telemetry,
-                settings,
-                sink,
-                retire,
-                shutdown_signal(),
-            )
-            .await;
+            controller::run(b, source, telemetry, settings, sink, retire, shutdown).await;
         }
         None => {
             if choice == BackendChoice::Ebpf {
@@ -341,7 +379,7 @@ async fn with_backend<S: Source>(
                 settings,
                 sink,
                 retire,
-                shutdown_signal(),
+                shutdown,
             )
             .await;
         }

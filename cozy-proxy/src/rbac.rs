@@ -8,6 +8,9 @@
 //! - Nodes: get (this node's backend label, read at start in `main.rs`).
 //! - Events (events.k8s.io): create and patch (`events.rs`; a repeated
 //!   Event is patched into a series).
+//! - In its own namespace, its own DaemonSet: get (`main.rs`, at shutdown:
+//!   gone or being deleted means uninstall, so the datapath is removed;
+//!   present means a restart or a rolling update, so it stays).
 
 /// One PolicyRule: API group, resources, verbs.
 pub struct Rule {
@@ -39,8 +42,25 @@ pub const RULES: &[Rule] = &[
     },
 ];
 
+/// Namespaced (a Role in the release namespace), for the DaemonSet named
+/// `resource_name`.
+pub const NAMESPACED_RULES: &[Rule] = &[Rule {
+    api_group: "apps",
+    resources: &["daemonsets"],
+    verbs: &["get"],
+}];
+
 /// The rules as the `rules:` list of a ClusterRole.
 pub fn cluster_role_rules_yaml() -> String {
+    rules_yaml(RULES, None)
+}
+
+/// The rules as the `rules:` list of the Role for DaemonSet `daemonset`.
+pub fn role_rules_yaml(daemonset: &str) -> String {
+    rules_yaml(NAMESPACED_RULES, Some(daemonset))
+}
+
+fn rules_yaml(rules: &[Rule], resource_name: Option<&str>) -> String {
     let list = |items: &[&str]| {
         items
             .iter()
@@ -48,11 +68,14 @@ pub fn cluster_role_rules_yaml() -> String {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    RULES
+    rules
         .iter()
         .map(|r| {
+            let names = resource_name
+                .map(|n| format!("  resourceNames: [\"{n}\"]\n"))
+                .unwrap_or_default();
             format!(
-                "- apiGroups: [\"{}\"]\n  resources: [{}]\n  verbs: [{}]\n",
+                "- apiGroups: [\"{}\"]\n  resources: [{}]\n{names}  verbs: [{}]\n",
                 r.api_group,
                 list(r.resources),
                 list(r.verbs)

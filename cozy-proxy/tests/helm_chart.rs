@@ -138,6 +138,19 @@ fn the_cluster_role_has_exactly_the_controllers_rules() {
         .expect("cozy-proxy rbac");
     let wanted: Value = serde_yaml::from_slice(&out.stdout).expect("rbac YAML");
     assert_eq!(role["rules"], wanted);
+    let out = Command::new(env!("CARGO_BIN_EXE_cozy-proxy"))
+        .args(["rbac", "--role-for", "cozy-proxy"])
+        .output()
+        .expect("cozy-proxy rbac --role-for");
+    let wanted: Value = serde_yaml::from_slice(&out.stdout).expect("role YAML");
+    assert_eq!(find(&docs, "Role")["rules"], wanted);
+    let ds = find(&docs, "DaemonSet");
+    let env = serde_yaml::to_string(&ds["spec"]["template"]["spec"]["containers"][0]["env"])
+        .unwrap_or_default();
+    assert!(
+        env.contains("kube-system/cozy-proxy"),
+        "the controller knows its DaemonSet: {env}"
+    );
     let binding = find(&docs, "ClusterRoleBinding");
     assert_eq!(binding["subjects"][0]["name"].as_str(), Some("cozy-proxy"));
     assert_eq!(

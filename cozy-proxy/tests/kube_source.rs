@@ -224,3 +224,33 @@ fn the_node_label_overrides_the_backend() -> Result<()> {
     let _web = env.serve_tcp(1, 8080)?;
     env.tcp_reaches(env.lb(0), 8080, 1)
 }
+
+#[test]
+fn the_datapath_goes_only_with_the_daemonset() -> Result<()> {
+    let mut env = env(Backend::Nft)?;
+    let ds = "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: cozy-proxy\n  namespace: kube-system\n";
+    env.dir.put("daemonset", ds)?;
+    env.ctl.extra_args = vec!["--daemonset".into(), "kube-system/cozy-proxy".into()];
+    env.wait_log("datapath chosen")?; // signal handlers are in place
+    env.ctl.restart()?;
+    put(&env, &Svc::new("vm1", env.net.lbs[0]), 1)?;
+    let before = env.settle()?;
+    // A rolling update: the DaemonSet is still there, the datapath stays.
+    env.ctl.stop()?;
+    ensure!(env.dump()? == before, "a restart removed the datapath");
+    env.wait_log("our DaemonSet remains")?;
+    // helm uninstall: the DaemonSet is gone when its pods stop.
+    env.ctl.restart()?;
+    env.settle()?;
+    env.wait_log("datapath synced")?;
+    env.dir.remove("daemonset")?;
+    std::thread::sleep(Duration::from_millis(300));
+    env.ctl.stop()?;
+    env.wait_log("uninstall; removing the datapath")?;
+    let ruleset = ok_in(&env.topo.node(), &["nft", "list", "ruleset"])?;
+    ensure!(
+        !ruleset.contains("cozy_proxy"),
+        "left after uninstall:\n{ruleset}"
+    );
+    Ok(())
+}

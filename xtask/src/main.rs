@@ -57,8 +57,9 @@ fn main() -> Result<()> {
             setup()?;
             demo()
         }
+        Some("image") => image(args.get(1).map_or("cozy-proxy:dev", String::as_str)),
         _ => {
-            eprintln!("usage: cargo xtask <setup|build|test [cargo test args]|demo>");
+            eprintln!("usage: cargo xtask <setup|build|test [cargo test args]|demo|image [TAG]>");
             std::process::exit(2);
         }
     }
@@ -264,6 +265,17 @@ fn tally(line: &str) -> Option<(u64, u64)> {
             .and_then(|n| n.parse().ok())
     };
     Some((count("passed")?, count("failed")?))
+}
+
+/// Builds the container image with the first engine that answers.
+fn image(tag: &str) -> Result<()> {
+    let engine = ["docker", "podman", "nerdctl"]
+        .into_iter()
+        .find(|e| succeeds(Command::new(e).arg("info")))
+        .context("no container engine answers here (docker, podman, nerdctl); build the image where one runs")?;
+    run(Command::new(engine)
+        .args(["build", "-t", tag, "."])
+        .current_dir(root()))
 }
 
 fn demo() -> Result<()> {

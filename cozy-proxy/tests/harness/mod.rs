@@ -167,6 +167,8 @@ pub struct Controller {
     backend: Backend,
     /// `--manifests DIR` or `--kubeconfig FILE`.
     source_args: Vec<String>,
+    /// More arguments for `run`, taken at the next (re)start.
+    pub extra_args: Vec<String>,
     /// The eBPF backend's pin directory (unique per test).
     pub pin_dir: PathBuf,
     pub log: PathBuf,
@@ -185,6 +187,7 @@ impl Controller {
             ns: ns.into(),
             backend,
             source_args,
+            extra_args: Vec::new(),
             pin_dir,
             log,
         };
@@ -218,13 +221,24 @@ impl Controller {
             "node1",
         ];
         args.extend(self.source_args.iter().map(String::as_str));
+        args.extend(self.extra_args.iter().map(String::as_str));
+        const STARTED: &str = "waiting for the initial lists";
+        let before = self.log_text().matches(STARTED).count();
         self.proc = Some(Proc::spawn_in(
             &self.ns,
             &args,
             Stdio::null(),
             Stdio::from(log),
         )?);
-        Ok(())
+        // Up and handling signals (so a quick stop is a clean one), or
+        // exited with an error the log explains.
+        traffic::eventually(Duration::from_secs(5), || {
+            if self.log_text().matches(STARTED).count() > before || !self.alive() {
+                Ok(())
+            } else {
+                bail!("controller not started:\n{}", self.log_text())
+            }
+        })
     }
 
     /// SIGTERM and wait for a clean exit.
