@@ -7,6 +7,8 @@
 //!   ruleset, eBPF load, the datapath scenario suite).
 //! - demo: setup, then the local demo (network namespaces as node, pod and
 //!   outside client, with real traffic).
+mod render;
+
 use anyhow::{bail, Context, Result};
 use std::{
     env,
@@ -58,8 +60,12 @@ fn main() -> Result<()> {
             demo()
         }
         Some("image") => image(args.get(1).map_or("cozy-proxy:dev", String::as_str)),
+        Some("bench") => {
+            setup()?;
+            bench(&args[1..])
+        }
         _ => {
-            eprintln!("usage: cargo xtask <setup|build|test [cargo test args]|demo|image [TAG]>");
+            eprintln!("usage: cargo xtask <setup|build|test [cargo test args]|demo|image [TAG]|bench control-plane|datapath|render>");
             std::process::exit(2);
         }
     }
@@ -265,6 +271,72 @@ fn tally(line: &str) -> Option<(u64, u64)> {
             .and_then(|n| n.parse().ok())
     };
     Some((count("passed")?, count("failed")?))
+}
+
+/// Runs a benchmark (release build) into target/bench/KIND.json, then
+/// renders BENCHMARKS.md from every result there.
+fn bench(args: &[String]) -> Result<()> {
+    let kind = args.first().map(String::as_str).unwrap_or("render");
+    let out_dir = root().join("target/bench");
+    std::fs::create_dir_all(&out_dir)?;
+    if kind != "render" {
+        if !matches!(kind, "control-plane" | "datapath") {
+            bail!("cargo xtask bench control-plane|datapath|render");
+        }
+        run(cargo().args([
+            "build",
+            "--release",
+            "-p",
+            "cozy-proxy",
+            "--bins",
+            "--examples",
+        ]))?;
+        let out = Command::new(root().join("target/release/examples/bench"))
+            .arg(kind)
+            .args(&args[1..])
+            .env("COZY_PROXY_BIN", root().join("target/release/cozy-proxy"))
+            .stderr(Stdio::inherit())
+            .output()
+            .context("running the benchmark")?;
+        if !out.status.success() {
+            bail!("benchmark {kind} failed: {}", out.status);
+        }
+        std::fs::write(out_dir.join(format!("{kind}.json")), &out.stdout)?;
+    }
+    let read = |k: &str| -> Option<serde_json::Value> {
+        serde_json::from_slice(&std::fs::read(out_dir.join(format!("{k}.json"))).ok()?).ok()
+    };
+    let md = render::benchmarks_md(read("control-plane"), read("datapath"), &machine());
+    std::fs::write(root().join("BENCHMARKS.md"), md)?;
+    eprintln!("xtask: wrote BENCHMARKS.md");
+    Ok(())
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let kernel = Command::new("uname")
+        .arg("-r")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string())
+        })
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(String::new(), |kb| format!("{} GiB", kb / 1024 / 1024));
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores ({cpu}), {mem} memory, Linux {kernel}; namespaces and veths on one machine (checksum offload off)")
 }
 
 /// Builds the container image with the first engine that answers.

@@ -110,7 +110,18 @@ impl NftBackend {
     }
 
     /// `(key, value)` of every element of a set (value empty for sets).
+    /// The elements of a set. A dump that runs while the kernel resizes the
+    /// set's hash table (right after a large change) can miss elements, so
+    /// the set is read twice and the union kept: a missed element shows in
+    /// the other read; nothing absent can appear.
     fn read_elements(&self, l: &Layout, set: &str) -> Result<Vec<RawElement>, NftError> {
+        let mut all: std::collections::BTreeSet<RawElement> =
+            self.read_elements_once(l, set)?.into_iter().collect();
+        all.extend(self.read_elements_once(l, set)?);
+        Ok(all.into_iter().collect())
+    }
+
+    fn read_elements_once(&self, l: &Layout, set: &str) -> Result<Vec<RawElement>, NftError> {
         let answers = dump(&self.sock, NFT_MSG_GETSETELEM, l.nfproto, |w| {
             w.put_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
             w.put_str(NFTA_SET_ELEM_LIST_SET, set);
