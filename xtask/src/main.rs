@@ -7,6 +7,7 @@
 //!   ruleset, eBPF load, the datapath scenario suite).
 //! - demo: setup, then the local demo (network namespaces as node, pod and
 //!   outside client, with real traffic).
+mod plot;
 mod render;
 
 use anyhow::{bail, Context, Result};
@@ -39,6 +40,7 @@ const APT_PACKAGES: &[&str] = &[
     "procps",
     "curl",
     "unzip",
+    "fonts-dejavu-core",
 ];
 
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
@@ -306,6 +308,14 @@ fn bench(args: &[String]) -> Result<()> {
     let read = |k: &str| -> Option<serde_json::Value> {
         serde_json::from_slice(&std::fs::read(out_dir.join(format!("{k}.json"))).ok()?).ok()
     };
+    let plots = root().join("docs/bench");
+    std::fs::create_dir_all(&plots)?;
+    if let Some(d) = read("datapath") {
+        plot::datapath(&d, &plots.join("datapath.png"))?;
+    }
+    if let Some(c) = read("control-plane") {
+        plot::control_plane(&c, &plots.join("control-plane.png"))?;
+    }
     let md = render::benchmarks_md(read("control-plane"), read("datapath"), &machine());
     std::fs::write(root().join("BENCHMARKS.md"), md)?;
     eprintln!("xtask: wrote BENCHMARKS.md");

@@ -33,6 +33,7 @@ pub fn benchmarks_md(control: Option<Value>, datapath: Option<Value>, machine: &
             ("rtt_p50_us", "UDP round trip p50 (us, sockperf)", false),
             ("rtt_p99_us", "UDP round trip p99 (us, sockperf)", false),
         ];
+        let _ = writeln!(md, "![datapath ratios](docs/bench/datapath.png)\n");
         for dir in ["ingress", "egress"] {
             let _ = writeln!(md, "### {dir}\n");
             let _ = writeln!(
@@ -68,6 +69,7 @@ pub fn benchmarks_md(control: Option<Value>, datapath: Option<Value>, machine: &
              (median); the last column is rebuild / incremental. *RSS*: peak RSS (VmHWM) of `cozy-proxy run` \
              on the same Services given as manifests.\n"
         );
+        let _ = writeln!(md, "![control plane](docs/bench/control-plane.png)\n");
         let _ = writeln!(
             md,
             "| Services | plan (ms) | backend | initial sync (ms) | one change median / p99 (ms) | rebuild median (ms) | rebuild / incremental | controller peak RSS (MiB) |\n|---|---|---|---|---|---|---|---|"

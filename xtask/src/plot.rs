@@ -1,0 +1,166 @@
+//! PNG plots of the benchmark results (plotters, bitmap backend), drawn
+//! with Debian's DejaVu Sans (fonts-dejavu-core, installed by setup).
+use anyhow::{Context, Result};
+use plotters::prelude::*;
+use serde_json::Value;
+use std::path::Path;
+
+const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+fn register_font() -> Result<()> {
+    let bytes = std::fs::read(FONT).with_context(|| format!("reading {FONT}"))?;
+    // The font lives for the whole program, as plotters requires.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| anyhow::anyhow!("{FONT} is not a usable font"))
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+const CASES: [(&str, RGBColor); 3] = [("nft", BLUE), ("ebpf", GREEN), ("conntrack_dnat", RED)];
+
+/// Bars: each case's median as a ratio to the baseline, for throughput and
+/// packet rate, both directions. The dashed line is the baseline (1.0).
+pub fn datapath(d: &Value, out: &Path) -> Result<()> {
+    register_font()?;
+    let groups = [
+        ("tcp_gbps", "ingress", "TCP in"),
+        ("tcp_gbps", "egress", "TCP out"),
+        ("udp64_pps", "ingress", "UDP64 in"),
+        ("udp64_pps", "egress", "UDP64 out"),
+    ];
+    let root = BitMapBackend::new(out, (900, 500)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Datapath: median / no-NAT baseline (same run)",
+            ("sans-serif", 22),
+        )
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..(groups.len() as f64), -0.08f64..1.1f64)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_desc("ratio to baseline")
+        .label_style(("sans-serif", 14))
+        .draw()?;
+    for (g, (key, dir, label)) in groups.iter().enumerate() {
+        let base = f(&d["datapath"]["baseline"][dir][key]["median"]);
+        for (i, (case, color)) in CASES.iter().enumerate() {
+            let ratio = f(&d["datapath"][case][dir][key]["median"]) / base;
+            let x0 = g as f64 + 0.15 + i as f64 * 0.23;
+            chart.draw_series(std::iter::once(Rectangle::new(
+                [(x0, 0.0), (x0 + 0.2, ratio)],
+                color.filled(),
+            )))?;
+            chart.draw_series(std::iter::once(Text::new(
+                format!("{ratio:.2}"),
+                (x0 + 0.02, ratio + 0.03),
+                ("sans-serif", 12),
+            )))?;
+        }
+        chart.draw_series(std::iter::once(Text::new(
+            label.to_string(),
+            (g as f64 + 0.35, -0.03),
+            ("sans-serif", 14).into_font().color(&BLACK),
+        )))?;
+    }
+    chart.draw_series(LineSeries::new(
+        [(0.0, 1.0), (groups.len() as f64, 1.0)],
+        BLACK.stroke_width(1),
+    ))?;
+    for (i, (case, color)) in CASES.iter().enumerate() {
+        let y = 1.08 - i as f64 * 0.05;
+        chart.draw_series(std::iter::once(Rectangle::new(
+            [(3.1, y - 0.015), (3.18, y + 0.015)],
+            color.filled(),
+        )))?;
+        chart.draw_series(std::iter::once(Text::new(
+            case.to_string(),
+            (3.22, y + 0.02),
+            ("sans-serif", 13),
+        )))?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// Lines, log-log: Services against one-change time (incremental) and the
+/// rebuild peer, per backend; and the initial sync.
+pub fn control_plane(c: &Value, out: &Path) -> Result<()> {
+    register_font()?;
+    let rows: Vec<&Value> = c["control_plane"]
+        .as_array()
+        .context("control_plane")?
+        .iter()
+        .collect();
+    let root = BitMapBackend::new(out, (900, 500)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Control plane: time to apply, by number of Services",
+            ("sans-serif", 22),
+        )
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(
+            (50f64..100_000f64).log_scale(),
+            (0.01f64..10_000f64).log_scale(),
+        )?;
+    chart
+        .configure_mesh()
+        .x_desc("managed Services")
+        .y_desc("milliseconds")
+        .label_style(("sans-serif", 14))
+        .draw()?;
+    let series = [
+        ("nft", "one_change_median_ms", "nft one change", BLUE),
+        ("nft", "rebuild_median_ms", "nft rebuild peer", CYAN),
+        (
+            "nft",
+            "initial_sync_ms",
+            "nft full sync",
+            RGBColor(100, 100, 255),
+        ),
+        ("ebpf", "one_change_median_ms", "ebpf one change", GREEN),
+        ("ebpf", "rebuild_median_ms", "ebpf rebuild peer", MAGENTA),
+        (
+            "ebpf",
+            "initial_sync_ms",
+            "ebpf full sync",
+            RGBColor(0, 100, 0),
+        ),
+    ];
+    for (backend, key, label, color) in series {
+        let points: Vec<(f64, f64)> = rows
+            .iter()
+            .map(|r| (f(&r["services"]), f(&r[backend]["apply"][key])))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart.draw_series(
+            points
+                .into_iter()
+                .map(|p| Circle::new(p, 3, color.filled())),
+        )?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 13))
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
