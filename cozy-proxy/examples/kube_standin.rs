@@ -395,52 +395,31 @@ async fn handle(server: Arc<Server>, mut stream: TcpStream) -> std::io::Result<(
         let body = json!({"kind": list, "apiVersion": api_version, "metadata": {"resourceVersion": rv.to_string()}, "items": items});
         return respond(&mut stream, "200 OK", &body).await;
     }
-    if let Some(name) = route.strip_prefix("/api/v1/nodes/") {
-        let node = server
+    // GET of one object: a Node, or our DaemonSet.
+    let one = route
+        .strip_prefix("/api/v1/nodes/")
+        .map(|name| ("Node", "", name, "nodes"))
+        .or_else(|| {
+            let rest = route.strip_prefix("/apis/apps/v1/namespaces/")?;
+            let (ns, name) = rest.split_once("/daemonsets/")?;
+            Some(("DaemonSet", ns, name, "daemonsets.apps"))
+        });
+    if let (Some((kind, ns, name, resource)), "GET") = (one, method.as_str()) {
+        let key = (kind.to_string(), ns.to_string(), name.to_string());
+        let found = server
             .state
             .lock()
             .expect("lock")
             .objects
-            .get(&("Node".into(), String::new(), name.into()))
+            .get(&key)
             .cloned();
-        return match node {
-            Some(n) => respond(&mut stream, "200 OK", &n).await,
+        return match found {
+            Some(obj) => respond(&mut stream, "200 OK", &obj).await,
             None => {
-                respond(
-                    &mut stream,
-                    "404 Not Found",
-                    &status(404, "NotFound", &format!("nodes \"{name}\" not found")),
-                )
-                .await
+                let missing = status(404, "NotFound", &format!("{resource} \"{name}\" not found"));
+                respond(&mut stream, "404 Not Found", &missing).await
             }
         };
-    }
-    if let Some(rest) = route.strip_prefix("/apis/apps/v1/namespaces/") {
-        if let Some((ns, name)) = rest.split_once("/daemonsets/") {
-            let key = ("DaemonSet".to_string(), ns.to_string(), name.to_string());
-            let ds = server
-                .state
-                .lock()
-                .expect("lock")
-                .objects
-                .get(&key)
-                .cloned();
-            return match ds {
-                Some(d) => respond(&mut stream, "200 OK", &d).await,
-                None => {
-                    respond(
-                        &mut stream,
-                        "404 Not Found",
-                        &status(
-                            404,
-                            "NotFound",
-                            &format!("daemonsets.apps \"{name}\" not found"),
-                        ),
-                    )
-                    .await
-                }
-            };
-        }
     }
     if route.starts_with("/apis/events.k8s.io/v1/namespaces/")
         && (method == "POST" || method == "PATCH")

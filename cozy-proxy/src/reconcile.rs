@@ -10,7 +10,8 @@ pub struct Reconciler<D: Datapath> {
     datapath: D,
     /// Warnings already reported: each is logged once while it lasts.
     reported: BTreeSet<Warning>,
-    last_desired: Option<DatapathState>,
+    /// Whether a sync has succeeded (the first one is always logged).
+    synced_once: bool,
 }
 
 /// What one reconcile did.
@@ -29,7 +30,7 @@ impl<D: Datapath> Reconciler<D> {
         Reconciler {
             datapath,
             reported: BTreeSet::new(),
-            last_desired: None,
+            synced_once: false,
         }
     }
 
@@ -46,7 +47,7 @@ impl<D: Datapath> Reconciler<D> {
         let new_warnings = self.report(&outcome.warnings);
         let desired = DatapathState::from_plan(&outcome.plan);
         let sync = self.datapath.sync(&desired)?;
-        if sync.changed_elements > 0 || self.last_desired.is_none() {
+        if sync.changed_elements > 0 || !self.synced_once {
             info!(
                 backend = %self.datapath.kind(),
                 mappings = outcome.plan.mappings.len(),
@@ -57,7 +58,7 @@ impl<D: Datapath> Reconciler<D> {
             );
         }
         let elements = desired.len();
-        self.last_desired = Some(desired);
+        self.synced_once = true;
         Ok(ReconcileReport {
             outcome,
             sync,
