@@ -243,7 +243,7 @@ fn controller_rss(n: usize, backend: &str) -> Result<f64> {
         yaml += &manifest(i, None);
     }
     fs::write(dir.join("services.yaml"), yaml)?;
-    let pins = PathBuf::from("/run/cozy-proxy-tests/bpf").join(&name);
+    let pins = harness::test_bpffs()?.join(&name);
     let log = dir.join("log");
     let mut child = Command::new(harness::bin())
         .args([
@@ -299,11 +299,7 @@ fn control_plane(args: &[String]) -> Result<()> {
         .first()
         .map(|s| s.split(',').filter_map(|n| n.parse().ok()).collect())
         .unwrap_or_else(|| vec![100, 1000, 10_000, 50_000]);
-    let bpffs = PathBuf::from("/run/cozy-proxy-tests/bpf");
-    fs::create_dir_all(&bpffs)?;
-    if !fs::read_to_string("/proc/mounts")?.contains("/run/cozy-proxy-tests/bpf") {
-        harness::sh::ok(&["mount", "-t", "bpf", "bpf", "/run/cozy-proxy-tests/bpf"])?;
-    }
+    let bpffs = harness::test_bpffs()?;
     let mut results = Vec::new();
     for &n in &sizes {
         let (services, slices) = objects(n);

@@ -83,11 +83,14 @@ impl NftBackend {
         })
     }
 
-    fn table_exists(&self, l: &Layout) -> Result<bool, NftError> {
+    /// The attributes of our table in family `l`, if it exists.
+    fn our_table(&self, l: &Layout) -> Result<Option<Vec<u8>>, NftError> {
         let tables = dump(&self.sock, NFT_MSG_GETTABLE, l.nfproto, |_| {})?;
         Ok(tables
             .iter()
-            .any(|t| attr_str(body(t), NFTA_TABLE_NAME).as_deref() == Some(TABLE)))
+            .map(|t| body(t))
+            .find(|t| attr_str(t, NFTA_TABLE_NAME).as_deref() == Some(TABLE))
+            .map(<[u8]>::to_vec))
     }
 
     fn read_sets(&self, l: &Layout) -> Result<Vec<SetDef>, NftError> {
@@ -142,15 +145,10 @@ impl NftBackend {
     }
 
     fn read_table(&self, l: &Layout) -> Result<Option<LiveTable>, NftError> {
-        let tables = dump(&self.sock, NFT_MSG_GETTABLE, l.nfproto, |_| {})?;
-        let Some(table) = tables
-            .iter()
-            .map(|t| body(t))
-            .find(|t| attr_str(t, NFTA_TABLE_NAME).as_deref() == Some(TABLE))
-        else {
+        let Some(table) = self.our_table(l)? else {
             return Ok(None);
         };
-        let version_ok = attr(table, NFTA_TABLE_USERDATA) == Some(schema::SCHEMA_MARK);
+        let version_ok = attr(&table, NFTA_TABLE_USERDATA) == Some(schema::SCHEMA_MARK);
         let live_sets = self.read_sets(l)?;
         let sets_ok = schema::sets(l).iter().all(|want| {
             live_sets.iter().any(|have| {
@@ -546,7 +544,7 @@ impl Datapath for NftBackend {
     fn cleanup(&mut self) -> Result<(), NftError> {
         let mut batch = Batch::new();
         for l in &LAYOUTS {
-            if self.table_exists(l)? {
+            if self.our_table(l)?.is_some() {
                 batch.add(
                     NFT_MSG_DELTABLE,
                     0,

@@ -45,7 +45,7 @@ impl Backend {
 /// hides /sys/fs/bpf; a bpffs mounted elsewhere stays visible.
 const TEST_BPFFS: &str = "/run/cozy-proxy-tests/bpf";
 
-fn test_bpffs() -> Result<PathBuf> {
+pub fn test_bpffs() -> Result<PathBuf> {
     let path = PathBuf::from(TEST_BPFFS);
     fs::create_dir_all(&path)?;
     let mounts = fs::read_to_string("/proc/mounts")?;
