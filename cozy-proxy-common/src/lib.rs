@@ -45,6 +45,26 @@ impl IpKey {
     }
 }
 
+impl From<core::net::IpAddr> for IpKey {
+    fn from(ip: core::net::IpAddr) -> Self {
+        match ip {
+            core::net::IpAddr::V4(a) => IpKey::v4(a.octets()),
+            core::net::IpAddr::V6(a) => IpKey::v6(a.octets()),
+        }
+    }
+}
+
+impl From<IpKey> for core::net::IpAddr {
+    fn from(k: IpKey) -> Self {
+        if k.family == FAMILY_V4 {
+            let [a, b, c, d, ..] = k.addr;
+            core::net::IpAddr::from([a, b, c, d])
+        } else {
+            core::net::IpAddr::from(k.addr)
+        }
+    }
+}
+
 /// Key of `allowed_ports`: keyed on the pod IP (the filter runs after the
 /// destination rewrite). `port` in host order.
 #[repr(C)]
@@ -169,6 +189,24 @@ pub mod maps {
         SVC_STATS,
         DROP_STATS,
     ];
+}
+
+/// The layouts both sides rely on, checked when either side compiles: a
+/// field added or reordered fails the build instead of corrupting a map.
+mod layout {
+    use super::*;
+    use core::mem::{align_of, offset_of, size_of};
+
+    const _: () = assert!(size_of::<IpKey>() == 20 && align_of::<IpKey>() == 4);
+    const _: () = assert!(offset_of!(IpKey, addr) == 4);
+    const _: () = assert!(size_of::<PortKey>() == 24);
+    const _: () = assert!(offset_of!(PortKey, proto) == 20 && offset_of!(PortKey, port) == 22);
+    const _: () = assert!(size_of::<FilterPolicy>() == 4);
+    const _: () = assert!(size_of::<FlowKey>() == 48);
+    const _: () = assert!(offset_of!(FlowKey, proto) == 40 && offset_of!(FlowKey, pod_port) == 42);
+    const _: () = assert!(size_of::<FragKey>() == 48);
+    const _: () = assert!(size_of::<Counter>() == 16);
+    const _: () = assert!(size_of::<ServiceCounters>() == 32);
 }
 
 #[cfg(feature = "user")]

@@ -1,5 +1,6 @@
 //! The port filter for pods whose Service has `wholeIP: "false"`, and the
 //! memory of the flows such pods start (so their replies pass).
+use crate::hdr::*;
 use crate::maps::{ALLOWED_PORTS, FLOWS, FRAGS};
 use crate::parse::{byte, port, Packet, PROTO_ICMP, PROTO_ICMPV6, PROTO_SCTP, PROTO_TCP, PROTO_UDP};
 use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
@@ -39,16 +40,16 @@ pub fn remember_outbound(ctx: &TcContext, p: &Packet) {
         return;
     }
     let key = if has_ports(p.proto) {
-        match (port(ctx, p.l4), port(ctx, p.l4 + 2)) {
+        match (port(ctx, p.l4 + L4_SPORT), port(ctx, p.l4 + L4_DPORT)) {
             (Some(sport), Some(dport)) => flow(p.src, p.dst, p.proto, sport, dport),
             _ => return,
         }
     } else if p.proto == PROTO_ICMP || p.proto == PROTO_ICMPV6 {
         let (request, _) = echo_types(p);
-        if byte(ctx, p.l4) != Some(request) {
+        if byte(ctx, p.l4 + ICMP_TYPE) != Some(request) {
             return;
         }
-        match port(ctx, p.l4 + 4) {
+        match port(ctx, p.l4 + ICMP_ECHO_ID) {
             Some(id) => flow(p.src, p.dst, p.proto, id, 0),
             None => return,
         }
@@ -69,26 +70,26 @@ fn known_flow(key: &FlowKey) -> bool {
 /// packet as it left: source the LB IP, destination the peer.
 #[inline(always)]
 fn error_about_own_flow(ctx: &TcContext, p: &Packet) -> bool {
-    let inner = p.l4 + 8;
+    let inner = p.l4 + ICMP_HLEN;
     let (proto, peer, ports_at) = if p.v6 {
-        let Ok(peer) = ctx.load::<[u8; 16]>(inner + 24) else {
+        let Ok(peer) = ctx.load::<[u8; 16]>(inner + IP6_DADDR) else {
             return false;
         };
-        (byte(ctx, inner + 6), IpKey::v6(peer), inner + 40)
+        (byte(ctx, inner + IP6_NEXT), IpKey::v6(peer), inner + IP6_HLEN)
     } else {
-        let Some(ver_ihl) = byte(ctx, inner) else {
+        let Some(ver_ihl) = byte(ctx, inner + IP4_VER_IHL) else {
             return false;
         };
-        let Ok(peer) = ctx.load::<[u8; 4]>(inner + 16) else {
+        let Ok(peer) = ctx.load::<[u8; 4]>(inner + IP4_DADDR) else {
             return false;
         };
-        (byte(ctx, inner + 9), IpKey::v4(peer), inner + ((ver_ihl & 0x0f) as usize) * 4)
+        (byte(ctx, inner + IP4_PROTO), IpKey::v4(peer), inner + ((ver_ihl & 0x0f) as usize) * 4)
     };
     let Some(proto) = proto else { return false };
     if !has_ports(proto) {
         return false;
     }
-    match (port(ctx, ports_at), port(ctx, ports_at + 2)) {
+    match (port(ctx, ports_at + L4_SPORT), port(ctx, ports_at + L4_DPORT)) {
         (Some(sport), Some(dport)) => known_flow(&flow(p.dst, peer, proto, sport, dport)),
         _ => false,
     }
@@ -135,7 +136,7 @@ pub fn admit(ctx: &TcContext, p: &Packet, policy: &FilterPolicy) -> Result<(), D
 #[inline(always)]
 fn admit_first(ctx: &TcContext, p: &Packet, policy: &FilterPolicy) -> Result<(), DropReason> {
     if has_ports(p.proto) {
-        let (Some(sport), Some(dport)) = (port(ctx, p.l4), port(ctx, p.l4 + 2)) else {
+        let (Some(sport), Some(dport)) = (port(ctx, p.l4 + L4_SPORT), port(ctx, p.l4 + L4_DPORT)) else {
             return Err(DropReason::FilteredPort);
         };
         let listed = PortKey {
@@ -153,12 +154,12 @@ fn admit_first(ctx: &TcContext, p: &Packet, policy: &FilterPolicy) -> Result<(),
         if policy.allow_icmp != 0 {
             return Ok(());
         }
-        let Some(icmp_type) = byte(ctx, p.l4) else {
+        let Some(icmp_type) = byte(ctx, p.l4 + ICMP_TYPE) else {
             return Err(DropReason::FilteredIcmp);
         };
         let (_, reply) = echo_types(p);
         if icmp_type == reply {
-            if let Some(id) = port(ctx, p.l4 + 4) {
+            if let Some(id) = port(ctx, p.l4 + ICMP_ECHO_ID) {
                 if known_flow(&flow(p.dst, p.src, p.proto, id, 0)) {
                     return Ok(());
                 }

@@ -12,6 +12,7 @@
 #![no_main]
 
 mod filter;
+mod hdr;
 mod maps;
 mod nat;
 mod parse;

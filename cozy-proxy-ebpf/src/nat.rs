@@ -1,5 +1,6 @@
 //! Rewriting an address with its checksums: the IPv4 header checksum and
 //! the L4 checksum over the pseudo-header (TCP, UDP, ICMPv6).
+use crate::hdr::*;
 use crate::parse::{Packet, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
@@ -22,10 +23,10 @@ fn l4_csum(ctx: &TcContext, p: &Packet) -> Option<(usize, u64)> {
         return None;
     }
     let (off, flags) = match p.proto {
-        PROTO_TCP => (p.l4 + 16, 0),
+        PROTO_TCP => (p.l4 + TCP_CSUM, 0),
         // A zero UDP checksum (IPv4: none computed) stays zero.
-        PROTO_UDP => (p.l4 + 6, BPF_F_MARK_MANGLED_0 as u64),
-        PROTO_ICMPV6 if p.v6 => (p.l4 + 2, 0),
+        PROTO_UDP => (p.l4 + UDP_CSUM, BPF_F_MARK_MANGLED_0 as u64),
+        PROTO_ICMPV6 if p.v6 => (p.l4 + ICMP_CSUM, 0),
         _ => return None,
     };
     if (ctx.len() as usize) < off + 2 {
@@ -39,17 +40,17 @@ fn l4_csum(ctx: &TcContext, p: &Packet) -> Option<(usize, u64)> {
 pub fn rewrite(ctx: &mut TcContext, p: &Packet, field: Field, old: &IpKey, new: &IpKey) -> Result<(), i64> {
     let l4 = l4_csum(ctx, p);
     if !p.v6 {
-        let off = p.l3 + if matches!(field, Field::Src) { 12 } else { 16 };
+        let off = p.l3 + if matches!(field, Field::Src) { IP4_SADDR } else { IP4_DADDR };
         let from = u32::from_ne_bytes([old.addr[0], old.addr[1], old.addr[2], old.addr[3]]);
         let to = u32::from_ne_bytes([new.addr[0], new.addr[1], new.addr[2], new.addr[3]]);
         ctx.store(off, &to, 0)?;
-        ctx.l3_csum_replace(p.l3 + 10, from as u64, to as u64, 4)?;
+        ctx.l3_csum_replace(p.l3 + IP4_CSUM, from as u64, to as u64, 4)?;
         if let Some((csum_off, flags)) = l4 {
             ctx.l4_csum_replace(csum_off, from as u64, to as u64, flags | 4)?;
         }
         return Ok(());
     }
-    let off = p.l3 + if matches!(field, Field::Src) { 8 } else { 24 };
+    let off = p.l3 + if matches!(field, Field::Src) { IP6_SADDR } else { IP6_DADDR };
     ctx.store(off, &new.addr, 0)?;
     if let Some((csum_off, flags)) = l4 {
         let mut from = old.addr;

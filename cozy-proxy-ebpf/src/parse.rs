@@ -1,5 +1,6 @@
 //! Reading headers with bounds-checked loads (`bpf_skb_load_bytes`): a
 //! truncated or malformed packet yields `None`, never an out-of-bounds read.
+use crate::hdr::*;
 use aya_ebpf::programs::TcContext;
 use cozy_proxy_common::IpKey;
 
@@ -8,12 +9,6 @@ pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
 pub const PROTO_ICMPV6: u8 = 58;
 pub const PROTO_SCTP: u8 = 132;
-
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86dd;
-const ETH_P_8021Q: u16 = 0x8100;
-const ETH_P_8021AD: u16 = 0x88a8;
-const ETH_HLEN: usize = 14;
 
 /// IPv6 extension headers walked at most (hop-by-hop, routing, fragment,
 /// destination options): a bound the verifier can see.
@@ -56,11 +51,11 @@ pub fn port(ctx: &TcContext, off: usize) -> Option<u16> {
 #[inline(always)]
 pub fn parse(ctx: &TcContext) -> Option<Packet> {
     let mut l3 = ETH_HLEN;
-    let mut ether = be16(ctx, 12)?;
+    let mut ether = be16(ctx, ETH_TYPE)?;
     // One VLAN tag in the frame (when not offloaded to skb metadata).
     if ether == ETH_P_8021Q || ether == ETH_P_8021AD {
-        ether = be16(ctx, 16)?;
-        l3 += 4;
+        ether = be16(ctx, VLAN_INNER_TYPE)?;
+        l3 += VLAN_HLEN;
     }
     match ether {
         ETH_P_IP => parse_v4(ctx, l3),
@@ -71,24 +66,24 @@ pub fn parse(ctx: &TcContext) -> Option<Packet> {
 
 #[inline(always)]
 fn parse_v4(ctx: &TcContext, l3: usize) -> Option<Packet> {
-    let ver_ihl = byte(ctx, l3)?;
+    let ver_ihl = byte(ctx, l3 + IP4_VER_IHL)?;
     let ihl = ((ver_ihl & 0x0f) as usize) * 4;
-    if ver_ihl >> 4 != 4 || ihl < 20 {
+    if ver_ihl >> 4 != 4 || ihl < IP4_MIN_HLEN {
         return None;
     }
-    let frag = be16(ctx, l3 + 6)?;
-    let more = frag & 0x2000 != 0;
-    let offset = frag & 0x1fff;
-    let src: [u8; 4] = ctx.load(l3 + 12).ok()?;
-    let dst: [u8; 4] = ctx.load(l3 + 16).ok()?;
+    let frag = be16(ctx, l3 + IP4_FRAG)?;
+    let more = frag & IP4_MF != 0;
+    let offset = frag & IP4_OFFSET;
+    let src: [u8; 4] = ctx.load(l3 + IP4_SADDR).ok()?;
+    let dst: [u8; 4] = ctx.load(l3 + IP4_DADDR).ok()?;
     Some(Packet {
         l3,
         v6: false,
-        proto: byte(ctx, l3 + 9)?,
+        proto: byte(ctx, l3 + IP4_PROTO)?,
         l4: l3 + ihl,
         fragment: more || offset != 0,
         later_fragment: offset != 0,
-        frag_id: be16(ctx, l3 + 4)? as u32,
+        frag_id: be16(ctx, l3 + IP4_ID)? as u32,
         src: IpKey::v4(src),
         dst: IpKey::v4(dst),
     })
@@ -99,29 +94,27 @@ fn parse_v6(ctx: &TcContext, l3: usize) -> Option<Packet> {
     if byte(ctx, l3)? >> 4 != 6 {
         return None;
     }
-    let src: [u8; 16] = ctx.load(l3 + 8).ok()?;
-    let dst: [u8; 16] = ctx.load(l3 + 24).ok()?;
-    let mut next = byte(ctx, l3 + 6)?;
-    let mut off = l3 + 40;
+    let src: [u8; 16] = ctx.load(l3 + IP6_SADDR).ok()?;
+    let dst: [u8; 16] = ctx.load(l3 + IP6_DADDR).ok()?;
+    let mut next = byte(ctx, l3 + IP6_NEXT)?;
+    let mut off = l3 + IP6_HLEN;
     let mut fragment = false;
     let mut later_fragment = false;
     let mut frag_id = 0u32;
     for _ in 0..MAX_EXT_HEADERS {
         match next {
-            // Hop-by-hop, routing, destination options: length in 8-byte
-            // units, not counting the first 8 bytes.
-            0 | 43 | 60 => {
-                let len = (byte(ctx, off + 1)? as usize + 1) * 8;
-                next = byte(ctx, off)?;
+            NEXT_HOP_BY_HOP | NEXT_ROUTING | NEXT_DEST_OPTS => {
+                let len = (byte(ctx, off + EXT_LEN)? as usize + 1) * EXT_UNIT;
+                next = byte(ctx, off + EXT_NEXT)?;
                 off += len;
             }
-            44 => {
-                let field = be16(ctx, off + 2)?;
+            NEXT_FRAGMENT => {
+                let field = be16(ctx, off + FRAG6_OFFSET)?;
                 fragment = true;
-                later_fragment = field & 0xfff8 != 0;
-                frag_id = u32::from_be(ctx.load::<u32>(off + 4).ok()?);
-                next = byte(ctx, off)?;
-                off += 8;
+                later_fragment = field & FRAG6_OFFSET_MASK != 0;
+                frag_id = u32::from_be(ctx.load::<u32>(off + FRAG6_ID).ok()?);
+                next = byte(ctx, off + EXT_NEXT)?;
+                off += FRAG6_HLEN;
             }
             _ => break,
         }
@@ -144,5 +137,5 @@ fn parse_v6(ctx: &TcContext, l3: usize) -> Option<Packet> {
 pub fn is_neighbour_discovery(ctx: &TcContext, p: &Packet) -> bool {
     p.v6 && p.proto == PROTO_ICMPV6
         && !p.later_fragment
-        && matches!(byte(ctx, p.l4), Some(133..=137))
+        && matches!(byte(ctx, p.l4 + ICMP_TYPE), Some(133..=137))
 }
