@@ -3,22 +3,42 @@
 //! programs embedded.
 //!
 //! The eBPF crate needs `-Z build-std=core`, which rustup's toolchains here
-//! cannot do (no rust-src); Debian's rustc (`/usr/bin/rustc`, with its std
-//! source) can, with `RUSTC_BOOTSTRAP=1`. `cargo xtask setup` installs it and
-//! `bpf-linker`. Set `COZY_PROXY_EBPF_OBJ` to use a prebuilt object instead.
+//! cannot do (no rust-src). What it needs, all installed by `cargo xtask
+//! setup`:
+//! - Debian's rustc (`/usr/bin/rustc`, packages rustc-web and
+//!   rust-web-src for its std source) and cargo (`/usr/bin/cargo`,
+//!   cargo-web), run with `RUSTC_BOOTSTRAP=1`;
+//! - `bpf-linker` (crates.io, feature llvm-22) on PATH or in ~/.cargo/bin.
+//!
+//! Modes (as aya's template has `AYA_BUILD_EBPF`):
+//! - `COZY_PROXY_EBPF_OBJ=PATH`: embed a prebuilt object;
+//! - `COZY_PROXY_BUILD_EBPF=0`: embed nothing, for `cargo check`/`clippy`
+//!   on a machine without the toolchain; the eBPF backend then refuses to
+//!   start ("built without its eBPF programs") and `auto` uses nftables;
+//! - otherwise: build it, and fail naming what is missing.
 use std::{
-    env,
+    env, fs,
     path::{Path, PathBuf},
     process::Command,
 };
 
 const EBPF_RUSTC: &str = "/usr/bin/rustc";
 const EBPF_CARGO: &str = "/usr/bin/cargo";
+const EBPF_STD_SOURCE: &str = "/usr/lib/rustlib/src/rust/library/core";
 
 fn main() {
     println!("cargo:rerun-if-env-changed=COZY_PROXY_EBPF_OBJ");
+    println!("cargo:rerun-if-env-changed=COZY_PROXY_BUILD_EBPF");
     if let Ok(prebuilt) = env::var("COZY_PROXY_EBPF_OBJ") {
         println!("cargo:rustc-env=COZY_PROXY_EBPF_OBJ={prebuilt}");
+        return;
+    }
+    let out_dir = PathBuf::from(env::var("OUT_DIR").expect("set by cargo"));
+    if env::var("COZY_PROXY_BUILD_EBPF").as_deref() == Ok("0") {
+        let empty = out_dir.join("no-ebpf.o");
+        fs::write(&empty, b"").expect("writing an empty object");
+        println!("cargo:warning=COZY_PROXY_BUILD_EBPF=0: building without the eBPF programs");
+        println!("cargo:rustc-env=COZY_PROXY_EBPF_OBJ={}", empty.display());
         return;
     }
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
@@ -32,13 +52,45 @@ fn main() {
             dir.join("Cargo.toml").display()
         );
     }
-    let target_dir = PathBuf::from(env::var("OUT_DIR").expect("set by cargo")).join("ebpf");
+    let target_dir = out_dir.join("ebpf");
     build_ebpf(&ebpf_dir, &target_dir);
     let object = target_dir.join("bpfel-unknown-none/release/cozy-proxy-ebpf");
     println!("cargo:rustc-env=COZY_PROXY_EBPF_OBJ={}", object.display());
 }
 
+/// What the eBPF build needs and is not there.
+fn missing_toolchain(home: &str) -> Vec<String> {
+    let mut missing = Vec::new();
+    for (path, what) in [
+        (EBPF_RUSTC, "Debian's rustc (package rustc-web)"),
+        (EBPF_CARGO, "Debian's cargo (package cargo-web)"),
+        (EBPF_STD_SOURCE, "its std source (package rust-web-src)"),
+    ] {
+        if !Path::new(path).exists() {
+            missing.push(format!("{what} at {path}"));
+        }
+    }
+    let on_path = env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain([format!("{home}/.cargo/bin").as_str()])
+        .any(|d| Path::new(d).join("bpf-linker").is_file());
+    if !on_path {
+        missing.push("bpf-linker (cargo install bpf-linker --features llvm-22)".into());
+    }
+    missing
+}
+
 fn build_ebpf(ebpf_dir: &Path, target_dir: &Path) {
+    let home = env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let missing = missing_toolchain(&home);
+    if !missing.is_empty() {
+        panic!(
+            "the eBPF programs cannot be built: missing {}.\n\
+             Run `cargo xtask setup` (as root), or build without them with COZY_PROXY_BUILD_EBPF=0.",
+            missing.join(", ")
+        );
+    }
     let mut cmd = Command::new(EBPF_CARGO);
     // The outer cargo (or clippy) leaks its own compiler, wrappers and flags
     // into our environment; none of them may reach the eBPF build.
@@ -47,7 +99,6 @@ fn build_ebpf(ebpf_dir: &Path, target_dir: &Path) {
             cmd.env_remove(key);
         }
     }
-    let home = env::var("HOME").unwrap_or_else(|_| "/root".into());
     let path = env::var("PATH").unwrap_or_default();
     cmd.current_dir(ebpf_dir)
         .env("RUSTC", EBPF_RUSTC)
@@ -64,10 +115,10 @@ fn build_ebpf(ebpf_dir: &Path, target_dir: &Path) {
             "build-std=core",
             "--ignore-rust-version",
         ]);
-    let status = cmd.status().unwrap_or_else(|e| {
-        panic!("cannot run {EBPF_CARGO} for the eBPF crate ({e}); run `cargo xtask setup` first")
-    });
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {EBPF_CARGO} for the eBPF crate: {e}"));
     if !status.success() {
-        panic!("building cozy-proxy-ebpf failed ({status}); run `cargo xtask setup` first");
+        panic!("building cozy-proxy-ebpf with {EBPF_CARGO} failed ({status})");
     }
 }

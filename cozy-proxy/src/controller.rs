@@ -1,6 +1,9 @@
 //! The reconcile loop every source shares: level-triggered (events only
 //! mark the state dirty; each round recomputes the plan from the whole
-//! snapshot), coalesced, with a periodic resync that repairs drift.
+//! snapshot), coalesced, with a periodic resync that repairs drift. The
+//! reconciler and its datapath live on a thread of their own
+//! ([`Worker`]): the loop only waits for it, never blocks on a syscall.
+use crate::datapath::worker::Worker;
 use crate::datapath::Datapath;
 use crate::model::Warning;
 use crate::reconcile::Reconciler;
@@ -21,21 +24,32 @@ pub struct LoopSettings {
 }
 
 /// Called with the warnings that appeared in a round.
-pub type WarningSink<'a> = Box<dyn Fn(&[Warning]) + Send + 'a>;
+pub type WarningSink = Box<dyn Fn(&[Warning]) + Send>;
+
+/// Everything one controller runs with.
+pub struct RunContext<D: Datapath, S: Source> {
+    pub datapath: Worker<Reconciler<D>>,
+    pub source: S,
+    pub telemetry: Telemetry,
+    pub settings: LoopSettings,
+    pub on_warnings: WarningSink,
+}
 
 /// Runs until `shutdown` resolves. Nothing here ever flushes the datapath:
 /// on any error it keeps its last state and the round is retried.
-pub async fn run<D: Datapath, S: Source>(
-    datapath: D,
-    mut source: S,
-    telemetry: Telemetry,
-    settings: LoopSettings,
-    on_warnings: WarningSink<'_>,
-    on_first_sync: impl FnOnce(),
-    shutdown: impl Future<Output = ()>,
-) {
+pub async fn run<D, S>(ctx: RunContext<D, S>, shutdown: impl Future<Output = ()>)
+where
+    D: Datapath + 'static,
+    S: Source,
+{
+    let RunContext {
+        datapath,
+        mut source,
+        telemetry,
+        settings,
+        on_warnings,
+    } = ctx;
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut reconciler = Reconciler::new(datapath);
     info!("waiting for the initial lists; the datapath stays as it is until then");
     tokio::select! {
         _ = source.ready() => {}
@@ -45,27 +59,35 @@ pub async fn run<D: Datapath, S: Source>(
     resync.tick().await;
     let mut upkeep = tokio::time::interval(settings.upkeep);
     let mut counters = tokio::time::interval(settings.counters);
-    let mut first = Some(on_first_sync);
     let mut pending = true;
+    // After a failed round, the next attempt comes after a growing pause
+    // (never later than the resync), not only at the next event.
+    let mut failures = 0u32;
+    let mut retry = std::pin::pin!(tokio::time::sleep(Duration::MAX / 4));
     loop {
         if pending {
             let started = Instant::now();
             let snapshot = source.snapshot();
-            match reconciler.reconcile(&snapshot) {
-                Ok(report) => {
+            match datapath.call(move |r| r.reconcile(&snapshot)).await {
+                Ok(Ok(report)) => {
                     pending = false;
+                    failures = 0;
                     let m = &telemetry.metrics;
                     m.observe_sync(started.elapsed().as_secs_f64());
                     m.observe_outcome(&report.outcome, report.elements);
                     on_warnings(&report.new_warnings);
-                    if let Some(f) = first.take() {
-                        telemetry.set_ready();
-                        f();
-                    }
+                    telemetry.set_ready();
                 }
-                Err(e) => {
+                Ok(Err(e)) => {
                     telemetry.metrics.sync_failed();
-                    error!(error = %e, "sync failed; the datapath keeps its last state, retrying");
+                    let pause = retry_pause(failures, settings.resync);
+                    failures = failures.saturating_add(1);
+                    retry.as_mut().reset(tokio::time::Instant::now() + pause);
+                    error!(error = %e, retry_in = ?pause, "sync failed; the datapath keeps its last state");
+                }
+                Err(gone) => {
+                    error!(error = %gone, "stopping");
+                    return;
                 }
             }
         }
@@ -76,22 +98,214 @@ pub async fn run<D: Datapath, S: Source>(
                 tokio::time::sleep(settings.debounce).await;
                 pending = true;
             }
+            _ = &mut retry, if pending => {}
             _ = resync.tick() => {
-                reconciler.datapath_mut().forget();
+                if datapath.call(|r| r.datapath_mut().forget()).await.is_err() {
+                    return;
+                }
                 pending = true;
             }
-            _ = upkeep.tick() => {
-                if let Err(e) = reconciler.datapath_mut().tick() {
-                    warn!(error = %e, "datapath upkeep failed");
-                }
-            }
-            _ = counters.tick() => match reconciler.datapath().counters() {
-                Ok(c) => telemetry.metrics.observe_datapath_counters(&c),
-                Err(e) => warn!(error = %e, "reading datapath counters failed"),
+            _ = upkeep.tick() => match datapath.call(|r| r.datapath_mut().upkeep()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(error = %e, "datapath upkeep failed"),
+                Err(_) => return,
+            },
+            _ = counters.tick() => match datapath.call(|r| r.datapath().counters()).await {
+                Ok(Ok(c)) => telemetry.metrics.observe_datapath_counters(&c),
+                Ok(Err(e)) => warn!(error = %e, "reading datapath counters failed"),
+                Err(_) => return,
             },
             _ = &mut shutdown => break,
         }
     }
     // No flush on exit: the kernel keeps translating while we restart.
     info!("stopping; the datapath stays in place (`cozy-proxy cleanup` removes it)");
+}
+
+/// 100 ms, doubling with each failed round, at most the resync period.
+fn retry_pause(failures: u32, resync: Duration) -> Duration {
+    Duration::from_millis(100)
+        .saturating_mul(1 << failures.min(16))
+        .min(resync)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datapath::fake::{FakeHandle, FakeKernel};
+    use crate::datapath::{DatapathState, Synced};
+    use crate::source::Snapshot;
+    use std::sync::{Arc, Mutex};
+    use tokio::sync::{mpsc, Notify};
+
+    /// A source the test feeds: `ready` once told, `changed` on each push.
+    struct TestSource {
+        ready: Arc<Notify>,
+        changes: mpsc::UnboundedReceiver<Snapshot>,
+        current: Snapshot,
+    }
+
+    impl Source for TestSource {
+        async fn ready(&mut self) {
+            self.ready.notified().await;
+        }
+        async fn changed(&mut self) {
+            match self.changes.recv().await {
+                Some(s) => self.current = s,
+                None => std::future::pending().await,
+            }
+        }
+        fn snapshot(&mut self) -> Snapshot {
+            self.current.clone()
+        }
+    }
+
+    struct Harness {
+        world: FakeHandle,
+        ready: Arc<Notify>,
+        push: mpsc::UnboundedSender<Snapshot>,
+        telemetry: Telemetry,
+        warnings: Arc<Mutex<Vec<String>>>,
+        stop: Arc<Notify>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    fn start(initial: Snapshot, resync: Duration) -> Harness {
+        let (kernel, world) = FakeKernel::new();
+        let datapath = Worker::spawn("test-datapath", move || {
+            Ok::<_, std::io::Error>(Reconciler::new(Synced::new(kernel)))
+        })
+        .expect("worker");
+        let ready = Arc::new(Notify::new());
+        let (push, changes) = mpsc::unbounded_channel();
+        let telemetry = Telemetry::new();
+        let warnings = Arc::new(Mutex::new(Vec::new()));
+        let seen = warnings.clone();
+        let stop = Arc::new(Notify::new());
+        let ctx = RunContext {
+            datapath,
+            source: TestSource {
+                ready: ready.clone(),
+                changes,
+                current: initial,
+            },
+            telemetry: telemetry.clone(),
+            settings: LoopSettings {
+                debounce: Duration::from_millis(5),
+                resync,
+                upkeep: Duration::from_millis(20),
+                counters: Duration::from_secs(3600),
+            },
+            on_warnings: Box::new(move |w| {
+                let mut seen = seen.lock().expect("lock");
+                seen.extend(w.iter().map(|w| w.kind.as_str().to_string()));
+            }),
+        };
+        let stopped = stop.clone();
+        let task =
+            tokio::spawn(async move { run(ctx, async move { stopped.notified().await }).await });
+        Harness {
+            world,
+            ready,
+            push,
+            telemetry,
+            warnings,
+            stop,
+            task,
+        }
+    }
+
+    async fn until(what: &str, mut f: impl FnMut() -> bool) {
+        for _ in 0..400 {
+            if f() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("timed out waiting for {what}");
+    }
+
+    fn desired(s: &Snapshot) -> DatapathState {
+        let o = crate::model::compute_plan(&s.services, &s.endpoint_slices);
+        DatapathState::from_plan(&o.plan)
+    }
+
+    use crate::reconcile::tests::{service, snapshot};
+
+    #[tokio::test]
+    async fn nothing_is_touched_before_the_source_is_ready_then_changes_flow() {
+        let first = snapshot(&service("a", "203.0.113.10", "192.0.2.11", "true"));
+        let h = start(first.clone(), Duration::from_secs(3600));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            h.world.world().reads,
+            0,
+            "read before the lists were complete"
+        );
+        assert!(!h.telemetry.is_ready());
+        h.ready.notify_one();
+        until("first sync", || h.world.world().kernel == desired(&first)).await;
+        assert!(h.telemetry.is_ready());
+        let second = snapshot(&service("a", "203.0.113.10", "192.0.2.12", "true"));
+        h.push.send(second.clone()).expect("push");
+        until("change applied", || {
+            h.world.world().kernel == desired(&second)
+        })
+        .await;
+        h.stop.notify_one();
+        h.task.await.expect("loop ends at shutdown");
+        // Shutdown leaves the datapath in place.
+        assert_eq!(h.world.world().kernel, desired(&second));
+    }
+
+    #[tokio::test]
+    async fn the_resync_repairs_drift_and_a_failing_sync_is_retried() {
+        let snap = snapshot(&service("a", "203.0.113.10", "192.0.2.11", "true"));
+        let h = start(snap.clone(), Duration::from_millis(50));
+        h.ready.notify_one();
+        until("first sync", || h.world.world().kernel == desired(&snap)).await;
+        h.world.world().kernel = DatapathState::default();
+        until("drift repaired", || {
+            h.world.world().kernel == desired(&snap)
+        })
+        .await;
+        // Every attempt of the next round fails for a while: the loop keeps
+        // the old state, counts the errors, and gets there once the kernel
+        // accepts again.
+        let moved = snapshot(&service("a", "203.0.113.10", "192.0.2.12", "true"));
+        h.world.world().failures = 6;
+        h.push.send(moved.clone()).expect("push");
+        until("retried until applied", || {
+            h.world.world().kernel == desired(&moved)
+        })
+        .await;
+        let metrics = h.telemetry.metrics.render();
+        assert!(
+            metrics.contains("cozy_proxy_sync_errors_total 3"),
+            "three failed rounds (two attempts each): {metrics}"
+        );
+        h.stop.notify_one();
+        h.task.await.expect("loop");
+    }
+
+    #[tokio::test]
+    async fn warnings_reach_the_sink_once_while_they_last() {
+        let bad = snapshot(&service("a", "203.0.113.10", "192.0.2.11", "maybe"));
+        let h = start(bad.clone(), Duration::from_millis(30));
+        h.ready.notify_one();
+        until("first sync", || h.world.world().applies > 0).await;
+        // Several resync rounds later, still one report.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(*h.warnings.lock().expect("lock"), vec!["InvalidAnnotation"]);
+        let good = snapshot(&service("a", "203.0.113.10", "192.0.2.11", "true"));
+        h.push.send(good).expect("push");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        h.push.send(bad).expect("push");
+        until("reported again after it came back", || {
+            h.warnings.lock().expect("lock").len() == 2
+        })
+        .await;
+        h.stop.notify_one();
+        h.task.await.expect("loop");
+    }
 }

@@ -1,11 +1,16 @@
 //! cozy-proxy: 1:1 NAT between a Kubernetes LoadBalancer IP and its one pod.
+//! docs/architecture.md describes the layers; in short:
 //!
 //! - [`model`]: pure desired state (Services + EndpointSlices -> [`model::Plan`]).
-//! - [`datapath`]: the backend-neutral tables a plan becomes, and the trait
-//!   each datapath implements.
-//! - [`nft`]: the nftables datapath over netlink.
+//! - [`datapath`]: the backend-neutral tables a plan becomes, the one sync
+//!   layer, and the [`datapath::Kernel`] trait each backend implements.
+//! - [`nft`], [`ebpf`]: the two backends; [`netlink`]: the codec they share.
+//! - [`backend`]: the type that chooses and owns a node's backend.
 //! - [`source`]: where Services and EndpointSlices come from.
-//! - [`reconcile`]: the loop that keeps a datapath equal to the plan.
+//! - [`reconcile`], [`controller`]: the loop that keeps a datapath equal to
+//!   the plan; [`app`]: `cozy-proxy run` wired together.
+pub mod app;
+pub mod backend;
 pub mod controller;
 pub mod datapath;
 pub mod ebpf;
@@ -13,6 +18,7 @@ pub mod events;
 pub mod model;
 pub mod netlink;
 pub mod nft;
+pub mod node;
 pub mod rbac;
 pub mod reconcile;
 pub mod source;

@@ -1,7 +1,7 @@
 //! The eBPF backend's kernel state, as the real `bpftool` and `ip` show it:
 //! readable pinned maps, tcx links that survive a restart (re-pointed, not
 //! re-created), new interfaces followed, and cleanup. Needs root.
-mod harness;
+use cozy_proxy_testkit as harness;
 
 use anyhow::{ensure, Context, Result};
 use harness::{
@@ -116,14 +116,14 @@ fn bpftool_shows_readable_maps_and_tcx_links() -> Result<()> {
             &pin_arg,
         ],
     )?)?;
-    let counters = &dump["details"]["counters"];
+    let counters = &dump["counters"];
     let svc = &counters["services"]["203.0.113.10"];
     ensure!(
-        svc["ingress_packets"].as_u64() > Some(0),
+        svc["ingress"]["packets"].as_u64() > Some(0),
         "ingress counter: {counters}"
     );
     ensure!(
-        svc["egress_packets"].as_u64() > Some(0),
+        svc["egress"]["packets"].as_u64() > Some(0),
         "egress counter: {counters}"
     );
     ensure!(

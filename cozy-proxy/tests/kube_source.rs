@@ -1,10 +1,8 @@
 //! The Kubernetes source against the API stand-in (no kube-apiserver can be
-//! installed here; `examples/kube_standin.rs` serves list/watch the way it
+//! installed here; `cozy_proxy_testkit::standin` serves list/watch the way it
 //! does, with faults on demand): outages, cut watches, 410 Gone, Events,
 //! metrics and health endpoints, the node's backend label. Needs root.
-#[allow(dead_code)]
-mod cases;
-mod harness;
+use cozy_proxy_testkit as harness;
 
 use anyhow::{ensure, Context, Result};
 use harness::{
@@ -164,7 +162,7 @@ fn metrics_show_real_values() -> Result<()> {
         ensure!(code == 200, "metrics {code}");
         ensure!(
             body.contains(
-                "cozy_proxy_service_packets{lb_ip=\"203.0.113.10\",direction=\"ingress\"}"
+                "cozy_proxy_service_packets_total{lb_ip=\"203.0.113.10\",direction=\"ingress\"}"
             ),
             "no datapath counters yet:\n{body}"
         );
@@ -174,7 +172,10 @@ fn metrics_show_real_values() -> Result<()> {
         "cozy_proxy_services{mode=\"passthrough\"} 1",
         "cozy_proxy_services{mode=\"port_filter\"} 2",
         "cozy_proxy_warnings{reason=\"InvalidAnnotation\"} 1",
-        "cozy_proxy_drops{reason=\"filtered_port\"}",
+        "cozy_proxy_drops_total{reason=\"filtered_port\"}",
+        // Kernel counts are exported as counters, not gauges.
+        "# TYPE cozy_proxy_service_packets counter",
+        "# TYPE cozy_proxy_drops counter",
     ] {
         ensure!(metrics.contains(needle), "{needle} missing:\n{metrics}");
     }
@@ -189,7 +190,7 @@ fn metrics_show_real_values() -> Result<()> {
         .lines()
         .find(|l| {
             l.starts_with(
-                "cozy_proxy_service_packets{lb_ip=\"203.0.113.10\",direction=\"ingress\"}",
+                "cozy_proxy_service_packets_total{lb_ip=\"203.0.113.10\",direction=\"ingress\"}",
             )
         })
         .and_then(|l| l.split_whitespace().last())

@@ -1,6 +1,6 @@
 //! The nft backend's ruleset as the real `nft` tool decodes it (`nft -j
 //! list table`), adoption, drift repair and cleanup. Needs root.
-mod harness;
+use cozy_proxy_testkit as harness;
 
 use anyhow::{ensure, Context, Result};
 use harness::{

@@ -4,7 +4,7 @@
 //! runs it for IPv4 and IPv6. Needs root and the tools `cargo xtask setup`
 //! installs.
 mod cases;
-mod harness;
+use cozy_proxy_testkit as harness;
 
 use harness::{net::Fam, Backend, Env, SourceKind};
 

@@ -290,11 +290,11 @@ fn bench(args: &[String]) -> Result<()> {
             "--release",
             "-p",
             "cozy-proxy",
+            "-p",
+            "cozy-proxy-testkit",
             "--bins",
-            "--examples",
         ]))?;
-        let out = Command::new(root().join("target/release/examples/bench"))
-            .arg(kind)
+        let out = Command::new(root().join(format!("target/release/bench-{kind}")))
             .args(&args[1..])
             .env("COZY_PROXY_BIN", root().join("target/release/cozy-proxy"))
             .stderr(Stdio::inherit())
@@ -361,9 +361,9 @@ fn image(tag: &str) -> Result<()> {
 }
 
 fn demo() -> Result<()> {
-    run(cargo().args(["build", "-q", "-p", "cozy-proxy", "--bins", "--examples"]))?;
+    run(cargo().args(["build", "-q", "-p", "cozy-proxy", "--bins"]))?;
     run(cargo()
-        .args(["run", "-q", "-p", "cozy-proxy", "--example", "demo"])
+        .args(["run", "-q", "-p", "cozy-proxy-testkit", "--bin", "demo"])
         .env("COZY_PROXY_BIN", root().join("target/debug/cozy-proxy")))
 }
 

@@ -1,21 +1,38 @@
-//! What a datapath is: the trait both backends implement, and the tables
-//! they hold ([`DatapathState`]).
+//! What a datapath is, independent of nftables or BPF:
+//!
+//! - [`DatapathState`]: the tables a plan becomes, the same for every backend;
+//! - [`Kernel`]: what a backend supplies (read the live state, apply a diff,
+//!   install its schema, upkeep, dump, cleanup);
+//! - [`Synced`]: the one sync layer over any [`Kernel`] (what the kernel holds
+//!   as of the last change, adoption at start, the diff, the retry policy);
+//! - [`Datapath`]: what the reconciler drives ([`Synced`] implements it);
+//! - [`worker`]: runs a datapath on a thread of its own, so that netlink and
+//!   BPF syscalls never block the async runtime.
+mod counters;
+pub mod fake;
 mod render;
 mod state;
+mod sync;
+pub mod worker;
 
+pub use counters::{Count, Counters, ServiceCount};
 pub use render::render_text;
-
 pub use state::{AllowedPort, Change, DatapathState, StateDiff};
+pub use sync::Synced;
 
 use serde::Serialize;
 use std::fmt;
 
 /// Which datapath a node runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     Nft,
     Ebpf,
+}
+
+impl BackendKind {
+    pub const ALL: [BackendKind; 2] = [BackendKind::Nft, BackendKind::Ebpf];
 }
 
 impl fmt::Display for BackendKind {
@@ -30,9 +47,10 @@ impl fmt::Display for BackendKind {
 /// What one sync did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SyncReport {
-    /// Elements removed plus elements added in the kernel.
+    /// Elements removed plus elements added in the kernel (map and set
+    /// elements, and whatever else the backend changed, such as routes).
     pub changed_elements: usize,
-    /// True when the sync (re)installed tables, chains or rules.
+    /// True when the sync (re)installed tables, chains, rules or programs.
     pub installed_schema: bool,
 }
 
@@ -43,20 +61,64 @@ pub struct Dump {
     /// False when nothing of ours is installed.
     pub installed: bool,
     pub state: DatapathState,
-    /// Backend-specific detail (chains and counters, attachments, ...).
+    /// The datapath's own traffic counters (empty where it keeps none).
+    pub counters: Counters,
+    /// Backend-specific detail for people: chains and rule counters, TC
+    /// attachments, routes. Not a contract: nothing reads it back.
     pub details: serde_json::Value,
 }
 
-/// The state a datapath found in the kernel at its first sync: what a
-/// previous instance left, taken over as is (reported when not empty).
-pub fn adopt(kind: BackendKind, live: DatapathState) -> DatapathState {
-    if !live.is_empty() {
-        tracing::info!(backend = %kind, elements = live.len(), "adopting the datapath left by a previous instance");
-    }
-    live
+/// What a backend's [`Kernel::apply`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Changes beyond the state's elements (e.g. routes).
+    pub extra_changes: usize,
+    pub installed_schema: bool,
 }
 
-/// A datapath keeps the kernel equal to a [`DatapathState`].
+/// The kernel side of a backend: everything [`Synced`] needs to keep the
+/// kernel equal to a [`DatapathState`], and nothing of the policy around it.
+pub trait Kernel {
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// What a read learned besides the elements (which parts of the schema
+    /// are missing or stale), for the apply that follows it.
+    type Found;
+
+    fn kind(&self) -> BackendKind;
+
+    /// Reads the elements the kernel holds now (empty where nothing of ours
+    /// is installed) and what the schema needs. Drops any cache the backend
+    /// keeps of its own: after a read, the kernel is the truth.
+    fn read(&mut self) -> Result<(DatapathState, Self::Found), Self::Error>;
+
+    /// Turns the kernel from what `diff` starts at into `desired`. `found`
+    /// is set on the first apply after a [`Kernel::read`]: install or repair
+    /// the schema it reports, in the same step where the kernel allows.
+    fn apply(
+        &mut self,
+        diff: &StateDiff,
+        desired: &DatapathState,
+        found: Option<Self::Found>,
+    ) -> Result<Applied, Self::Error>;
+
+    /// Upkeep between syncs (e.g. following interfaces that come and go).
+    fn upkeep(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    /// The live state, read back from the kernel.
+    fn dump(&self) -> Result<Dump, Self::Error>;
+
+    /// The datapath's own traffic counters.
+    fn counters(&self) -> Result<Counters, Self::Error> {
+        Ok(Counters::default())
+    }
+
+    /// Removes everything this backend installed.
+    fn cleanup(&mut self) -> Result<(), Self::Error>;
+}
+
+/// A datapath as the reconciler drives it.
 pub trait Datapath {
     type Error: std::error::Error + Send + Sync + 'static;
 
@@ -68,24 +130,16 @@ pub trait Datapath {
     fn sync(&mut self, desired: &DatapathState) -> Result<SyncReport, Self::Error>;
 
     /// Forgets what it believes the kernel holds: the next sync reads the
-    /// kernel again and repairs any drift (elements, chains, tables or
-    /// routes removed by hand).
+    /// kernel again and repairs any drift.
     fn forget(&mut self);
 
-    /// Periodic upkeep between syncs (e.g. following interfaces that come
-    /// and go).
-    fn tick(&mut self) -> Result<(), Self::Error> {
-        Ok(())
-    }
+    /// Periodic upkeep between syncs.
+    fn upkeep(&mut self) -> Result<(), Self::Error>;
 
     /// Reads the live state back from the kernel.
     fn dump(&self) -> Result<Dump, Self::Error>;
 
-    /// The datapath's own traffic counters, as in `Dump::details`
-    /// (`{"services": {...}, "drops": {...}}`); null where it keeps none.
-    fn counters(&self) -> Result<serde_json::Value, Self::Error> {
-        Ok(serde_json::Value::Null)
-    }
+    fn counters(&self) -> Result<Counters, Self::Error>;
 
     /// Removes everything this datapath installed.
     fn cleanup(&mut self) -> Result<(), Self::Error>;

@@ -32,7 +32,7 @@ fn pin_path(pin_dir: &Path, ifindex: u32, hook: &str) -> PathBuf {
     links_dir(pin_dir).join(format!("if{ifindex}-{hook}"))
 }
 
-fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier, EbpfError> {
+pub fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier, EbpfError> {
     let prog = ebpf
         .program_mut(name)
         .ok_or_else(|| EbpfError::Missing(name.to_string()))?;
@@ -52,21 +52,23 @@ pub fn attach(ebpf: &mut Ebpf, pin_dir: &Path, link: &Link) -> Result<(), EbpfEr
             source,
         };
         if let Ok(pinned) = PinnedLink::from_pin(&pin) {
-            let replaced = SchedClassifierLink::try_from(FdLink::from(pinned))
-                .map_err(|e| e.to_string())
-                .and_then(|l| prog.attach_to_link(l).map_err(|e| e.to_string()));
-            match replaced {
-                Ok(id) => {
-                    // The pin keeps the link; our handle can go.
-                    drop(prog.take_link(id).map_err(err)?);
-                    debug!(interface = %link.name, hook = hook_name, "re-pointed pinned link");
-                    continue;
-                }
+            match SchedClassifierLink::try_from(FdLink::from(pinned)) {
+                Ok(l) => match prog.attach_to_link(l) {
+                    Ok(id) => {
+                        // The pin keeps the link; our handle can go.
+                        drop(prog.take_link(id).map_err(err)?);
+                        debug!(interface = %link.name, hook = hook_name, "re-pointed pinned link");
+                        continue;
+                    }
+                    Err(e) => {
+                        warn!(interface = %link.name, error = %e, "stale pinned link; attaching anew")
+                    }
+                },
                 Err(e) => {
-                    warn!(interface = %link.name, error = %e, "stale pinned link; attaching anew");
-                    let _ = fs::remove_file(&pin);
+                    warn!(interface = %link.name, error = %e, "pinned file is not a TC link; attaching anew")
                 }
             }
+            let _ = fs::remove_file(&pin);
         }
         // clsact is only needed where the kernel has no tcx; harmless else.
         let _ = tc::qdisc_add_clsact(&link.name);
@@ -74,9 +76,9 @@ pub fn attach(ebpf: &mut Ebpf, pin_dir: &Path, link: &Link) -> Result<(), EbpfEr
         let tc_link = prog.take_link(id).map_err(err)?;
         match FdLink::try_from(tc_link) {
             Ok(fd_link) => {
-                fd_link.pin(&pin).map_err(|e| EbpfError::Pin {
+                fd_link.pin(&pin).map_err(|source| EbpfError::PinLink {
                     path: pin.clone(),
-                    source: std::io::Error::other(e.to_string()),
+                    source,
                 })?;
             }
             // A netlink (pre-tcx) attachment is not a BPF link: it stays in

@@ -1,31 +1,21 @@
 //! The pinned BPF maps, opened by path: what the programs read, kept equal
 //! to the plan, and read back for `dump`.
 use super::EbpfError;
-use crate::datapath::{AllowedPort, DatapathState, StateDiff};
+use crate::datapath::{AllowedPort, Count, Counters, DatapathState, ServiceCount, StateDiff};
 use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap};
 use cozy_proxy_common::{
-    maps as names, Counter, DropReason, FilterPolicy, IpKey, PortKey, ServiceCounters, FAMILY_V4,
+    maps as names, Counter, DropReason, FilterPolicy, FlowKey, FragKey, IpKey, PortKey,
+    ServiceCounters,
 };
-use serde_json::{json, Value};
-use std::{
-    collections::BTreeMap,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    path::Path,
-};
+use std::{fs, mem::size_of, net::IpAddr, path::Path};
+use tracing::warn;
 
-pub fn key(ip: &IpAddr) -> IpKey {
-    match ip {
-        IpAddr::V4(a) => IpKey::v4(a.octets()),
-        IpAddr::V6(a) => IpKey::v6(a.octets()),
-    }
+fn key(ip: &IpAddr) -> IpKey {
+    IpKey::from(*ip)
 }
 
-pub fn ip(k: &IpKey) -> IpAddr {
-    if k.family == FAMILY_V4 {
-        IpAddr::V4(Ipv4Addr::new(k.addr[0], k.addr[1], k.addr[2], k.addr[3]))
-    } else {
-        IpAddr::V6(Ipv6Addr::from(k.addr))
-    }
+fn ip(k: &IpKey) -> IpAddr {
+    IpAddr::from(*k)
 }
 
 fn port_key(p: &AllowedPort) -> PortKey {
@@ -37,26 +27,53 @@ fn port_key(p: &AllowedPort) -> PortKey {
     }
 }
 
-fn open(dir: &Path, name: &str) -> Result<Map, EbpfError> {
-    let path = dir.join(name);
-    let data = MapData::from_pin(&path).map_err(|source| EbpfError::Map {
-        name: name.into(),
-        source,
-    })?;
-    Map::from_map_data(data).map_err(|source| EbpfError::Map {
-        name: name.into(),
-        source,
+/// Key and value sizes the current programs expect, to refuse reusing a
+/// pinned map of an older, different layout.
+fn expected_sizes(name: &str) -> Option<(usize, usize)> {
+    Some(match name {
+        names::POD_SVC | names::SVC_POD => (size_of::<IpKey>(), size_of::<IpKey>()),
+        names::FILTERED_PODS => (size_of::<IpKey>(), size_of::<FilterPolicy>()),
+        names::ALLOWED_PORTS => (size_of::<PortKey>(), 1),
+        names::UNMAPPED_LBS => (size_of::<IpKey>(), 1),
+        names::FLOWS => (size_of::<FlowKey>(), 8),
+        names::FRAGS => (size_of::<FragKey>(), 8),
+        names::SVC_STATS => (size_of::<IpKey>(), size_of::<ServiceCounters>()),
+        names::DROP_STATS => (4, size_of::<Counter>()),
+        _ => return None,
     })
+}
+
+/// Unpins maps whose key or value size differs from the programs' (an
+/// older layout): the loader then creates them anew, and the next sync
+/// fills them from the plan.
+pub fn drop_incompatible_pins(pin_dir: &Path) {
+    for name in names::ALL {
+        let path = pin_dir.join(name);
+        let Ok(info) = aya::maps::MapInfo::from_pin(&path) else {
+            continue;
+        };
+        if let Some((k, v)) = expected_sizes(name) {
+            if info.key_size() as usize != k || info.value_size() as usize != v {
+                warn!(map = name, "pinned map has another layout; replacing it");
+                let _ = fs::remove_file(&path);
+            }
+        }
+    }
+}
+
+/// Names a map error after its map.
+fn named(name: &'static str) -> impl Fn(MapError) -> EbpfError {
+    move |source| EbpfError::Map { name, source }
+}
+
+fn open(dir: &Path, name: &'static str) -> Result<Map, EbpfError> {
+    let data = MapData::from_pin(dir.join(name)).map_err(named(name))?;
+    Map::from_map_data(data).map_err(named(name))
 }
 
 macro_rules! typed {
     ($dir:expr, $name:expr) => {
-        open($dir, $name)?
-            .try_into()
-            .map_err(|source| EbpfError::Map {
-                name: $name.into(),
-                source,
-            })?
+        open($dir, $name)?.try_into().map_err(named($name))?
     };
 }
 
@@ -93,25 +110,26 @@ impl Maps {
         })
     }
 
-    pub fn read_state(&self) -> Result<DatapathState, MapError> {
+    pub fn read_state(&self) -> Result<DatapathState, EbpfError> {
         let mut s = DatapathState::default();
-        for entry in self.pod_svc.iter() {
-            let (k, v) = entry?;
-            s.pod_svc.insert(ip(&k), ip(&v));
-        }
-        for entry in self.svc_pod.iter() {
-            let (k, v) = entry?;
-            s.svc_pod.insert(ip(&k), ip(&v));
+        for (map, name, out) in [
+            (&self.pod_svc, names::POD_SVC, &mut s.pod_svc),
+            (&self.svc_pod, names::SVC_POD, &mut s.svc_pod),
+        ] {
+            for entry in map.iter() {
+                let (k, v) = entry.map_err(named(name))?;
+                out.insert(ip(&k), ip(&v));
+            }
         }
         for entry in self.filtered_pods.iter() {
-            let (k, policy) = entry?;
+            let (k, policy) = entry.map_err(named(names::FILTERED_PODS))?;
             s.filtered_pods.insert(ip(&k));
             if policy.allow_icmp != 0 {
                 s.icmp_allowed_pods.insert(ip(&k));
             }
         }
         for k in self.allowed_ports.keys() {
-            let k = k?;
+            let k = k.map_err(named(names::ALLOWED_PORTS))?;
             s.allowed_ports.insert(AllowedPort {
                 pod: ip(&k.pod),
                 proto: k.proto,
@@ -119,7 +137,8 @@ impl Maps {
             });
         }
         for k in self.unmapped_lbs.keys() {
-            s.unmapped_lbs.insert(ip(&k?));
+            s.unmapped_lbs
+                .insert(ip(&k.map_err(named(names::UNMAPPED_LBS))?));
         }
         Ok(s)
     }
@@ -127,7 +146,7 @@ impl Maps {
     /// Applies `diff` (from the kernel's state to `desired`), in an order
     /// that never lets traffic through unfiltered: policies are added before
     /// the mappings that need them and removed after.
-    pub fn apply(&mut self, diff: &StateDiff, desired: &DatapathState) -> Result<(), MapError> {
+    pub fn apply(&mut self, diff: &StateDiff, desired: &DatapathState) -> Result<(), EbpfError> {
         // 1. Filter policies of new or changed filtered pods, and their ports.
         let mut policies: Vec<&IpAddr> = diff.filtered_pods.add.iter().collect();
         policies.extend(
@@ -144,41 +163,57 @@ impl Maps {
                 allow_icmp: u8::from(desired.icmp_allowed_pods.contains(pod)),
                 _pad: [0; 3],
             };
-            self.filtered_pods.insert(key(pod), policy, 0)?;
+            self.filtered_pods
+                .insert(key(pod), policy, 0)
+                .map_err(named(names::FILTERED_PODS))?;
         }
         for p in &diff.allowed_ports.add {
-            self.allowed_ports.insert(port_key(p), 1, 0)?;
+            self.allowed_ports
+                .insert(port_key(p), 1, 0)
+                .map_err(named(names::ALLOWED_PORTS))?;
         }
         // 2. Mappings: drop the gone keys, then write new and changed ones
         // (an update replaces a value atomically).
-        for (map, change, target) in [
-            (&mut self.pod_svc, &diff.pod_svc, &desired.pod_svc),
-            (&mut self.svc_pod, &diff.svc_pod, &desired.svc_pod),
+        for (map, name, change, target) in [
+            (
+                &mut self.pod_svc,
+                names::POD_SVC,
+                &diff.pod_svc,
+                &desired.pod_svc,
+            ),
+            (
+                &mut self.svc_pod,
+                names::SVC_POD,
+                &diff.svc_pod,
+                &desired.svc_pod,
+            ),
         ] {
             for (k, _) in change
                 .remove
                 .iter()
                 .filter(|(k, _)| !target.contains_key(k))
             {
-                absent_ok(map.remove(&key(k)))?;
+                absent_ok(map.remove(&key(k))).map_err(named(name))?;
             }
             for (k, v) in &change.add {
-                map.insert(key(k), key(v), 0)?;
+                map.insert(key(k), key(v), 0).map_err(named(name))?;
             }
         }
         // 3. Unmapped LB IPs.
+        let unmapped = named(names::UNMAPPED_LBS);
         for lb in &diff.unmapped_lbs.remove {
-            absent_ok(self.unmapped_lbs.remove(&key(lb)))?;
+            absent_ok(self.unmapped_lbs.remove(&key(lb))).map_err(&unmapped)?;
         }
         for lb in &diff.unmapped_lbs.add {
-            self.unmapped_lbs.insert(key(lb), 1, 0)?;
+            self.unmapped_lbs.insert(key(lb), 1, 0).map_err(&unmapped)?;
         }
         // 4. Policies no longer needed; counters of Services gone.
         for p in &diff.allowed_ports.remove {
-            absent_ok(self.allowed_ports.remove(&port_key(p)))?;
+            absent_ok(self.allowed_ports.remove(&port_key(p)))
+                .map_err(named(names::ALLOWED_PORTS))?;
         }
         for pod in &diff.filtered_pods.remove {
-            absent_ok(self.filtered_pods.remove(&key(pod)))?;
+            absent_ok(self.filtered_pods.remove(&key(pod))).map_err(named(names::FILTERED_PODS))?;
         }
         for (lb, _) in diff
             .svc_pod
@@ -186,38 +221,39 @@ impl Maps {
             .iter()
             .filter(|(k, _)| !desired.svc_pod.contains_key(k))
         {
-            absent_ok(self.svc_stats.remove(&key(lb)))?;
+            absent_ok(self.svc_stats.remove(&key(lb))).map_err(named(names::SVC_STATS))?;
         }
         Ok(())
     }
 
     /// Per-service counters (summed over CPUs) and drops by reason.
-    pub fn counters(&self) -> Result<Value, MapError> {
-        let mut services = BTreeMap::new();
+    pub fn counters(&self) -> Result<Counters, EbpfError> {
+        let count = |c: &Counter| Count {
+            packets: c.packets,
+            bytes: c.bytes,
+        };
+        let mut out = Counters::default();
         for entry in self.svc_stats.iter() {
-            let (k, per_cpu) = entry?;
-            let mut sum = ServiceCounters::default();
+            let (k, per_cpu) = entry.map_err(named(names::SVC_STATS))?;
+            let sum = out
+                .services
+                .entry(ip(&k))
+                .or_insert(ServiceCount::default());
             for c in per_cpu.iter() {
-                sum.ingress.packets += c.ingress.packets;
-                sum.ingress.bytes += c.ingress.bytes;
-                sum.egress.packets += c.egress.packets;
-                sum.egress.bytes += c.egress.bytes;
+                sum.ingress += count(&c.ingress);
+                sum.egress += count(&c.egress);
             }
-            services.insert(
-                ip(&k).to_string(),
-                json!({
-                    "ingress_packets": sum.ingress.packets, "ingress_bytes": sum.ingress.bytes,
-                    "egress_packets": sum.egress.packets, "egress_bytes": sum.egress.bytes,
-                }),
-            );
         }
-        let mut drops = BTreeMap::new();
         for reason in DropReason::ALL {
-            let per_cpu = self.drop_stats.get(&(reason as u32), 0)?;
-            let packets: u64 = per_cpu.iter().map(|c| c.packets).sum();
-            let bytes: u64 = per_cpu.iter().map(|c| c.bytes).sum();
-            drops.insert(reason.name(), json!({ "packets": packets, "bytes": bytes }));
+            let per_cpu = self
+                .drop_stats
+                .get(&(reason as u32), 0)
+                .map_err(named(names::DROP_STATS))?;
+            let sum = out.drops.entry(reason.name()).or_default();
+            for c in per_cpu.iter() {
+                *sum += count(c);
+            }
         }
-        Ok(json!({ "services": services, "drops": drops }))
+        Ok(out)
     }
 }

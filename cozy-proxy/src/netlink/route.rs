@@ -1,26 +1,28 @@
 //! rtnetlink: the node's links, and the routes the eBPF datapath owns.
+//! Constants come from `libc`; the header sizes and RTNH_F_ONLINK (which
+//! it lacks) from <linux/rtnetlink.h> and <linux/if_link.h>.
 use super::socket::{next_seq, NetlinkError, NlSocket};
-use super::wire::{attr, attr_str, Writer, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP};
+use super::wire::{attr, attr_str, ip_bytes as bytes, Writer, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP};
 use std::{
     collections::BTreeSet,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
-const RTM_GETLINK: u16 = 18;
-const RTM_NEWROUTE: u16 = 24;
-const RTM_DELROUTE: u16 = 25;
-const RTM_GETROUTE: u16 = 26;
-const IFLA_IFNAME: u16 = 3;
-const RTA_DST: u16 = 1;
-const RTA_GATEWAY: u16 = 5;
-const RTA_TABLE: u16 = 15;
-const RT_TABLE_MAIN: u8 = 254;
-const RTN_UNICAST: u8 = 1;
-const RT_SCOPE_UNIVERSE: u8 = 0;
-const NLM_F_REPLACE: u16 = 0x100;
+const RTM_GETLINK: u16 = libc::RTM_GETLINK;
+const RTM_NEWROUTE: u16 = libc::RTM_NEWROUTE;
+const RTM_DELROUTE: u16 = libc::RTM_DELROUTE;
+const RTM_GETROUTE: u16 = libc::RTM_GETROUTE;
+const IFLA_IFNAME: u16 = libc::IFLA_IFNAME;
+const RTA_DST: u16 = libc::RTA_DST;
+const RTA_GATEWAY: u16 = libc::RTA_GATEWAY;
+const RTA_TABLE: u16 = libc::RTA_TABLE;
+const RT_TABLE_MAIN: u8 = libc::RT_TABLE_MAIN;
+const RTN_UNICAST: u8 = libc::RTN_UNICAST;
+const RT_SCOPE_UNIVERSE: u8 = libc::RT_SCOPE_UNIVERSE;
+const NLM_F_REPLACE: u16 = libc::NLM_F_REPLACE as u16;
 const IFINFOMSG_LEN: usize = 16;
 const RTMSG_LEN: usize = 12;
-pub const ARPHRD_ETHER: u16 = 1;
+pub const ARPHRD_ETHER: u16 = libc::ARPHRD_ETHER;
 
 /// A network interface of the node.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -55,13 +57,6 @@ fn family(ip: &IpAddr) -> u8 {
     match ip {
         IpAddr::V4(_) => libc::AF_INET as u8,
         IpAddr::V6(_) => libc::AF_INET6 as u8,
-    }
-}
-
-fn bytes(ip: &IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
     }
 }
 
@@ -142,8 +137,8 @@ pub struct NextHop {
     pub flags: u32,
 }
 
-const RTA_OIF: u16 = 4;
-const RTM_F_LOOKUP_TABLE: u32 = 0x1000;
+const RTA_OIF: u16 = libc::RTA_OIF;
+const RTM_F_LOOKUP_TABLE: u32 = libc::RTM_F_LOOKUP_TABLE;
 const RTNH_F_ONLINK: u32 = 4;
 
 /// The next hop the kernel would use toward `dst` (a route lookup, as `ip

@@ -11,8 +11,8 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
-const NETLINK_CAP_ACK: i32 = 10;
-const NETLINK_EXT_ACK: i32 = 11;
+const NETLINK_CAP_ACK: i32 = libc::NETLINK_CAP_ACK;
+const NETLINK_EXT_ACK: i32 = libc::NETLINK_EXT_ACK;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetlinkError {

@@ -3,19 +3,23 @@
 //!
 //! nf_tables integers in attributes are big-endian; the netlink headers and
 //! rtnetlink attributes are in host order.
+//!
+//! Constants come from `libc`; the few it lacks are from <linux/netlink.h>
+//! (NLMSGERR_ATTR_MSG, the header length) and <linux/netfilter/nf_tables.h>
+//! (NFTA_DATA_VALUE).
 
-pub const NLA_F_NESTED: u16 = 0x8000;
-pub const NLM_F_REQUEST: u16 = 1;
-pub const NLM_F_MULTI: u16 = 2;
-pub const NLM_F_ACK: u16 = 4;
-pub const NLM_F_DUMP: u16 = 0x300;
-pub const NLM_F_CREATE: u16 = 0x400;
-pub const NLM_F_EXCL: u16 = 0x200;
-pub const NLM_F_APPEND: u16 = 0x800;
-pub const NLM_F_CAPPED: u16 = 0x100;
-pub const NLM_F_ACK_TLVS: u16 = 0x200;
-pub const NLMSG_ERROR: u16 = 2;
-pub const NLMSG_DONE: u16 = 3;
+pub const NLA_F_NESTED: u16 = libc::NLA_F_NESTED as u16;
+pub const NLM_F_REQUEST: u16 = libc::NLM_F_REQUEST as u16;
+pub const NLM_F_MULTI: u16 = libc::NLM_F_MULTI as u16;
+pub const NLM_F_ACK: u16 = libc::NLM_F_ACK as u16;
+pub const NLM_F_DUMP: u16 = libc::NLM_F_DUMP as u16;
+pub const NLM_F_CREATE: u16 = libc::NLM_F_CREATE as u16;
+pub const NLM_F_EXCL: u16 = libc::NLM_F_EXCL as u16;
+pub const NLM_F_APPEND: u16 = libc::NLM_F_APPEND as u16;
+pub const NLM_F_CAPPED: u16 = libc::NLM_F_CAPPED as u16;
+pub const NLM_F_ACK_TLVS: u16 = libc::NLM_F_ACK_TLVS as u16;
+pub const NLMSG_ERROR: u16 = libc::NLMSG_ERROR as u16;
+pub const NLMSG_DONE: u16 = libc::NLMSG_DONE as u16;
 pub const NLMSGERR_ATTR_MSG: u16 = 1;
 /// nf_tables' data attribute inside value nests.
 const NFTA_DATA_VALUE: u16 = 1;
@@ -24,6 +28,14 @@ pub const NLMSG_HDRLEN: usize = 16;
 
 pub fn align4(n: usize) -> usize {
     (n + 3) & !3
+}
+
+/// An address as netlink carries it: 4 or 16 bytes, network order.
+pub fn ip_bytes(ip: &std::net::IpAddr) -> Vec<u8> {
+    match ip {
+        std::net::IpAddr::V4(a) => a.octets().to_vec(),
+        std::net::IpAddr::V6(a) => a.octets().to_vec(),
+    }
 }
 
 /// Writes netlink messages into one buffer (a batch, or one request).
@@ -47,6 +59,10 @@ impl Writer {
 
     pub fn into_bytes(self) -> Vec<u8> {
         self.buf
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf
     }
 
     /// Appends one message: nlmsghdr, the family header `header` (nfgenmsg,

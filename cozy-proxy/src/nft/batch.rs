@@ -64,6 +64,12 @@ impl Batch {
         self.pending.len()
     }
 
+    /// The messages so far (BATCH_BEGIN and the added ones).
+    #[cfg(test)]
+    pub fn bytes(&self) -> &[u8] {
+        self.writer.as_bytes()
+    }
+
     /// Sends the batch and checks every acknowledgement.
     pub fn apply(mut self, sock: &NlSocket) -> Result<(), NetlinkError> {
         if self.is_empty() {

@@ -70,14 +70,6 @@ impl Layout {
         }
     }
 
-    /// Bytes of an address as nf_tables holds it.
-    pub fn addr_bytes(ip: &IpAddr) -> Vec<u8> {
-        match ip {
-            IpAddr::V4(a) => a.octets().to_vec(),
-            IpAddr::V6(a) => a.octets().to_vec(),
-        }
-    }
-
     pub fn addr_from_bytes(&self, b: &[u8]) -> Option<IpAddr> {
         match (self.addr_len, b.len()) {
             (4, 4) => <[u8; 4]>::try_from(b).ok().map(IpAddr::from),
@@ -89,7 +81,7 @@ impl Layout {
     /// Key of `allowed_ports`: address . protocol . port, each component
     /// padded to 4 bytes (nf_tables registers are 32 bits wide).
     pub fn port_key(ip: &IpAddr, proto: u8, port: u16) -> Vec<u8> {
-        let mut k = Layout::addr_bytes(ip);
+        let mut k = crate::netlink::wire::ip_bytes(ip);
         k.extend_from_slice(&[proto, 0, 0, 0]);
         k.extend_from_slice(&port.to_be_bytes());
         k.extend_from_slice(&[0, 0]);

@@ -1,24 +1,56 @@
-//! nf_tables and netlink constants, generated once from the Linux UAPI headers
-//! (<linux/netfilter/nf_tables.h> and friends) with a C program; values are ABI.
+//! nf_tables and netfilter constants. Values are kernel ABI.
+//!
+//! - Where the `libc` crate defines a constant, it is taken from there.
+//! - The rest are not in `libc` (it has no NFTA_* attribute numbers): they
+//!   are copied from the Linux UAPI headers <linux/netfilter/nf_tables.h>
+//!   (NFTA_*, NFT_PAYLOAD_L4CSUM_PSEUDOHDR) and
+//!   <linux/netfilter/nf_conntrack_common.h> (the ct state bits), and from
+//!   nftables' and libnftnl's own sources where they are the user-space
+//!   conventions `nft` reads back (data type ids, the rule comment).
 #![allow(dead_code)]
-pub const NFNL_SUBSYS_NFTABLES: u16 = 10;
-pub const NFNL_MSG_BATCH_BEGIN: u16 = 16;
-pub const NFNL_MSG_BATCH_END: u16 = 17;
-pub const NFT_MSG_NEWTABLE: u16 = 0;
-pub const NFT_MSG_GETTABLE: u16 = 1;
-pub const NFT_MSG_DELTABLE: u16 = 2;
-pub const NFT_MSG_NEWCHAIN: u16 = 3;
-pub const NFT_MSG_GETCHAIN: u16 = 4;
-pub const NFT_MSG_DELCHAIN: u16 = 5;
-pub const NFT_MSG_NEWRULE: u16 = 6;
-pub const NFT_MSG_GETRULE: u16 = 7;
-pub const NFT_MSG_DELRULE: u16 = 8;
-pub const NFT_MSG_NEWSET: u16 = 9;
-pub const NFT_MSG_GETSET: u16 = 10;
-pub const NFT_MSG_DELSET: u16 = 11;
-pub const NFT_MSG_NEWSETELEM: u16 = 12;
-pub const NFT_MSG_GETSETELEM: u16 = 13;
-pub const NFT_MSG_DELSETELEM: u16 = 14;
+
+// From libc.
+pub const NFNL_SUBSYS_NFTABLES: u16 = libc::NFNL_SUBSYS_NFTABLES as u16;
+pub const NFNL_MSG_BATCH_BEGIN: u16 = libc::NFNL_MSG_BATCH_BEGIN as u16;
+pub const NFNL_MSG_BATCH_END: u16 = libc::NFNL_MSG_BATCH_END as u16;
+pub const NFT_MSG_NEWTABLE: u16 = libc::NFT_MSG_NEWTABLE as u16;
+pub const NFT_MSG_GETTABLE: u16 = libc::NFT_MSG_GETTABLE as u16;
+pub const NFT_MSG_DELTABLE: u16 = libc::NFT_MSG_DELTABLE as u16;
+pub const NFT_MSG_NEWCHAIN: u16 = libc::NFT_MSG_NEWCHAIN as u16;
+pub const NFT_MSG_GETCHAIN: u16 = libc::NFT_MSG_GETCHAIN as u16;
+pub const NFT_MSG_DELCHAIN: u16 = libc::NFT_MSG_DELCHAIN as u16;
+pub const NFT_MSG_NEWRULE: u16 = libc::NFT_MSG_NEWRULE as u16;
+pub const NFT_MSG_GETRULE: u16 = libc::NFT_MSG_GETRULE as u16;
+pub const NFT_MSG_DELRULE: u16 = libc::NFT_MSG_DELRULE as u16;
+pub const NFT_MSG_NEWSET: u16 = libc::NFT_MSG_NEWSET as u16;
+pub const NFT_MSG_GETSET: u16 = libc::NFT_MSG_GETSET as u16;
+pub const NFT_MSG_DELSET: u16 = libc::NFT_MSG_DELSET as u16;
+pub const NFT_MSG_NEWSETELEM: u16 = libc::NFT_MSG_NEWSETELEM as u16;
+pub const NFT_MSG_GETSETELEM: u16 = libc::NFT_MSG_GETSETELEM as u16;
+pub const NFT_MSG_DELSETELEM: u16 = libc::NFT_MSG_DELSETELEM as u16;
+pub const NFT_PAYLOAD_NETWORK_HEADER: u32 = libc::NFT_PAYLOAD_NETWORK_HEADER as u32;
+pub const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = libc::NFT_PAYLOAD_TRANSPORT_HEADER as u32;
+pub const NFT_PAYLOAD_CSUM_NONE: u32 = libc::NFT_PAYLOAD_CSUM_NONE as u32;
+pub const NFT_PAYLOAD_CSUM_INET: u32 = libc::NFT_PAYLOAD_CSUM_INET as u32;
+pub const NFT_LOOKUP_F_INV: u32 = libc::NFT_LOOKUP_F_INV as u32;
+pub const NFT_META_L4PROTO: u32 = libc::NFT_META_L4PROTO as u32;
+pub const NFT_CMP_EQ: u32 = libc::NFT_CMP_EQ as u32;
+pub const NFT_CMP_NEQ: u32 = libc::NFT_CMP_NEQ as u32;
+pub const NFT_CT_STATE: u32 = libc::NFT_CT_STATE as u32;
+pub const NFT_REG_VERDICT: u32 = libc::NFT_REG_VERDICT as u32;
+pub const NFT_REG32_00: u32 = libc::NFT_REG32_00 as u32;
+pub const NFT_SET_MAP: u32 = libc::NFT_SET_MAP as u32;
+pub const NF_INET_PRE_ROUTING: u32 = libc::NF_INET_PRE_ROUTING as u32;
+pub const NFPROTO_IPV4: u8 = libc::NFPROTO_IPV4 as u8;
+pub const NFPROTO_IPV6: u8 = libc::NFPROTO_IPV6 as u8;
+pub const NFPROTO_UNSPEC: u8 = libc::NFPROTO_UNSPEC as u8;
+pub const NF_ACCEPT: u32 = libc::NF_ACCEPT as u32;
+pub const NF_DROP: u32 = libc::NF_DROP as u32;
+pub const NFNETLINK_V0: u8 = libc::NFNETLINK_V0 as u8;
+pub const NFT_CMP_LTE: u32 = libc::NFT_CMP_LTE as u32;
+pub const NFT_CMP_GTE: u32 = libc::NFT_CMP_GTE as u32;
+
+// From <linux/netfilter/nf_tables.h> and <linux/netfilter/nf_conntrack_common.h>.
 pub const NFTA_TABLE_NAME: u16 = 1;
 pub const NFTA_TABLE_FLAGS: u16 = 2;
 pub const NFTA_TABLE_USERDATA: u16 = 6;
@@ -61,28 +93,19 @@ pub const NFTA_PAYLOAD_SREG: u16 = 5;
 pub const NFTA_PAYLOAD_CSUM_TYPE: u16 = 6;
 pub const NFTA_PAYLOAD_CSUM_OFFSET: u16 = 7;
 pub const NFTA_PAYLOAD_CSUM_FLAGS: u16 = 8;
-pub const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
-pub const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
-pub const NFT_PAYLOAD_CSUM_NONE: u32 = 0;
-pub const NFT_PAYLOAD_CSUM_INET: u32 = 1;
 pub const NFT_PAYLOAD_L4CSUM_PSEUDOHDR: u32 = 1;
 pub const NFTA_LOOKUP_SET: u16 = 1;
 pub const NFTA_LOOKUP_SREG: u16 = 2;
 pub const NFTA_LOOKUP_DREG: u16 = 3;
 pub const NFTA_LOOKUP_SET_ID: u16 = 4;
 pub const NFTA_LOOKUP_FLAGS: u16 = 5;
-pub const NFT_LOOKUP_F_INV: u32 = 1;
 pub const NFTA_META_DREG: u16 = 1;
 pub const NFTA_META_KEY: u16 = 2;
-pub const NFT_META_L4PROTO: u32 = 16;
 pub const NFTA_CMP_SREG: u16 = 1;
 pub const NFTA_CMP_OP: u16 = 2;
 pub const NFTA_CMP_DATA: u16 = 3;
-pub const NFT_CMP_EQ: u32 = 0;
-pub const NFT_CMP_NEQ: u32 = 1;
 pub const NFTA_CT_DREG: u16 = 1;
 pub const NFTA_CT_KEY: u16 = 2;
-pub const NFT_CT_STATE: u32 = 0;
 pub const NFTA_BITWISE_SREG: u16 = 1;
 pub const NFTA_BITWISE_DREG: u16 = 2;
 pub const NFTA_BITWISE_LEN: u16 = 3;
@@ -92,17 +115,10 @@ pub const NFTA_IMMEDIATE_DREG: u16 = 1;
 pub const NFTA_IMMEDIATE_DATA: u16 = 2;
 pub const NFTA_COUNTER_BYTES: u16 = 1;
 pub const NFTA_COUNTER_PACKETS: u16 = 2;
-pub const NFT_REG_VERDICT: u32 = 0;
-pub const NFT_REG32_00: u32 = 8;
-pub const NFT_SET_MAP: u32 = 8;
-pub const NF_INET_PRE_ROUTING: u32 = 0;
-pub const NFPROTO_IPV4: u8 = 2;
-pub const NFPROTO_IPV6: u8 = 10;
-pub const NFPROTO_UNSPEC: u8 = 0;
-pub const NF_ACCEPT: u32 = 1;
-pub const NF_DROP: u32 = 0;
 pub const CT_STATE_ESTABLISHED: u32 = 2;
 pub const CT_STATE_RELATED: u32 = 4;
+
+// User-space conventions of nftables (src/datatype.h) and libnftnl.
 /// nftables' own data type ids (nftables src/datatype.h), so that `nft list` can print our sets.
 pub const TYPE_IPADDR: u32 = 7;
 pub const TYPE_IP6ADDR: u32 = 8;
@@ -112,6 +128,3 @@ pub const TYPE_INET_SERVICE: u32 = 13;
 pub const TYPE_BITS: u32 = 6;
 /// libnftnl's rule comment in NFTA_RULE_USERDATA (NFTNL_UDATA_RULE_COMMENT).
 pub const UDATA_RULE_COMMENT: u8 = 0;
-pub const NFNETLINK_V0: u8 = 0;
-pub const NFT_CMP_LTE: u32 = 3;
-pub const NFT_CMP_GTE: u32 = 5;

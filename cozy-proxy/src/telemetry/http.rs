@@ -1,20 +1,33 @@
 //! A minimal HTTP/1.1 server for `/metrics`, `/healthz` and `/readyz`:
 //! one request per connection, no dependencies beyond tokio.
 use super::Telemetry;
+use std::time::Duration;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
 };
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// Serves until the task is dropped.
 pub async fn serve(listener: TcpListener, telemetry: Telemetry) {
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "serving /metrics, /healthz, /readyz");
     }
+    // Accept errors (EMFILE, ENOBUFS) persist until something frees up:
+    // back off instead of spinning on them.
+    let mut backoff = Duration::from_millis(10);
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => {
+                backoff = Duration::from_millis(10);
+                stream
+            }
+            Err(e) => {
+                warn!(error = %e, retry_in = ?backoff, "accepting a metrics connection failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
         };
         let telemetry = telemetry.clone();
         tokio::spawn(async move {

@@ -1,18 +1,23 @@
 //! The metrics: sync timing and errors, Services per mode, warnings by
 //! reason, and the eBPF datapath's own counters.
+use crate::datapath::Counters;
 use crate::model::{Mode, Outcome};
 use prometheus_client::{
-    encoding::text::encode,
+    collector::Collector,
+    encoding::{text::encode, DescriptorEncoder, EncodeMetric},
     metrics::{
-        counter::Counter,
+        counter::{ConstCounter, Counter},
         family::Family,
         gauge::Gauge,
         histogram::{exponential_buckets, Histogram},
+        MetricType,
     },
     registry::Registry,
 };
-use serde_json::Value;
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+};
 
 type Labels = Vec<(String, String)>;
 
@@ -24,9 +29,54 @@ pub struct Metrics {
     unmapped: Gauge,
     warnings: Family<Labels, Gauge>,
     datapath_elements: Gauge,
-    service_packets: Family<Labels, Gauge>,
-    service_bytes: Family<Labels, Gauge>,
-    drops: Family<Labels, Gauge>,
+    /// The datapath's counters as last read: exported as counters by
+    /// [`DatapathCounters`] (the kernel keeps them; we only copy them).
+    datapath_counters: Arc<Mutex<Counters>>,
+}
+
+/// Exports the kernel's own monotonic counts as Prometheus counters
+/// (`_total`), not gauges: a reset (a map re-created) shows as a counter
+/// reset, which `rate()` handles.
+#[derive(Debug)]
+struct DatapathCounters(Arc<Mutex<Counters>>);
+
+impl Collector for DatapathCounters {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let c = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let families: [(&str, &str, bool); 2] = [
+            (
+                "service_packets",
+                "Packets rewritten per LoadBalancer IP and direction (eBPF datapath)",
+                true,
+            ),
+            (
+                "service_bytes",
+                "Bytes rewritten per LoadBalancer IP and direction (eBPF datapath)",
+                false,
+            ),
+        ];
+        for (name, help, packets) in families {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (lb, s) in &c.services {
+                for (dir, count) in [("ingress", s.ingress), ("egress", s.egress)] {
+                    let value = if packets { count.packets } else { count.bytes };
+                    let l = labels(&[("lb_ip", &lb.to_string()), ("direction", dir)]);
+                    ConstCounter::new(value).encode(family.encode_family(&l)?)?;
+                }
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "drops",
+            "Packets dropped by the datapath, by reason (eBPF datapath)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, count) in &c.drops {
+            let l = labels(&[("reason", reason)]);
+            ConstCounter::new(count.packets).encode(family.encode_family(&l)?)?;
+        }
+        Ok(())
+    }
 }
 
 impl Default for Metrics {
@@ -53,9 +103,7 @@ impl Metrics {
             unmapped: Gauge::default(),
             warnings: Family::default(),
             datapath_elements: Gauge::default(),
-            service_packets: Family::default(),
-            service_bytes: Family::default(),
-            drops: Family::default(),
+            datapath_counters: Arc::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -88,21 +136,7 @@ impl Metrics {
             "Elements in the datapath's maps and sets",
             m.datapath_elements.clone(),
         );
-        registry.register(
-            "service_packets",
-            "Packets rewritten per LoadBalancer IP and direction (eBPF datapath)",
-            m.service_packets.clone(),
-        );
-        registry.register(
-            "service_bytes",
-            "Bytes rewritten per LoadBalancer IP and direction (eBPF datapath)",
-            m.service_bytes.clone(),
-        );
-        registry.register(
-            "drops",
-            "Packets dropped by the datapath, by reason (eBPF datapath)",
-            m.drops.clone(),
-        );
+        registry.register_collector(Box::new(DatapathCounters(m.datapath_counters.clone())));
         Metrics { registry, ..m }
     }
 
@@ -140,31 +174,12 @@ impl Metrics {
         self.datapath_elements.set(elements as i64);
     }
 
-    /// Copies the datapath's own counters (the `counters` of an eBPF dump).
-    pub fn observe_datapath_counters(&self, counters: &Value) {
-        let n = |v: &Value| v.as_u64().unwrap_or(0) as i64;
-        self.service_packets.clear();
-        self.service_bytes.clear();
-        if let Some(services) = counters["services"].as_object() {
-            for (lb, c) in services {
-                for dir in ["ingress", "egress"] {
-                    let l = labels(&[("lb_ip", lb), ("direction", dir)]);
-                    self.service_packets
-                        .get_or_create(&l)
-                        .set(n(&c[format!("{dir}_packets")]));
-                    self.service_bytes
-                        .get_or_create(&l)
-                        .set(n(&c[format!("{dir}_bytes")]));
-                }
-            }
-        }
-        if let Some(drops) = counters["drops"].as_object() {
-            for (reason, c) in drops {
-                self.drops
-                    .get_or_create(&labels(&[("reason", reason)]))
-                    .set(n(&c["packets"]));
-            }
-        }
+    /// Keeps the datapath's own counters for the next scrape.
+    pub fn observe_datapath_counters(&self, counters: &Counters) {
+        *self
+            .datapath_counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = counters.clone();
     }
 
     /// The Prometheus text exposition.

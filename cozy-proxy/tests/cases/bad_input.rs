@@ -1,8 +1,8 @@
 //! Scenarios 17-20: bad input. The controller keeps running, every other
 //! Service keeps working, and the problem is reported.
-use super::WEB;
-use crate::harness::{manifests::Svc, Env};
 use anyhow::{ensure, Result};
+use cozy_proxy_testkit::scenario::WEB;
+use cozy_proxy_testkit::{manifests::Svc, Env};
 
 /// Scenario 17: wholeIP / allowICMP neither "true" nor "false": warning, fail closed.
 pub fn s17_invalid_annotation(env: &mut Env) -> Result<()> {

@@ -1,12 +1,12 @@
 //! Scenarios 12-16: changes to live Services and restarts.
-use super::WEB;
-use crate::harness::{
+use anyhow::{ensure, Context, Result};
+use cozy_proxy_testkit::scenario::WEB;
+use cozy_proxy_testkit::{
     manifests::Svc,
     sh::Proc,
     traffic::{eventually, Capture, SETTLE},
     Env,
 };
-use anyhow::{ensure, Context, Result};
 use std::{fs, process::Stdio, time::Duration};
 
 /// Scenario 12: true -> false -> true takes effect without touching other Services.

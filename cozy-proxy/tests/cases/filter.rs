@@ -1,12 +1,12 @@
 //! Scenarios 7-11: port filter (wholeIP "false").
-use super::WEB;
-use crate::harness::{
+use anyhow::{ensure, Result};
+use cozy_proxy_testkit::scenario::WEB;
+use cozy_proxy_testkit::{
     manifests::Svc,
     net::Fam,
     traffic::{udp_request, Capture},
     Env,
 };
-use anyhow::{ensure, Result};
 
 fn filtered(env: &Env, allow_icmp: Option<&str>) -> Svc {
     let mut svc = Svc::new("vm1", env.lb(0)).filter(&[("TCP", 22), ("UDP", 53)]);

@@ -1,6 +1,7 @@
 //! Scenarios 1-6: passthrough (wholeIP "true" or absent).
-use super::WEB;
-use crate::harness::{
+use anyhow::{ensure, Context, Result};
+use cozy_proxy_testkit::scenario::WEB;
+use cozy_proxy_testkit::{
     manifests::Svc,
     traffic::{
         conntrack, echo_requests_received, eventually, ping, send_raw, tcp_request, RawReceiver,
@@ -8,7 +9,6 @@ use crate::harness::{
     },
     Env,
 };
-use anyhow::{ensure, Context, Result};
 
 fn vm1(env: &mut Env) -> Result<()> {
     env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
@@ -94,13 +94,13 @@ pub fn s06_conntrack_one_entry(env: &mut Env) -> Result<()> {
     // which an exchange fails (a busy machine) is started over, from a
     // flushed table again, so a retry never counts twice.
     eventually(SETTLE, || {
-        crate::harness::sh::ok_in(&node, &["conntrack", "-F"])?;
+        cozy_proxy_testkit::sh::ok_in(&node, &["conntrack", "-F"])?;
         ping(&ext, env.lb(0))?;
         tcp_request(&ext, env.lb(0), WEB)?;
         tcp_request(&env.pod_ns(1), env.net.ext, 7000)
     })?;
     let fam = env.fam();
-    let icmp = if fam == crate::harness::net::Fam::V4 {
+    let icmp = if fam == cozy_proxy_testkit::net::Fam::V4 {
         "icmp"
     } else {
         "icmpv6"

@@ -1,11 +1,7 @@
 //! The local demo: network namespaces as node, pods and an outside client,
 //! the real `cozy-proxy run` on the manifests of `examples/demo/`, and real
 //! traffic showing the 1:1 NAT. Run with `cargo xtask demo` (needs root).
-#[path = "../tests/cases/mod.rs"]
-#[allow(dead_code)]
-mod cases;
-#[path = "../tests/harness/mod.rs"]
-mod harness;
+use cozy_proxy_testkit as harness;
 
 use anyhow::{Context, Result};
 use harness::{

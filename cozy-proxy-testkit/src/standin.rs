@@ -1,6 +1,6 @@
-//! A stand-in for the Kubernetes API server, for tests: no kube-apiserver
-//! can be installed on these machines, so the real kube-rs client code of
-//! `cozy-proxy run` is exercised against this instead.
+//! A stand-in for the Kubernetes API server, for tests: the real kube-rs
+//! client code of `cozy-proxy run` is exercised against it where a real
+//! API server is not (yet) used.
 //!
 //! It serves what cozy-proxy uses, the way the API server does: list and
 //! watch (`?watch=true&resourceVersion=N`, chunked JSON lines, bookmarks,
@@ -479,17 +479,82 @@ async fn handle(server: Arc<Server>, mut stream: TcpStream) -> std::io::Result<(
     }
 }
 
-#[tokio::main]
-async fn main() -> std::io::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
-    let dir = PathBuf::from(arg("--dir").expect("--dir DIR"));
-    let listen = arg("--listen").unwrap_or_else(|| "127.0.0.1:6443".into());
+/// The stand-in running on a thread of its own, entered into a network
+/// namespace: dropping it stops the server and closes every connection (as
+/// an API server that dies).
+pub struct Running {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Serves `dir` on `listen` inside network namespace `netns` (a name
+    /// under /var/run/netns).
+    pub fn start(netns: &str, dir: PathBuf, listen: &str) -> std::io::Result<Running> {
+        let ns = std::fs::File::open(format!("/var/run/netns/{netns}"))?;
+        let listen = listen.to_string();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (bound, ready) = std::sync::mpsc::channel::<std::io::Result<()>>();
+        let thread = std::thread::spawn(move || {
+            use std::os::fd::AsRawFd;
+            // SAFETY: setns on a namespace file we opened; it affects only
+            // this thread, which owns the runtime below.
+            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                let _ = bound.send(Err(std::io::Error::last_os_error()));
+                return;
+            }
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = bound.send(Err(e));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let listener = match TcpListener::bind(&listen).await {
+                    Ok(l) => {
+                        let _ = bound.send(Ok(()));
+                        l
+                    }
+                    Err(e) => {
+                        let _ = bound.send(Err(e));
+                        return;
+                    }
+                };
+                tokio::select! {
+                    _ = serve(listener, dir) => {}
+                    _ = stopped => {}
+                }
+            });
+            // Dropping the runtime drops every connection task.
+        });
+        match ready.recv() {
+            Ok(Ok(())) => Ok(Running {
+                stop: Some(stop),
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(std::io::Error::other("the stand-in thread died")),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Serves the objects of `dir` (rescanned every 50 ms) until dropped.
+pub async fn serve(listener: TcpListener, dir: PathBuf) {
     let (changes, _) = broadcast::channel(4096);
     let (epoch, _) = watch::channel(0);
     let start = now_rv();
@@ -505,8 +570,6 @@ async fn main() -> std::io::Result<()> {
         epoch,
     });
     server.rescan(&dir);
-    let listener = TcpListener::bind(&listen).await?;
-    eprintln!("kube stand-in serving {} on {listen}", dir.display());
     let scanner = server.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(50));
@@ -516,7 +579,10 @@ async fn main() -> std::io::Result<()> {
         }
     });
     loop {
-        let (stream, _) = listener.accept().await?;
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
         let server = server.clone();
         tokio::spawn(async move {
             let _ = handle(server, stream).await;

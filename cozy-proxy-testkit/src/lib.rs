@@ -1,11 +1,14 @@
-//! The scenario harness: a topology, the real `cozy-proxy` binary running in
-//! the node namespace on a manifest directory, and helpers to check both the
-//! kernel state (through `cozy-proxy dump`) and real traffic.
-#![allow(dead_code)]
+//! Test support for cozy-proxy (dev-only): the scenario harness (a
+//! network-namespace topology, the real `cozy-proxy` binary running in the
+//! node namespace, and helpers to check both the kernel state through
+//! `cozy-proxy dump` and real traffic), and the Kubernetes API stand-in.
+//! The tests, the demo and the benchmarks share it.
 
 pub mod manifests;
 pub mod net;
+pub mod scenario;
 pub mod sh;
+pub mod standin;
 pub mod topology;
 pub mod traffic;
 
@@ -17,13 +20,25 @@ use sh::{ok_in, Proc};
 use std::{fs, path::PathBuf, process::Stdio, time::Duration};
 use topology::Topology;
 
-/// The cozy-proxy binary under test: cargo's own for tests, or
-/// `COZY_PROXY_BIN` (the demo sets it).
+/// The cozy-proxy binary under test: `COZY_PROXY_BIN` (xtask sets it for
+/// the demo and the benchmarks), else the one cargo built beside the
+/// running executable (`target/<profile>/` for a bin, its parent for a test
+/// in `deps/`), else `cozy-proxy` on PATH.
 pub fn bin() -> String {
-    std::env::var("COZY_PROXY_BIN")
-        .ok()
-        .or(option_env!("CARGO_BIN_EXE_cozy-proxy").map(String::from))
-        .unwrap_or_else(|| "cozy-proxy".into())
+    if let Ok(b) = std::env::var("COZY_PROXY_BIN") {
+        return b;
+    }
+    let exe = std::env::current_exe().ok();
+    let dirs = exe
+        .iter()
+        .flat_map(|e| e.ancestors().skip(1).take(2))
+        .map(|d| d.join("cozy-proxy"));
+    for candidate in dirs {
+        if candidate.is_file() {
+            return candidate.display().to_string();
+        }
+    }
+    "cozy-proxy".into()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,17 +87,17 @@ pub enum SourceKind {
     /// `--manifests DIR`: the standalone source.
     Manifests,
     /// `--kubeconfig`: the real kube-rs client against the API stand-in
-    /// (`examples/kube_standin.rs`), which serves the same directory.
+    /// (`standin`), which serves the same directory.
     Kube,
 }
 
-/// The Kubernetes API stand-in, in the node namespace on 127.0.0.1:6443.
+/// The Kubernetes API stand-in, serving the manifest directory in the node
+/// namespace on 127.0.0.1:6443 (in this process, on a thread of its own).
 pub struct StandIn {
-    proc: Option<Proc>,
+    server: Option<standin::Running>,
     ns: String,
     dir: PathBuf,
     pub kubeconfig: PathBuf,
-    log: PathBuf,
 }
 
 pub const STANDIN_URL: &str = "http://127.0.0.1:6443";
@@ -99,42 +114,27 @@ impl StandIn {
             ),
         )?;
         let mut s = StandIn {
-            proc: None,
+            server: None,
             ns: ns.into(),
             dir,
             kubeconfig,
-            log: scratch.with_extension("standin.log"),
         };
         s.spawn()?;
         Ok(s)
     }
 
     fn spawn(&mut self) -> Result<()> {
-        let exe = std::path::Path::new(&bin())
-            .parent()
-            .map(|p| p.join("examples/kube_standin"))
-            .context("stand-in path")?;
-        if !exe.exists() {
-            bail!("{} missing: cargo test builds the examples", exe.display());
-        }
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)?;
-        let exe = exe.display().to_string();
-        let dir = self.dir.display().to_string();
-        self.proc = Some(Proc::spawn_in(
+        self.server = Some(standin::Running::start(
             &self.ns,
-            &[&exe, "--dir", &dir, "--listen", "127.0.0.1:6443"],
-            Stdio::null(),
-            Stdio::from(log),
+            self.dir.clone(),
+            "127.0.0.1:6443",
         )?);
         traffic::eventually(Duration::from_secs(3), || self.get("/version").map(|_| ()))
     }
 
-    /// Kills the stand-in (an API server outage).
+    /// Stops the stand-in: every connection closes (an API server outage).
     pub fn stop(&mut self) {
-        self.proc = None;
+        self.server = None;
     }
 
     pub fn restart(&mut self) -> Result<()> {

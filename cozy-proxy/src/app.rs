@@ -1,0 +1,201 @@
+//! `cozy-proxy run`, wired together: the metrics server, the source
+//! (manifests or the Kubernetes API), the node's datapath on its own thread,
+//! the controller loop, and what happens at shutdown.
+use crate::backend::{self, BackendConfig, Choice, NodeDatapath};
+use crate::controller::{self, LoopSettings, RunContext, WarningSink};
+use crate::datapath::{worker::Worker, BackendKind, Datapath};
+use crate::ebpf::{EbpfConfig, Interfaces};
+use crate::events::EventPublisher;
+use crate::node;
+use crate::reconcile::Reconciler;
+use crate::source::{kube::KubeSource, ManifestSource, Source};
+use crate::telemetry::{self, Telemetry};
+use anyhow::{Context, Result};
+use std::{future::Future, path::PathBuf, time::Duration};
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::info;
+
+/// Where the eBPF backend keeps its state, and where it attaches.
+#[derive(clap::Args, Clone, Debug)]
+pub struct EbpfArgs {
+    /// bpffs directory of the pinned maps and links.
+    #[arg(long, env = "COZY_PROXY_BPF_PIN_DIR", default_value = crate::ebpf::PIN_DIR)]
+    pub bpf_pin_dir: PathBuf,
+    /// "auto" (every Ethernet interface, following new ones) or a
+    /// comma-separated list.
+    #[arg(long, env = "COZY_PROXY_INTERFACES", default_value = "auto")]
+    pub interfaces: Interfaces,
+}
+
+impl EbpfArgs {
+    pub fn config(&self) -> BackendConfig {
+        BackendConfig {
+            ebpf: EbpfConfig {
+                pin_dir: self.bpf_pin_dir.clone(),
+                interfaces: self.interfaces.clone(),
+            },
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    #[arg(long, env = "COZY_PROXY_BACKEND", value_enum, default_value_t = Choice::Auto)]
+    pub backend: Choice,
+    #[command(flatten)]
+    pub ebpf: EbpfArgs,
+    /// Standalone: read Services and EndpointSlices from YAML/JSON manifests
+    /// in DIR (re-applied within a second of any change) instead of the
+    /// Kubernetes API.
+    #[arg(long, value_name = "DIR")]
+    pub manifests: Option<PathBuf>,
+    /// Kubernetes API access from this kubeconfig (default: in-cluster
+    /// service account, else $KUBECONFIG or ~/.kube/config).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name (the DaemonSet sets it from the downward API).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Our DaemonSet, as NAMESPACE/NAME: at shutdown, if it is gone or being
+    /// deleted (an uninstall), the datapath is removed; otherwise (a restart,
+    /// a rolling update) it stays.
+    #[arg(long, env = "COZY_PROXY_DAEMONSET")]
+    pub daemonset: Option<String>,
+    /// Address of /metrics, /healthz and /readyz ("" to disable).
+    #[arg(long, env = "COZY_PROXY_METRICS_ADDR", default_value = "0.0.0.0:9402")]
+    pub metrics_addr: String,
+    /// How often the manifest directory is checked for changes.
+    #[arg(long, default_value = "250ms", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+    /// How long to coalesce a burst of API events before reconciling.
+    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+    pub debounce: Duration,
+    /// How often the kernel state is read again and drift repaired.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub resync: Duration,
+    /// How often the datapath's traffic counters are copied into /metrics.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub counters_interval: Duration,
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((s, "s"), |i| (&s[..i], &s[i..]));
+    let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("invalid duration unit in {s:?} (use ms, s or m)")),
+    }
+}
+
+/// Resolves at SIGTERM or SIGINT. The handlers are registered when this is
+/// called (not when first polled), so a signal that comes early is not lost
+/// to the default action.
+fn shutdown_signal() -> Result<impl Future<Output = ()>> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
+}
+
+async fn kube_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no in-cluster config or kubeconfig")?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// The node's datapath, started on its own thread.
+fn start_datapath(choice: Choice, cfg: BackendConfig) -> Result<Worker<Reconciler<NodeDatapath>>> {
+    Worker::spawn("datapath", move || {
+        NodeDatapath::start(choice, cfg).map(Reconciler::new)
+    })
+    .context("starting the datapath")
+}
+
+pub async fn run(args: RunArgs) -> Result<()> {
+    let shutdown = shutdown_signal()?;
+    let telemetry = Telemetry::new();
+    if !args.metrics_addr.is_empty() {
+        let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
+            .await
+            .with_context(|| format!("listening on {}", args.metrics_addr))?;
+        tokio::spawn(telemetry::serve(listener, telemetry.clone()));
+    }
+    let settings = LoopSettings {
+        debounce: args.debounce,
+        resync: args.resync,
+        upkeep: Duration::from_secs(1),
+        counters: args.counters_interval,
+    };
+    let cfg = args.ebpf.config();
+    if let Some(dir) = &args.manifests {
+        let source = ManifestSource::new(dir.clone(), args.poll_interval);
+        let datapath = start_datapath(args.backend, cfg)?;
+        run_loop(
+            datapath,
+            source,
+            telemetry,
+            settings,
+            Box::new(|_| {}),
+            shutdown,
+        )
+        .await;
+        return Ok(());
+    }
+    let client = kube_client(args.kubeconfig.as_ref()).await?;
+    let mut choice = args.backend;
+    if let Some(name) = &args.node_name {
+        if let Some(b) = node::backend_label(&client, name).await {
+            choice = b;
+        }
+    }
+    let source = KubeSource::start(client.clone());
+    let events = EventPublisher::new(client.clone(), args.node_name.clone());
+    let uids = source.uid_lookup();
+    let sink: WarningSink =
+        Box::new(move |w| events.publish(w, |ns, name| uids.service_uid(ns, name)));
+    let datapath = start_datapath(choice, cfg.clone())?;
+    run_loop(datapath, source, telemetry, settings, sink, shutdown).await;
+    if let Some(ds) = &args.daemonset {
+        if node::uninstalling(&client, ds).await {
+            info!(daemonset = %ds, "our DaemonSet is gone: uninstall; removing the datapath");
+            tokio::task::spawn_blocking(move || backend::remove(&BackendKind::ALL, &cfg)).await??;
+        } else {
+            info!(daemonset = %ds, "our DaemonSet remains: the datapath stays for the next pod");
+        }
+    }
+    Ok(())
+}
+
+async fn run_loop<D: Datapath + 'static, S: Source>(
+    datapath: Worker<Reconciler<D>>,
+    source: S,
+    telemetry: Telemetry,
+    settings: LoopSettings,
+    on_warnings: WarningSink,
+    shutdown: impl Future<Output = ()>,
+) {
+    let ctx = RunContext {
+        datapath,
+        source,
+        telemetry,
+        settings,
+        on_warnings,
+    };
+    controller::run(ctx, shutdown).await;
+}

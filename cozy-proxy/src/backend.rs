@@ -1,0 +1,172 @@
+//! The datapath a node runs: chosen at start (flag, node label, or auto),
+//! owned for the life of the controller, and the only way anything else
+//! reaches a backend. Once the chosen backend has synced, the other
+//! backend's state is removed, so switching a node's backend leaves nothing
+//! behind and never leaves a gap (both translate the same way).
+use crate::datapath::{BackendKind, Counters, Datapath, DatapathState, Dump, SyncReport, Synced};
+use crate::ebpf::{EbpfConfig, EbpfError, EbpfKernel};
+use crate::nft::{NftError, NftKernel};
+use tracing::{info, warn};
+
+/// What the operator asks for (`--backend`, or the node label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Choice {
+    Nft,
+    Ebpf,
+    /// eBPF where the kernel loads it, nftables otherwise.
+    Auto,
+}
+
+impl std::str::FromStr for Choice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        <Choice as clap::ValueEnum>::from_str(s, true)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("nft datapath: {0}")]
+    Nft(#[from] NftError),
+    #[error("eBPF datapath: {0}")]
+    Ebpf(#[from] EbpfError),
+    #[error("starting the datapath thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// Where each backend keeps its state.
+#[derive(Clone, Debug)]
+pub struct BackendConfig {
+    pub ebpf: EbpfConfig,
+}
+
+enum Running {
+    Nft(Synced<NftKernel>),
+    Ebpf(Box<Synced<EbpfKernel>>),
+}
+
+/// Calls `$body` with the running backend bound to `$d`.
+macro_rules! running {
+    ($self:expr, $d:ident => $body:expr) => {
+        match $self {
+            Running::Nft($d) => $body.map_err(BackendError::from),
+            Running::Ebpf($d) => $body.map_err(BackendError::from),
+        }
+    };
+}
+
+/// The node's datapath.
+pub struct NodeDatapath {
+    running: Running,
+    cfg: BackendConfig,
+    /// The other backend, removed after our first successful sync.
+    retire: Option<BackendKind>,
+}
+
+impl NodeDatapath {
+    /// Starts the backend `choice` names. `auto` falls back to nftables
+    /// (with a warning) where the eBPF programs cannot be loaded.
+    pub fn start(choice: Choice, cfg: BackendConfig) -> Result<Self, BackendError> {
+        let ebpf = match choice {
+            Choice::Nft => None,
+            Choice::Ebpf => Some(EbpfKernel::start(cfg.ebpf.clone())?),
+            Choice::Auto => match EbpfKernel::start(cfg.ebpf.clone()) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    warn!(error = %e, "eBPF datapath unavailable on this node; using nftables");
+                    None
+                }
+            },
+        };
+        let running = match ebpf {
+            Some(k) => Running::Ebpf(Box::new(Synced::new(k))),
+            None => Running::Nft(Synced::new(NftKernel::new()?)),
+        };
+        let kind = match &running {
+            Running::Nft(_) => BackendKind::Nft,
+            Running::Ebpf(_) => BackendKind::Ebpf,
+        };
+        info!(backend = %kind, "datapath chosen");
+        Ok(NodeDatapath {
+            running,
+            cfg,
+            retire: BackendKind::ALL.into_iter().find(|k| *k != kind),
+        })
+    }
+}
+
+/// A backend's installed state, opened without running it: what `cozy-proxy
+/// dump` and `cleanup` (and an uninstall) work on.
+pub struct Installed(Running);
+
+pub fn installed(kind: BackendKind, cfg: &BackendConfig) -> Result<Installed, BackendError> {
+    Ok(Installed(match kind {
+        BackendKind::Nft => Running::Nft(Synced::new(NftKernel::new()?)),
+        BackendKind::Ebpf => {
+            Running::Ebpf(Box::new(Synced::new(EbpfKernel::open(cfg.ebpf.clone())?)))
+        }
+    }))
+}
+
+impl Installed {
+    pub fn dump(&self) -> Result<Dump, BackendError> {
+        running!(&self.0, d => d.dump())
+    }
+
+    pub fn cleanup(&mut self) -> Result<(), BackendError> {
+        running!(&mut self.0, d => d.cleanup())
+    }
+}
+
+/// Removes every named backend's state (an uninstall, `cozy-proxy cleanup`).
+pub fn remove(kinds: &[BackendKind], cfg: &BackendConfig) -> Result<(), BackendError> {
+    for kind in kinds {
+        installed(*kind, cfg)?.cleanup()?;
+        info!(backend = %kind, "removed the datapath");
+    }
+    Ok(())
+}
+
+impl Datapath for NodeDatapath {
+    type Error = BackendError;
+
+    fn kind(&self) -> BackendKind {
+        match &self.running {
+            Running::Nft(_) => BackendKind::Nft,
+            Running::Ebpf(_) => BackendKind::Ebpf,
+        }
+    }
+
+    fn sync(&mut self, desired: &DatapathState) -> Result<SyncReport, BackendError> {
+        let report = running!(&mut self.running, d => d.sync(desired))?;
+        if let Some(other) = self.retire.take() {
+            if let Err(e) = remove(&[other], &self.cfg) {
+                warn!(backend = %other, error = %e, "removing the other backend's datapath failed");
+            }
+        }
+        Ok(report)
+    }
+
+    fn forget(&mut self) {
+        match &mut self.running {
+            Running::Nft(d) => d.forget(),
+            Running::Ebpf(d) => d.forget(),
+        }
+    }
+
+    fn upkeep(&mut self) -> Result<(), BackendError> {
+        running!(&mut self.running, d => d.upkeep())
+    }
+
+    fn dump(&self) -> Result<Dump, BackendError> {
+        running!(&self.running, d => d.dump())
+    }
+
+    fn counters(&self) -> Result<Counters, BackendError> {
+        running!(&self.running, d => d.counters())
+    }
+
+    fn cleanup(&mut self) -> Result<(), BackendError> {
+        running!(&mut self.running, d => d.cleanup())
+    }
+}

@@ -1,0 +1,143 @@
+//! An in-memory [`Kernel`]: the reconcile loop and the controller are
+//! tested with it, without root. A [`FakeHandle`] lets a test play the rest
+//! of the world: change the "kernel" behind the backend's back (drift),
+//! make the next operations fail, and see what was applied.
+use super::{Applied, BackendKind, DatapathState, Dump, Kernel, StateDiff};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+#[derive(Debug, thiserror::Error)]
+#[error("fake kernel: {0}")]
+pub struct FakeError(pub String);
+
+#[derive(Debug, Default)]
+pub struct FakeWorld {
+    /// What the fake kernel holds.
+    pub kernel: DatapathState,
+    /// Whether our schema (tables, programs) is in place.
+    pub schema: bool,
+    /// The next this many reads or applies fail.
+    pub failures: usize,
+    pub reads: usize,
+    pub applies: usize,
+    pub upkeeps: usize,
+}
+
+/// The test's side of a [`FakeKernel`].
+#[derive(Clone, Debug, Default)]
+pub struct FakeHandle(Arc<Mutex<FakeWorld>>);
+
+impl FakeHandle {
+    pub fn world(&self) -> MutexGuard<'_, FakeWorld> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+pub struct FakeKernel {
+    world: FakeHandle,
+}
+
+impl FakeKernel {
+    pub fn new() -> (FakeKernel, FakeHandle) {
+        let world = FakeHandle::default();
+        (
+            FakeKernel {
+                world: world.clone(),
+            },
+            world,
+        )
+    }
+
+    fn step(&self) -> Result<MutexGuard<'_, FakeWorld>, FakeError> {
+        let mut w = self.world.world();
+        if w.failures > 0 {
+            w.failures -= 1;
+            return Err(FakeError("injected failure".into()));
+        }
+        Ok(w)
+    }
+}
+
+impl Kernel for FakeKernel {
+    type Error = FakeError;
+    type Found = bool;
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::Nft
+    }
+
+    fn read(&mut self) -> Result<(DatapathState, bool), FakeError> {
+        let mut w = self.step()?;
+        w.reads += 1;
+        Ok((w.kernel.clone(), w.schema))
+    }
+
+    /// Applies like a kernel would: removing an absent element or adding a
+    /// present one fails the whole step (as an nf_tables batch does).
+    fn apply(
+        &mut self,
+        diff: &StateDiff,
+        _desired: &DatapathState,
+        found: Option<bool>,
+    ) -> Result<Applied, FakeError> {
+        let mut w = self.step()?;
+        w.applies += 1;
+        let mut next = w.kernel.clone();
+        let gone = |what: &str| FakeError(format!("{what}: no such element"));
+        for (k, _) in &diff.svc_pod.remove {
+            next.svc_pod.remove(k).ok_or_else(|| gone("svc_pod"))?;
+        }
+        for (k, _) in &diff.pod_svc.remove {
+            next.pod_svc.remove(k).ok_or_else(|| gone("pod_svc"))?;
+        }
+        for p in &diff.allowed_ports.remove {
+            next.allowed_ports
+                .remove(p)
+                .then_some(())
+                .ok_or_else(|| gone("allowed_ports"))?;
+        }
+        for (set, change) in [
+            (&mut next.filtered_pods, &diff.filtered_pods),
+            (&mut next.icmp_allowed_pods, &diff.icmp_allowed_pods),
+            (&mut next.unmapped_lbs, &diff.unmapped_lbs),
+        ] {
+            for ip in &change.remove {
+                set.remove(ip).then_some(()).ok_or_else(|| gone("set"))?;
+            }
+            set.extend(change.add.iter().copied());
+        }
+        next.svc_pod.extend(diff.svc_pod.add.iter().copied());
+        next.pod_svc.extend(diff.pod_svc.add.iter().copied());
+        next.allowed_ports
+            .extend(diff.allowed_ports.add.iter().copied());
+        w.kernel = next;
+        let installed_schema = found == Some(false);
+        w.schema = true;
+        Ok(Applied {
+            extra_changes: 0,
+            installed_schema,
+        })
+    }
+
+    fn upkeep(&mut self) -> Result<(), FakeError> {
+        self.world.world().upkeeps += 1;
+        Ok(())
+    }
+
+    fn dump(&self) -> Result<Dump, FakeError> {
+        let w = self.world.world();
+        Ok(Dump {
+            backend: BackendKind::Nft,
+            installed: w.schema,
+            state: w.kernel.clone(),
+            counters: Default::default(),
+            details: serde_json::Value::Null,
+        })
+    }
+
+    fn cleanup(&mut self) -> Result<(), FakeError> {
+        let mut w = self.step()?;
+        w.kernel = DatapathState::default();
+        w.schema = false;
+        Ok(())
+    }
+}

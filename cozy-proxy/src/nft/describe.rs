@@ -1,0 +1,237 @@
+//! Golden tests of the pure encoder: a batch decoded with the project's own
+//! codec into one line per message, in `nft`-like words, compared with the
+//! text it must be. As kube-proxy checks its transactions against
+//! `knftables.Fake`, without root and without a kernel; the real `nft -j`
+//! tests (tests/nft_ruleset.rs) check the same encoder against the kernel.
+use super::encode::{cleanup_batch, sync_batch, Install, ELEMENTS_PER_MESSAGE};
+use super::schema::{IPV4, IPV6, LAYOUTS};
+use super::sys::*;
+use crate::datapath::{AllowedPort, DatapathState};
+use crate::netlink::wire::{attr, attr_data, attr_str, attr_u32, attrs, messages};
+use std::net::IpAddr;
+
+fn family(f: u8) -> &'static str {
+    match f {
+        NFPROTO_IPV4 => "ip",
+        NFPROTO_IPV6 => "ip6",
+        _ => "unspec",
+    }
+}
+
+fn address(b: &[u8]) -> String {
+    match b.len() {
+        4 => IpAddr::from(<[u8; 4]>::try_from(b).expect("4 bytes")).to_string(),
+        16 => IpAddr::from(<[u8; 16]>::try_from(b).expect("16 bytes")).to_string(),
+        _ => format!("{b:?}"),
+    }
+}
+
+/// `addr . proto . port` for a port key, the address otherwise.
+fn key_text(set: &str, k: &[u8]) -> String {
+    if set == super::schema::ALLOWED_PORTS {
+        for l in LAYOUTS {
+            if let Some((ip, proto, port)) = l.parse_port_key(k) {
+                return format!("{ip} . {proto} . {port}");
+            }
+        }
+    }
+    address(k)
+}
+
+fn expressions(rule: &[u8]) -> String {
+    let Some(exprs) = attr(rule, NFTA_RULE_EXPRESSIONS) else {
+        return String::new();
+    };
+    attrs(exprs)
+        .filter_map(|(_, e)| attr_str(e, NFTA_EXPR_NAME))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// One line per message of the batch (BATCH_BEGIN/END left out).
+pub fn describe(bytes: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    for m in messages(bytes) {
+        if m.msg_type >> 8 != NFNL_SUBSYS_NFTABLES {
+            continue;
+        }
+        let fam = family(m.payload[0]);
+        let body = &m.payload[4..];
+        let name = |a| attr_str(body, a).unwrap_or_default();
+        let line = match m.msg_type & 0xff {
+            NFT_MSG_NEWTABLE => format!(
+                "add table {fam} {} (mark {})",
+                name(NFTA_TABLE_NAME),
+                attr(body, NFTA_TABLE_USERDATA).is_some_and(|u| u == super::schema::SCHEMA_MARK)
+            ),
+            NFT_MSG_DELTABLE => format!("delete table {fam} {}", name(NFTA_TABLE_NAME)),
+            NFT_MSG_NEWSET => format!(
+                "add set {fam} {} key {}/{} data {:?} flags {}",
+                name(NFTA_SET_NAME),
+                attr_u32(body, NFTA_SET_KEY_TYPE).unwrap_or(0),
+                attr_u32(body, NFTA_SET_KEY_LEN).unwrap_or(0),
+                attr_u32(body, NFTA_SET_DATA_TYPE).zip(attr_u32(body, NFTA_SET_DATA_LEN)),
+                attr_u32(body, NFTA_SET_FLAGS).unwrap_or(0),
+            ),
+            NFT_MSG_NEWCHAIN => {
+                let hook = attr(body, NFTA_CHAIN_HOOK).unwrap_or(&[]);
+                format!(
+                    "add chain {fam} {} hook {} priority {} type {}",
+                    name(NFTA_CHAIN_NAME),
+                    attr_u32(hook, NFTA_HOOK_HOOKNUM).unwrap_or(99),
+                    attr_u32(hook, NFTA_HOOK_PRIORITY).unwrap_or(0) as i32,
+                    name(NFTA_CHAIN_TYPE)
+                )
+            }
+            NFT_MSG_DELRULE => format!("flush chain {fam} {}", name(NFTA_RULE_CHAIN)),
+            NFT_MSG_NEWRULE => format!(
+                "add rule {fam} {}: {}",
+                name(NFTA_RULE_CHAIN),
+                expressions(body)
+            ),
+            t @ (NFT_MSG_NEWSETELEM | NFT_MSG_DELSETELEM) => {
+                let set = name(NFTA_SET_ELEM_LIST_SET);
+                let list = attr(body, NFTA_SET_ELEM_LIST_ELEMENTS).unwrap_or(&[]);
+                let elems: Vec<String> = attrs(list)
+                    .map(|(_, e)| {
+                        let key = key_text(&set, attr_data(e, NFTA_SET_ELEM_KEY).unwrap_or(&[]));
+                        match attr_data(e, NFTA_SET_ELEM_DATA) {
+                            Some(v) => format!("{key} : {}", address(v)),
+                            None => key,
+                        }
+                    })
+                    .collect();
+                let verb = if t == NFT_MSG_NEWSETELEM {
+                    "add"
+                } else {
+                    "delete"
+                };
+                format!("{verb} element {fam} {set} {{ {} }}", elems.join(", "))
+            }
+            other => format!("message {other}"),
+        };
+        out.push(line);
+    }
+    out
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("test constant")
+}
+
+fn state(entries: &[(&str, &str)], filtered: &[(&str, u8, u16)]) -> DatapathState {
+    let mut s = DatapathState::default();
+    for (lb, pod) in entries {
+        s.svc_pod.insert(ip(lb), ip(pod));
+        s.pod_svc.insert(ip(pod), ip(lb));
+    }
+    for (pod, proto, port) in filtered {
+        s.filtered_pods.insert(ip(pod));
+        s.allowed_ports.insert(AllowedPort {
+            pod: ip(pod),
+            proto: *proto,
+            port: *port,
+        });
+    }
+    s
+}
+
+#[test]
+fn a_first_sync_creates_both_tables_and_their_elements_in_one_batch() {
+    let desired = state(
+        &[
+            ("203.0.113.10", "192.0.2.11"),
+            ("2001:db8:203::10", "2001:db8:2::11"),
+        ],
+        &[("192.0.2.11", 6, 22)],
+    );
+    let diff = DatapathState::default().diff(&desired);
+    let batch = sync_batch(&[(IPV4, Install::Create), (IPV6, Install::Nothing)], &diff);
+    let lines = describe(batch.bytes());
+    let want = [
+        "add table ip cozy_proxy (mark true)",
+        "add set ip pod_svc key 7/4 data Some((7, 4)) flags 8",
+        "add set ip svc_pod key 7/4 data Some((7, 4)) flags 8",
+        "add set ip filtered_pods key 7/4 data None flags 0",
+        "add set ip allowed_ports key 29453/12 data None flags 0",
+        "add set ip icmp_allowed_pods key 7/4 data None flags 0",
+        "add set ip unmapped_lbs key 7/4 data None flags 0",
+        "add chain ip egress_snat hook 0 priority -300 type filter",
+        "flush chain ip egress_snat",
+        "add rule ip egress_snat: payload lookup payload counter",
+        "add chain ip ingress_dnat hook 0 priority -150 type filter",
+        "flush chain ip ingress_dnat",
+        "add rule ip ingress_dnat: payload lookup payload counter",
+        "add rule ip ingress_dnat: payload lookup counter immediate",
+        "add chain ip port_filter hook 0 priority 0 type filter",
+        "flush chain ip port_filter",
+        "add rule ip port_filter: ct bitwise cmp immediate",
+        "add rule ip port_filter: payload lookup meta cmp immediate",
+        "add rule ip port_filter: payload lookup meta payload lookup counter immediate",
+        "add element ip pod_svc { 192.0.2.11 : 203.0.113.10 }",
+        "add element ip6 pod_svc { 2001:db8:2::11 : 2001:db8:203::10 }",
+        "add element ip svc_pod { 203.0.113.10 : 192.0.2.11 }",
+        "add element ip6 svc_pod { 2001:db8:203::10 : 2001:db8:2::11 }",
+        "add element ip filtered_pods { 192.0.2.11 }",
+        "add element ip allowed_ports { 192.0.2.11 . 6 . 22 }",
+    ];
+    assert_eq!(lines, want);
+}
+
+#[test]
+fn a_moved_endpoint_deletes_before_it_adds_and_a_replaced_table_goes_first() {
+    let before = state(&[("203.0.113.10", "192.0.2.11")], &[]);
+    let after = state(&[("203.0.113.10", "192.0.2.12")], &[]);
+    let batch = sync_batch(
+        &[(IPV4, Install::Nothing), (IPV6, Install::Nothing)],
+        &before.diff(&after),
+    );
+    assert_eq!(
+        describe(batch.bytes()),
+        [
+            "delete element ip pod_svc { 192.0.2.11 }",
+            "delete element ip svc_pod { 203.0.113.10 }",
+            "add element ip pod_svc { 192.0.2.12 : 203.0.113.10 }",
+            "add element ip svc_pod { 203.0.113.10 : 192.0.2.12 }",
+        ]
+    );
+    let replaced = sync_batch(&[(IPV6, Install::Replace)], &before.diff(&before));
+    let lines = describe(replaced.bytes());
+    assert_eq!(lines[0], "delete table ip6 cozy_proxy");
+    assert_eq!(lines[1], "add table ip6 cozy_proxy (mark true)");
+    let rules = sync_batch(&[(IPV4, Install::Rules)], &before.diff(&before));
+    assert!(describe(rules.bytes())
+        .iter()
+        .any(|l| l == "flush chain ip port_filter"));
+}
+
+#[test]
+fn elements_are_split_into_messages_that_fit_a_netlink_attribute() {
+    let many: Vec<(String, String)> = (0..ELEMENTS_PER_MESSAGE + 5)
+        .map(|i| {
+            (
+                format!("2001:db8:203::{:x}", i + 1),
+                format!("2001:db8:2::{:x}", i + 1),
+            )
+        })
+        .collect();
+    let pairs: Vec<(&str, &str)> = many.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let desired = state(&pairs, &[]);
+    let batch = sync_batch(&[], &DatapathState::default().diff(&desired));
+    let lines = describe(batch.bytes());
+    // pod_svc and svc_pod: 800 + 5 elements each.
+    assert_eq!(
+        lines.len(),
+        4,
+        "{:?}",
+        lines.iter().map(|l| l.len()).collect::<Vec<_>>()
+    );
+    assert_eq!(lines[0].matches(" : ").count(), ELEMENTS_PER_MESSAGE);
+    assert_eq!(lines[1].matches(" : ").count(), 5);
+}
+
+#[test]
+fn cleanup_deletes_only_the_tables_present() {
+    let lines = describe(cleanup_batch(&[IPV6]).bytes());
+    assert_eq!(lines, ["delete table ip6 cozy_proxy"]);
+}
