@@ -65,6 +65,40 @@ impl From<IpKey> for core::net::IpAddr {
     }
 }
 
+/// What an address is to us (`addrs`, keyed by [`IpKey`]): one lookup
+/// answers role, peer, policy, the interfaces and the counter slot.
+pub mod addr {
+    /// A mapped pod's IP (`peer`: its LB IP).
+    pub const POD: u16 = 1 << 0;
+    /// A managed LB IP (`peer`: its pod, unless `UNMAPPED`).
+    pub const LB: u16 = 1 << 1;
+    /// The mapping's pod is on this node: translated here.
+    pub const LOCAL: u16 = 1 << 2;
+    /// An LB IP without a mapping: dropped.
+    pub const UNMAPPED: u16 = 1 << 3;
+    /// The pod is in port-filter mode (on the pod and its LB IP).
+    pub const FILTERED: u16 = 1 << 4;
+    /// ...and accepts ICMP.
+    pub const ICMP_ALLOWED: u16 = 1 << 5;
+    /// The LB IP is restricted by loadBalancerSourceRanges (on the LB IP).
+    pub const RANGED: u16 = 1 << 6;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AddrInfo {
+    /// The other side of the mapping (LB IP for a pod, pod for an LB IP).
+    pub peer: IpKey,
+    /// The only interface this address may arrive on as a source (0: none).
+    pub src_ifindex: u32,
+    /// The interface toward the mapping's pod (0: no path).
+    pub path_ifindex: u32,
+    /// [`addr`] flags.
+    pub flags: u16,
+    /// Index into `stats` (local mappings).
+    pub slot: u16,
+}
+
 /// Key of `allowed_ports`: keyed on the pod IP (the filter runs after the
 /// destination rewrite). `port` in host order.
 #[repr(C)]
@@ -76,28 +110,70 @@ pub struct PortKey {
     pub port: u16,
 }
 
-/// Value of `filtered_pods`.
+/// Key of the `src_ranges` LPM trie: the LB IP (all 160 bits always
+/// matched) then the source prefix (its family's 32 bits plus the prefix).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FilterPolicy {
-    /// 1 when the Service has `allowICMP: "true"`.
-    pub allow_icmp: u8,
-    pub _pad: [u8; 3],
+pub struct LbSource {
+    pub lb: IpKey,
+    pub src: IpKey,
 }
 
-/// A flow a filtered pod started (key of the `flows` LRU map): replies to
-/// it pass the port filter. Ports in host order; for ICMP echo, `pod_port`
-/// is the echo identifier and `peer_port` 0.
+/// The `cluster` LPM trie is keyed by an [`IpKey`]: its `prefix_len`
+/// counts the 32 bits of `family` plus the prefix of the address.
+/// Bits of an [`IpKey`] before its address.
+pub const FAMILY_BITS: u32 = 32;
+pub const IP_KEY_BITS: u32 = 160;
+
+/// A flow a filtered pod started (key of its own `flows` inner map):
+/// replies to it pass the port filter. Ports in host order; for ICMP echo,
+/// `pod_port` is the echo identifier and `peer_port` 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FlowKey {
-    pub pod: IpKey,
     pub peer: IpKey,
     pub proto: u8,
     pub _pad: u8,
     pub pod_port: u16,
     pub peer_port: u16,
     pub _pad2: u16,
+}
+
+/// What is known of a flow: when it was last seen, and how far it got
+/// (which decides how long it is remembered, as conntrack's timeouts).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowState {
+    pub last_seen_ns: u64,
+    pub state: u8,
+    pub _pad: [u8; 7],
+}
+
+/// [`FlowState::state`] values, and how long each is remembered.
+pub mod flow {
+    pub const TCP_OPENING: u8 = 1;
+    pub const TCP_ESTABLISHED: u8 = 2;
+    pub const TCP_CLOSING: u8 = 3;
+    pub const UDP: u8 = 4;
+    /// A reply has been seen.
+    pub const UDP_REPLIED: u8 = 5;
+    pub const OTHER: u8 = 6;
+
+    const S: u64 = 1_000_000_000;
+
+    /// nf_conntrack's defaults: tcp_timeout_syn_sent 120 s, established
+    /// 5 days, time_wait/close 120 s; udp_timeout 30 s, udp_timeout_stream
+    /// 120 s; icmp_timeout 30 s.
+    pub const fn timeout_ns(state: u8) -> u64 {
+        match state {
+            TCP_OPENING => 120 * S,
+            TCP_ESTABLISHED => 432_000 * S,
+            TCP_CLOSING => 120 * S,
+            UDP => 30 * S,
+            UDP_REPLIED => 120 * S,
+            _ => 30 * S,
+        }
+    }
 }
 
 /// A fragmented datagram whose first fragment passed the port filter (key
@@ -112,6 +188,31 @@ pub struct FragKey {
     pub _pad: [u8; 3],
 }
 
+/// An in-cluster client's flow to an LB IP, translated to the pod (key of
+/// `rev_nat`): its replies get the LB IP back as source.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RevKey {
+    pub client: IpKey,
+    pub backend: IpKey,
+    pub proto: u8,
+    pub _pad: u8,
+    pub client_port: u16,
+    pub backend_port: u16,
+    pub _pad2: u16,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RevValue {
+    pub lb: IpKey,
+    /// Conntrack saw the LB IP (the translation happened after it, at TC
+    /// egress): the reply is translated back before conntrack, at TC
+    /// ingress. Otherwise conntrack saw the pod: after it, at TC egress.
+    pub before_conntrack: u8,
+    pub _pad: [u8; 3],
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counter {
@@ -119,7 +220,7 @@ pub struct Counter {
     pub bytes: u64,
 }
 
-/// Per-service counters (`svc_stats`, per CPU, keyed on the LB IP).
+/// Per-service counters (`stats`, per CPU, indexed by the mapping's slot).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServiceCounters {
@@ -127,6 +228,14 @@ pub struct ServiceCounters {
     pub ingress: Counter,
     /// From the pod (source rewritten).
     pub egress: Counter,
+}
+
+/// Settings userspace gives the programs (`config`, one entry).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// 1: LB traffic skips the host stack where it can (redirects).
+    pub fast_path: u32,
 }
 
 /// Index into `drop_stats`.
@@ -139,13 +248,19 @@ pub enum DropReason {
     FilteredPort = 1,
     /// ICMP to a filtered pod without allowICMP (and not about its flows).
     FilteredIcmp = 2,
-    /// Another protocol to a filtered pod.
+    /// Another protocol to a filtered pod, or one whose ports cannot be read.
     FilteredProtocol = 3,
     /// A later fragment of a datagram whose first fragment was not let in.
     FilteredFragment = 4,
+    /// A mapped pod's or an LB IP's address as source, from elsewhere.
+    Spoofed = 5,
+    /// Not in the LB IP's loadBalancerSourceRanges.
+    SourceRange = 6,
+    /// A rewrite the kernel refused: dropped rather than passed untranslated.
+    RewriteFailed = 7,
 }
 
-pub const DROP_REASONS: u32 = 5;
+pub const DROP_REASONS: u32 = 8;
 
 impl DropReason {
     pub const ALL: [DropReason; DROP_REASONS as usize] = [
@@ -154,6 +269,9 @@ impl DropReason {
         DropReason::FilteredIcmp,
         DropReason::FilteredProtocol,
         DropReason::FilteredFragment,
+        DropReason::Spoofed,
+        DropReason::SourceRange,
+        DropReason::RewriteFailed,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -163,31 +281,57 @@ impl DropReason {
             DropReason::FilteredIcmp => "filtered_icmp",
             DropReason::FilteredProtocol => "filtered_protocol",
             DropReason::FilteredFragment => "filtered_fragment",
+            DropReason::Spoofed => "spoofed_source",
+            DropReason::SourceRange => "source_range",
+            DropReason::RewriteFailed => "rewrite_failed",
         }
     }
 }
 
+/// Capacities, shared so that userspace can check them.
+pub mod limits {
+    /// Mappings (LB IP <-> pod) a node can hold, local and remote.
+    pub const MAPPINGS: usize = 65_536;
+    /// Addresses: a pod and an LB IP per mapping, and unmapped LB IPs.
+    pub const ADDRS: usize = 3 * MAPPINGS;
+    /// Allowed (pod, protocol, port) entries.
+    pub const PORTS: usize = 262_144;
+    /// In-cluster prefixes.
+    pub const CLUSTER: usize = 4_096;
+    /// loadBalancerSourceRanges prefixes, all LB IPs together.
+    pub const SOURCE_RANGES: usize = 65_536;
+    /// Flows one filtered pod may have remembered at once: a pod that
+    /// opens more cannot push out another pod's.
+    pub const FLOWS_PER_POD: usize = 16_384;
+    /// Fragmented datagrams in flight toward filtered pods.
+    pub const FRAGS: usize = 16_384;
+    /// In-cluster clients' flows to LB IPs, translated on this node.
+    pub const REV_NAT: usize = 262_144;
+}
+
 /// Map names, as pinned under [`PIN_DIR`].
 pub mod maps {
-    pub const POD_SVC: &str = "pod_svc";
-    pub const SVC_POD: &str = "svc_pod";
-    pub const FILTERED_PODS: &str = "filtered_pods";
+    pub const ADDRS: &str = "addrs";
     pub const ALLOWED_PORTS: &str = "allowed_ports";
-    pub const UNMAPPED_LBS: &str = "unmapped_lbs";
+    pub const CLUSTER: &str = "cluster";
+    pub const SRC_RANGES: &str = "src_ranges";
     pub const FLOWS: &str = "flows";
     pub const FRAGS: &str = "frags";
-    pub const SVC_STATS: &str = "svc_stats";
+    pub const REV_NAT: &str = "rev_nat";
+    pub const STATS: &str = "stats";
     pub const DROP_STATS: &str = "drop_stats";
-    pub const ALL: [&str; 9] = [
-        POD_SVC,
-        SVC_POD,
-        FILTERED_PODS,
+    pub const CONFIG: &str = "config";
+    pub const ALL: [&str; 10] = [
+        ADDRS,
         ALLOWED_PORTS,
-        UNMAPPED_LBS,
+        CLUSTER,
+        SRC_RANGES,
         FLOWS,
         FRAGS,
-        SVC_STATS,
+        REV_NAT,
+        STATS,
         DROP_STATS,
+        CONFIG,
     ];
 }
 
@@ -199,24 +343,37 @@ mod layout {
 
     const _: () = assert!(size_of::<IpKey>() == 20 && align_of::<IpKey>() == 4);
     const _: () = assert!(offset_of!(IpKey, addr) == 4);
+    const _: () = assert!(size_of::<AddrInfo>() == 32);
+    const _: () = assert!(offset_of!(AddrInfo, src_ifindex) == 20);
+    const _: () = assert!(offset_of!(AddrInfo, flags) == 28 && offset_of!(AddrInfo, slot) == 30);
     const _: () = assert!(size_of::<PortKey>() == 24);
     const _: () = assert!(offset_of!(PortKey, proto) == 20 && offset_of!(PortKey, port) == 22);
-    const _: () = assert!(size_of::<FilterPolicy>() == 4);
-    const _: () = assert!(size_of::<FlowKey>() == 48);
-    const _: () = assert!(offset_of!(FlowKey, proto) == 40 && offset_of!(FlowKey, pod_port) == 42);
+    const _: () = assert!(size_of::<LbSource>() == 40);
+    const _: () = assert!(size_of::<FlowKey>() == 28);
+    const _: () = assert!(offset_of!(FlowKey, proto) == 20 && offset_of!(FlowKey, pod_port) == 22);
+    const _: () = assert!(size_of::<FlowState>() == 16);
     const _: () = assert!(size_of::<FragKey>() == 48);
+    const _: () = assert!(size_of::<RevKey>() == 48 && offset_of!(RevKey, proto) == 40);
+    const _: () = assert!(size_of::<RevValue>() == 24);
     const _: () = assert!(size_of::<Counter>() == 16);
     const _: () = assert!(size_of::<ServiceCounters>() == 32);
+    const _: () = assert!(size_of::<Config>() == 4);
+    const _: () = assert!(limits::MAPPINGS <= u16::MAX as usize + 1);
 }
 
 #[cfg(feature = "user")]
 mod user {
     // SAFETY: plain old data with explicit padding; any bit pattern is valid.
     unsafe impl aya::Pod for super::IpKey {}
+    unsafe impl aya::Pod for super::AddrInfo {}
     unsafe impl aya::Pod for super::PortKey {}
-    unsafe impl aya::Pod for super::FilterPolicy {}
+    unsafe impl aya::Pod for super::LbSource {}
     unsafe impl aya::Pod for super::FlowKey {}
+    unsafe impl aya::Pod for super::FlowState {}
     unsafe impl aya::Pod for super::FragKey {}
+    unsafe impl aya::Pod for super::RevKey {}
+    unsafe impl aya::Pod for super::RevValue {}
     unsafe impl aya::Pod for super::Counter {}
     unsafe impl aya::Pod for super::ServiceCounters {}
+    unsafe impl aya::Pod for super::Config {}
 }

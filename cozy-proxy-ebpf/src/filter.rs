@@ -1,19 +1,29 @@
 //! The port filter for pods whose Service has `wholeIP: "false"`, and the
-//! memory of the flows such pods start (so their replies pass).
+//! memory of the flows such pods start (so their replies pass). It fails
+//! closed: a packet whose protocol or port cannot be read is dropped.
 use crate::hdr::*;
 use crate::maps::{ALLOWED_PORTS, FLOWS, FRAGS};
-use crate::parse::{byte, port, Packet, PROTO_ICMP, PROTO_ICMPV6, PROTO_SCTP, PROTO_TCP, PROTO_UDP};
+use crate::parse::{
+    be16, byte, echo_types, flow_ports, has_ports, is_icmp, is_icmp_error, load, ports, Packet,
+    PROTO_TCP,
+};
 use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
-use cozy_proxy_common::{DropReason, FilterPolicy, FlowKey, FragKey, IpKey, PortKey};
+use cozy_proxy_common::{flow, DropReason, FlowKey, FlowState, FragKey, IpKey, PortKey};
 
-fn has_ports(proto: u8) -> bool {
-    matches!(proto, PROTO_TCP | PROTO_UDP | PROTO_SCTP)
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+const TCP_FLAGS: usize = 13;
+
+#[inline(always)]
+fn now() -> u64 {
+    // SAFETY: helper without arguments.
+    unsafe { bpf_ktime_get_ns() }
 }
 
 #[inline(always)]
-fn flow(pod: IpKey, peer: IpKey, proto: u8, pod_port: u16, peer_port: u16) -> FlowKey {
+fn key(peer: IpKey, proto: u8, pod_port: u16, peer_port: u16) -> FlowKey {
     FlowKey {
-        pod,
         peer,
         proto,
         _pad: 0,
@@ -23,56 +33,87 @@ fn flow(pod: IpKey, peer: IpKey, proto: u8, pod_port: u16, peer_port: u16) -> Fl
     }
 }
 
+/// How far a flow got, from a packet the pod sends.
 #[inline(always)]
-fn echo_types(p: &Packet) -> (u8, u8) {
-    // (request, reply)
-    if p.v6 {
-        (128, 129)
-    } else {
-        (8, 0)
+fn state_of(ctx: &TcContext, p: &Packet, previous: Option<u8>) -> u8 {
+    match p.proto {
+        PROTO_TCP => {
+            let flags = byte(ctx, p.l4 + TCP_FLAGS).unwrap_or(0);
+            if flags & (TCP_FIN | TCP_RST) != 0 {
+                flow::TCP_CLOSING
+            } else if flags & TCP_SYN != 0 && previous.is_none() {
+                flow::TCP_OPENING
+            } else {
+                flow::TCP_ESTABLISHED
+            }
+        }
+        _ if has_ports(p.proto) => match previous {
+            Some(flow::UDP_REPLIED) => flow::UDP_REPLIED,
+            _ => flow::UDP,
+        },
+        _ => flow::OTHER,
     }
 }
 
 /// Remembers a flow a filtered pod sends (before its source is rewritten).
+/// A pod whose own map is full simply does not remember more: its replies
+/// then pass only to listed ports, and no other pod is affected.
 #[inline(always)]
 pub fn remember_outbound(ctx: &TcContext, p: &Packet) {
     if p.later_fragment {
         return;
     }
-    let key = if has_ports(p.proto) {
-        match (port(ctx, p.l4 + L4_SPORT), port(ctx, p.l4 + L4_DPORT)) {
-            (Some(sport), Some(dport)) => flow(p.src, p.dst, p.proto, sport, dport),
-            _ => return,
-        }
-    } else if p.proto == PROTO_ICMP || p.proto == PROTO_ICMPV6 {
-        let (request, _) = echo_types(p);
-        if byte(ctx, p.l4 + ICMP_TYPE) != Some(request) {
-            return;
-        }
-        match port(ctx, p.l4 + ICMP_ECHO_ID) {
-            Some(id) => flow(p.src, p.dst, p.proto, id, 0),
-            None => return,
-        }
-    } else {
+    let Some((pod_port, peer_port)) = flow_ports(ctx, p, true) else {
         return;
     };
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
-    let _ = FLOWS.insert(key, now, 0);
+    // SAFETY: the inner map's lifetime is the program's (see HashOfMaps).
+    let Some(flows) = (unsafe { FLOWS.get(&p.src) }) else {
+        return;
+    };
+    let k = key(p.dst, p.proto, pod_port, peer_port);
+    let previous = flows.get_ptr(&k).map(|s| {
+        // SAFETY: a value of the map, read whole.
+        unsafe { (*s).state }
+    });
+    let state = FlowState {
+        last_seen_ns: now(),
+        state: state_of(ctx, p, previous),
+        _pad: [0; 7],
+    };
+    let _ = flows.insert(&k, &state, 0);
 }
 
+/// Is this a reply within a flow `pod` started, still alive?
 #[inline(always)]
-fn known_flow(key: &FlowKey) -> bool {
-    FLOWS.get_ptr(key).is_some()
+fn known_flow(pod: &IpKey, k: &FlowKey) -> bool {
+    // SAFETY: the inner map's lifetime is the program's (see HashOfMaps).
+    let Some(flows) = (unsafe { FLOWS.get(pod) }) else {
+        return false;
+    };
+    let Some(s) = flows.get_ptr_mut(k) else {
+        return false;
+    };
+    let t = now();
+    // SAFETY: a value of the map; only its fields are written.
+    unsafe {
+        if t.wrapping_sub((*s).last_seen_ns) > flow::timeout_ns((*s).state) {
+            return false;
+        }
+        (*s).last_seen_ns = t;
+        if (*s).state == flow::UDP {
+            (*s).state = flow::UDP_REPLIED;
+        }
+    }
+    true
 }
 
 /// Is an ICMP error about a flow `pod` started? The quoted header is the
-/// packet as it left: source the LB IP, destination the peer.
+/// packet as the pod sent it (its source already translated back).
 #[inline(always)]
 fn error_about_own_flow(ctx: &TcContext, p: &Packet) -> bool {
     let inner = p.l4 + ICMP_HLEN;
     let (proto, peer, ports_at) = if p.v6 {
-        let Ok(peer) = ctx.load::<[u8; 16]>(inner + IP6_DADDR) else {
+        let Some(peer) = load::<[u8; 16]>(ctx, inner + IP6_DADDR) else {
             return false;
         };
         (byte(ctx, inner + IP6_NEXT), IpKey::v6(peer), inner + IP6_HLEN)
@@ -80,27 +121,31 @@ fn error_about_own_flow(ctx: &TcContext, p: &Packet) -> bool {
         let Some(ver_ihl) = byte(ctx, inner + IP4_VER_IHL) else {
             return false;
         };
-        let Ok(peer) = ctx.load::<[u8; 4]>(inner + IP4_DADDR) else {
+        let Some(peer) = load::<[u8; 4]>(ctx, inner + IP4_DADDR) else {
             return false;
         };
-        (byte(ctx, inner + IP4_PROTO), IpKey::v4(peer), inner + ((ver_ihl & 0x0f) as usize) * 4)
+        (
+            byte(ctx, inner + IP4_PROTO),
+            IpKey::v4(peer),
+            inner + ((ver_ihl & 0x0f) as usize) * 4,
+        )
     };
     let Some(proto) = proto else { return false };
     if !has_ports(proto) {
         return false;
     }
-    match (port(ctx, ports_at + L4_SPORT), port(ctx, ports_at + L4_DPORT)) {
-        (Some(sport), Some(dport)) => known_flow(&flow(p.dst, peer, proto, sport, dport)),
+    match (be16(ctx, ports_at + L4_SPORT), be16(ctx, ports_at + L4_DPORT)) {
+        (Some(sport), Some(dport)) => known_flow(&p.dst, &key(peer, proto, sport, dport)),
         _ => false,
     }
 }
 
+/// Is `p` (toward the pod `p.dst`) a reply within a flow the pod started?
 #[inline(always)]
-fn is_icmp_error(p: &Packet, icmp_type: u8) -> bool {
-    if p.v6 {
-        (1..=4).contains(&icmp_type)
-    } else {
-        matches!(icmp_type, 3 | 4 | 11 | 12)
+pub fn reply_to_own_flow(ctx: &TcContext, p: &Packet) -> bool {
+    match flow_ports(ctx, p, false) {
+        Some((peer_port, pod_port)) => known_flow(&p.dst, &key(p.src, p.proto, pod_port, peer_port)),
+        None => false,
     }
 }
 
@@ -117,7 +162,7 @@ fn frag_key(p: &Packet) -> FragKey {
 
 /// Decides a packet toward a filtered pod (`p.dst` is the pod IP).
 #[inline(always)]
-pub fn admit(ctx: &TcContext, p: &Packet, policy: &FilterPolicy) -> Result<(), DropReason> {
+pub fn admit(ctx: &TcContext, p: &Packet, allow_icmp: bool) -> Result<(), DropReason> {
     if p.later_fragment {
         // Only fragments of a datagram whose first fragment was admitted.
         return if FRAGS.get_ptr(&frag_key(p)).is_some() {
@@ -126,18 +171,18 @@ pub fn admit(ctx: &TcContext, p: &Packet, policy: &FilterPolicy) -> Result<(), D
             Err(DropReason::FilteredFragment)
         };
     }
-    let verdict = admit_first(ctx, p, policy);
+    let verdict = admit_first(ctx, p, allow_icmp);
     if verdict.is_ok() && p.fragment {
-        let _ = FRAGS.insert(frag_key(p), 0, 0);
+        let _ = FRAGS.insert(&frag_key(p), &0, 0);
     }
     verdict
 }
 
 #[inline(always)]
-fn admit_first(ctx: &TcContext, p: &Packet, policy: &FilterPolicy) -> Result<(), DropReason> {
+fn admit_first(ctx: &TcContext, p: &Packet, allow_icmp: bool) -> Result<(), DropReason> {
     if has_ports(p.proto) {
-        let (Some(sport), Some(dport)) = (port(ctx, p.l4 + L4_SPORT), port(ctx, p.l4 + L4_DPORT)) else {
-            return Err(DropReason::FilteredPort);
+        let Some((sport, dport)) = ports(ctx, p) else {
+            return Err(DropReason::FilteredProtocol);
         };
         let listed = PortKey {
             pod: p.dst,
@@ -145,13 +190,15 @@ fn admit_first(ctx: &TcContext, p: &Packet, policy: &FilterPolicy) -> Result<(),
             _pad: 0,
             port: dport,
         };
-        if ALLOWED_PORTS.get_ptr(&listed).is_some() || known_flow(&flow(p.dst, p.src, p.proto, dport, sport)) {
+        if ALLOWED_PORTS.get_ptr(&listed).is_some()
+            || known_flow(&p.dst, &key(p.src, p.proto, dport, sport))
+        {
             return Ok(());
         }
         return Err(DropReason::FilteredPort);
     }
-    if p.proto == PROTO_ICMP || p.proto == PROTO_ICMPV6 {
-        if policy.allow_icmp != 0 {
+    if is_icmp(p) {
+        if allow_icmp {
             return Ok(());
         }
         let Some(icmp_type) = byte(ctx, p.l4 + ICMP_TYPE) else {
@@ -159,8 +206,8 @@ fn admit_first(ctx: &TcContext, p: &Packet, policy: &FilterPolicy) -> Result<(),
         };
         let (_, reply) = echo_types(p);
         if icmp_type == reply {
-            if let Some(id) = port(ctx, p.l4 + ICMP_ECHO_ID) {
-                if known_flow(&flow(p.dst, p.src, p.proto, id, 0)) {
+            if let Some(id) = be16(ctx, p.l4 + ICMP_ECHO_ID) {
+                if known_flow(&p.dst, &key(p.src, p.proto, id, 0)) {
                     return Ok(());
                 }
             }

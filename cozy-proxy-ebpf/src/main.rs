@@ -1,13 +1,19 @@
 //! cozy-proxy TC programs: a stateless 1:1 NAT between LoadBalancer IPs and
-//! pods, and the port filter. See docs/ebpf-datapath.md for the hook points.
+//! pods, the port filter, and the client-side translation for in-cluster
+//! clients. docs/ebpf-datapath.md explains the hook points, docs/traffic.md
+//! the semantics (both backends have the same).
 //!
-//! - `cozy_ingress` (TC ingress of every interface): drops traffic to
-//!   unmapped LB IPs; rewrites the source of a mapped pod's packets to its
-//!   LB IP (before conntrack, like the nft backend's raw-priority chain).
-//! - `cozy_egress` (TC egress of every interface): rewrites the destination
-//!   LB IP to the pod (after conntrack and routing: the controller routes
-//!   each LB IP via its pod), then applies the port filter to forwarded
-//!   packets toward filtered pods.
+//! - `cozy_ingress` (TC ingress of every interface, before conntrack):
+//!   anti-spoofing; a local mapped pod's packets leaving the cluster get
+//!   its LB IP as source; in-cluster clients' packets to an LB IP get the
+//!   pod as destination; replies of flows translated at TC egress get the
+//!   LB IP back; unmapped LB IPs and sources outside an LB IP's ranges are
+//!   dropped.
+//! - `cozy_egress` (TC egress of every interface, after conntrack and
+//!   routing: the controller routes each LB IP toward its pod): the LB IP
+//!   of a local mapping becomes the pod; the node's own flows to any LB IP
+//!   are translated; the port filter guards filtered pods; replies to
+//!   in-cluster clients translated at TC ingress get the LB IP back.
 #![no_std]
 #![no_main]
 
@@ -18,21 +24,26 @@ mod nat;
 mod parse;
 
 use aya_ebpf::{
-    bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
+    bindings::{bpf_fib_lookup as FibParams, BPF_FIB_LKUP_RET_NOT_FWDED, TC_ACT_SHOT, TC_ACT_UNSPEC},
+    btf_maps::lpm_trie::Key,
+    helpers::generated::bpf_fib_lookup,
     macros::classifier,
     programs::TcContext,
 };
-use cozy_proxy_common::{Counter, DropReason, IpKey, ServiceCounters};
-use maps::{DROP_STATS, FILTERED_PODS, POD_SVC, SVC_POD, SVC_STATS, UNMAPPED_LBS};
-use nat::{rewrite, Field};
-use parse::{is_neighbour_discovery, parse};
+use cozy_proxy_common::{
+    addr, AddrInfo, DropReason, IpKey, LbSource, RevKey, RevValue, FAMILY_BITS, FAMILY_V4,
+    IP_KEY_BITS,
+};
+use maps::{ADDRS, CLUSTER, DROP_STATS, REV_NAT, SRC_RANGES, STATS};
+use nat::{rewrite, rewrite_quoted, Field};
+use parse::{flow_ports, parse, Packet};
 
 /// Let the packet continue (next TC program, or the stack).
 const PASS: i32 = TC_ACT_UNSPEC;
 const DROP: i32 = TC_ACT_SHOT as i32;
 
 #[inline(always)]
-fn count_drop(ctx: &TcContext, reason: DropReason) -> i32 {
+fn drop(ctx: &TcContext, reason: DropReason) -> i32 {
     if let Some(c) = DROP_STATS.get_ptr_mut(reason as u32) {
         // SAFETY: per-CPU slot, only this CPU writes it.
         unsafe {
@@ -43,17 +54,14 @@ fn count_drop(ctx: &TcContext, reason: DropReason) -> i32 {
     DROP
 }
 
+/// Counts a rewritten packet of a local mapping: no hash insert, an array
+/// slot userspace gave the mapping.
 #[inline(always)]
-fn count_service(ctx: &TcContext, lb: &IpKey, ingress: bool) {
-    let mut slot = SVC_STATS.get_ptr_mut(lb);
-    if slot.is_none() {
-        let _ = SVC_STATS.insert(lb, ServiceCounters::default(), 0);
-        slot = SVC_STATS.get_ptr_mut(lb);
-    }
-    if let Some(s) = slot {
+fn count(ctx: &TcContext, info: &AddrInfo, toward_pod: bool) {
+    if let Some(s) = STATS.get_ptr_mut(info.slot as u32) {
         // SAFETY: per-CPU value, only this CPU writes it.
-        let c: &mut Counter = unsafe {
-            if ingress {
+        let c = unsafe {
+            if toward_pod {
                 &mut (*s).ingress
             } else {
                 &mut (*s).egress
@@ -64,58 +72,282 @@ fn count_service(ctx: &TcContext, lb: &IpKey, ingress: bool) {
     }
 }
 
+#[inline(always)]
+fn addr_bits(ip: &IpKey) -> u32 {
+    if ip.family == FAMILY_V4 {
+        32
+    } else {
+        128
+    }
+}
+
+#[inline(always)]
+fn in_cluster(ip: &IpKey) -> bool {
+    CLUSTER
+        .get(&Key::new(FAMILY_BITS + addr_bits(ip), *ip))
+        .is_some()
+}
+
+#[inline(always)]
+fn source_allowed(lb: &IpKey, src: &IpKey) -> bool {
+    let key = LbSource { lb: *lb, src: *src };
+    SRC_RANGES
+        .get(&Key::new(IP_KEY_BITS + FAMILY_BITS + addr_bits(src), key))
+        .is_some()
+}
+
+/// Is `dst` an address of this node (or broadcast/multicast): what the
+/// kernel would deliver here rather than forward. Not inlined: a call of
+/// its own keeps the helper's clobbered registers away from the caller's
+/// (LLVM otherwise kept a value in r3 across the helper call).
+#[inline(never)]
+fn delivered_here(ctx: &TcContext, p: &Packet) -> bool {
+    // SAFETY: a zeroed parameter block is valid input for the helper.
+    let mut params: FibParams = unsafe { core::mem::zeroed() };
+    // SAFETY: the skb's fields, read through the context.
+    params.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    if p.v6 {
+        params.family = 10;
+        // SAFETY: the union fields for IPv6, set whole.
+        unsafe {
+            params.__bindgen_anon_4.ipv6_dst = core::mem::transmute::<[u8; 16], [u32; 4]>(p.dst.addr);
+            params.__bindgen_anon_3.ipv6_src = core::mem::transmute::<[u8; 16], [u32; 4]>(p.src.addr);
+        }
+    } else {
+        params.family = 2;
+        let d = p.dst.addr;
+        let s = p.src.addr;
+        params.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes([d[0], d[1], d[2], d[3]]);
+        params.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes([s[0], s[1], s[2], s[3]]);
+    }
+    // SAFETY: the context and a parameter block of the size given.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb as *mut _,
+            &mut params,
+            core::mem::size_of::<FibParams>() as i32,
+            0,
+        )
+    };
+    rc == BPF_FIB_LKUP_RET_NOT_FWDED as i64
+}
+
+/// The reverse-translation entry of a reply `p` (from the pod to the
+/// client), if the client's flow was translated on this node.
+#[inline(always)]
+fn rev_of_reply(ctx: &TcContext, p: &Packet) -> Option<RevValue> {
+    let (backend_port, client_port) = flow_ports(ctx, p, false).unwrap_or((0, 0));
+    let k = RevKey {
+        client: p.dst,
+        backend: p.src,
+        proto: p.proto,
+        _pad: 0,
+        client_port,
+        backend_port,
+        _pad2: 0,
+    };
+    // SAFETY: a value of the map, copied whole.
+    REV_NAT.get_ptr(&k).map(|v| unsafe { *v })
+}
+
+/// Records that `p` (from a client to `lb`, now addressed to the pod) was
+/// translated on this node.
+#[inline(always)]
+fn record_rev(ctx: &TcContext, p: &Packet, pod: &IpKey, lb: &IpKey, before_conntrack: bool) {
+    let (client_port, backend_port) = flow_ports(ctx, p, true).unwrap_or((0, 0));
+    let k = RevKey {
+        client: p.src,
+        backend: *pod,
+        proto: p.proto,
+        _pad: 0,
+        client_port,
+        backend_port,
+        _pad2: 0,
+    };
+    let v = RevValue {
+        lb: *lb,
+        before_conntrack: before_conntrack as u8,
+        _pad: [0; 3],
+    };
+    let _ = REV_NAT.insert(&k, &v, 0);
+}
+
+/// Rewrites `field` from `old` to `new`, and the quoted address of an ICMP
+/// error the same way: a failure drops the packet (counted), never lets it
+/// through half-translated.
+#[inline(always)]
+fn translate(ctx: &mut TcContext, p: &mut Packet, field: Field, old: &IpKey, new: &IpKey) -> Result<(), i32> {
+    // An error about a flow quotes it reversed: a packet to the LB IP
+    // quotes the LB IP as the source it was sent with, and vice versa.
+    let quoted = match field {
+        Field::Src => Field::Dst,
+        Field::Dst => Field::Src,
+    };
+    if rewrite(ctx, p, field, old, new).is_err() || rewrite_quoted(ctx, p, quoted, old, new).is_err() {
+        return Err(drop(ctx, DropReason::RewriteFailed));
+    }
+    match field {
+        Field::Src => p.src = *new,
+        Field::Dst => p.dst = *new,
+    }
+    Ok(())
+}
+
 #[classifier]
 pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
-    let Some(p) = parse(&ctx) else { return PASS };
-    if UNMAPPED_LBS.get_ptr(&p.dst).is_some() {
-        return count_drop(&ctx, DropReason::UnmappedLb);
+    let Some(mut p) = parse(&ctx) else { return PASS };
+    // SAFETY: reading a field of the context the kernel passed us.
+    let iif = unsafe { (*ctx.skb.skb).ifindex };
+    if let Some(s) = ADDRS.get_ptr(&p.src) {
+        // SAFETY: a map value; userspace replaces values whole.
+        let s = unsafe { *s };
+        if s.src_ifindex == 0 || s.src_ifindex != iif {
+            // A guarded address from anywhere but its own path: nothing is
+            // translated, remembered or tracked for it.
+            return drop(&ctx, DropReason::Spoofed);
+        }
+        if s.flags & addr::POD == 0 {
+            return PASS;
+        }
+        return match from_pod(&mut ctx, &mut p, &s) {
+            Ok(()) => PASS,
+            Err(verdict) => verdict,
+        };
     }
-    let Some(lb) = POD_SVC.get_ptr(&p.src) else { return PASS };
-    if is_neighbour_discovery(&ctx, &p) {
-        return PASS;
-    }
+    let Some(d) = ADDRS.get_ptr(&p.dst) else { return PASS };
     // SAFETY: a map value; userspace replaces values whole.
-    let lb = unsafe { *lb };
-    if FILTERED_PODS.get_ptr(&p.src).is_some() {
-        filter::remember_outbound(&ctx, &p);
-    }
-    if rewrite(&mut ctx, &p, Field::Src, &p.src, &lb).is_err() {
+    let d = unsafe { *d };
+    if d.flags & addr::LB == 0 {
         return PASS;
     }
-    count_service(&ctx, &lb, false);
+    if d.flags & addr::UNMAPPED != 0 {
+        return drop(&ctx, DropReason::UnmappedLb);
+    }
+    // An in-cluster client of a mapping on another node: translated here,
+    // so that it leaves addressed to the pod (no masquerade; the pod sees
+    // the client) and conntrack here sees client <-> pod. Mappings of this
+    // node are translated at TC egress, after routing via the LB IP route.
+    if d.flags & addr::LOCAL == 0 && in_cluster(&p.src) {
+        if d.flags & addr::RANGED != 0 && !source_allowed(&p.dst, &p.src) {
+            return drop(&ctx, DropReason::SourceRange);
+        }
+        let lb = p.dst;
+        if let Err(verdict) = translate(&mut ctx, &mut p, Field::Dst, &lb, &d.peer) {
+            return verdict;
+        }
+        record_rev(&ctx, &p, &d.peer, &lb, false);
+    }
     PASS
+}
+
+/// A packet from a pod of this node or another, from its own path.
+#[inline(always)]
+fn from_pod(ctx: &mut TcContext, p: &mut Packet, s: &AddrInfo) -> Result<(), i32> {
+    let local = s.flags & addr::LOCAL != 0;
+    if local {
+        // Replies to its own flows pass the port filter and the source
+        // ranges: remember the flows of pods that have either.
+        if s.flags & (addr::FILTERED | addr::RANGED) != 0 {
+            filter::remember_outbound(ctx, p);
+        }
+        // The pod keeps its own IP toward the cluster, the node and
+        // link-local or multicast neighbours (neighbour discovery); its LB
+        // IP toward everything else.
+        let stays = parse::is_link_scope(&p.dst) || in_cluster(&p.dst) || delivered_here(ctx, p);
+        if !stays {
+            let pod = p.src;
+            translate(ctx, p, Field::Src, &pod, &s.peer)?;
+            count(ctx, s, false);
+            return Ok(());
+        }
+    }
+    // Toward the cluster or the node: a reply within a flow translated on
+    // this node? Translated at TC egress (the node's own socket, a client of
+    // a mapping here), conntrack saw the LB IP: back before conntrack.
+    // Translated at TC ingress, conntrack saw the pod: TC egress translates
+    // the reply, after conntrack.
+    if let Some(rev) = rev_of_reply(ctx, p) {
+        if rev.before_conntrack != 0 {
+            let pod = p.src;
+            return translate(ctx, p, Field::Src, &pod, &rev.lb);
+        }
+    }
+    Ok(())
 }
 
 #[classifier]
 pub fn cozy_egress(mut ctx: TcContext) -> i32 {
     let Some(mut p) = parse(&ctx) else { return PASS };
-    if let Some(pod) = SVC_POD.get_ptr(&p.dst) {
-        if is_neighbour_discovery(&ctx, &p) {
-            return PASS;
-        }
-        // SAFETY: a map value; userspace replaces values whole.
-        let pod = unsafe { *pod };
-        let lb = p.dst;
-        if rewrite(&mut ctx, &p, Field::Dst, &lb, &pod).is_err() {
-            return PASS;
-        }
-        p.dst = pod;
-        count_service(&ctx, &lb, true);
-    }
-    // Only forwarded traffic is filtered (as the nft backend's prerouting
-    // chain): the node's own probes to the pod are not.
     // SAFETY: reading a field of the context the kernel passed us.
     let forwarded = unsafe { (*ctx.skb.skb).ingress_ifindex } != 0;
-    if !forwarded {
+    if let Some(d) = ADDRS.get_ptr(&p.dst) {
+        // SAFETY: a map value; userspace replaces values whole.
+        let d = unsafe { *d };
+        if d.flags & addr::LB != 0 {
+            if d.flags & addr::UNMAPPED != 0 {
+                return drop(&ctx, DropReason::UnmappedLb);
+            }
+            let local = d.flags & addr::LOCAL != 0;
+            // Another node's mapping: forwarded traffic goes there
+            // untranslated (that node translates); the node's own flows are
+            // translated here, as any in-cluster client's.
+            if !local && forwarded {
+                return PASS;
+            }
+            // Only the listed sources reach the pod through its LB IP; the
+            // replies to the pod's own flows are not restricted.
+            let listed = d.flags & addr::RANGED == 0 || source_allowed(&p.dst, &p.src);
+            let lb = p.dst;
+            if let Err(verdict) = translate(&mut ctx, &mut p, Field::Dst, &lb, &d.peer) {
+                return verdict;
+            }
+            if !listed && !(local && filter::reply_to_own_flow(&ctx, &p)) {
+                return drop(&ctx, DropReason::SourceRange);
+            }
+            if local {
+                count(&ctx, &d, true);
+            }
+            // The node's own socket, or an in-cluster client of a mapping
+            // here (routed to the pod without translation at TC ingress):
+            // conntrack saw the LB IP; its reply is translated back before
+            // conntrack.
+            if !forwarded || in_cluster(&p.src) {
+                record_rev(&ctx, &p, &d.peer, &lb, true);
+            }
+            if !local || !forwarded || d.flags & addr::FILTERED == 0 {
+                return PASS;
+            }
+            return match filter::admit(&ctx, &p, d.flags & addr::ICMP_ALLOWED != 0) {
+                Ok(()) => PASS,
+                Err(reason) => drop(&ctx, reason),
+            };
+        }
+        // To a filtered pod of this node by its own IP: the filter guards
+        // forwarded traffic (the node's own probes are not filtered).
+        if d.flags & addr::LOCAL != 0 && d.flags & addr::FILTERED != 0 && forwarded {
+            if let Err(reason) = filter::admit(&ctx, &p, d.flags & addr::ICMP_ALLOWED != 0) {
+                return drop(&ctx, reason);
+            }
+        }
         return PASS;
     }
-    let Some(policy) = FILTERED_PODS.get_ptr(&p.dst) else { return PASS };
+    // A pod's reply to an in-cluster client whose flow was translated at TC
+    // ingress: after conntrack (which saw client <-> pod), the LB IP back.
+    let Some(s) = ADDRS.get_ptr(&p.src) else { return PASS };
     // SAFETY: a map value; userspace replaces values whole.
-    let policy = unsafe { *policy };
-    match filter::admit(&ctx, &p, &policy) {
-        Ok(()) => PASS,
-        Err(reason) => count_drop(&ctx, reason),
+    let s = unsafe { *s };
+    if s.flags & addr::POD == 0 {
+        return PASS;
     }
+    if let Some(rev) = rev_of_reply(&ctx, &p) {
+        if rev.before_conntrack == 0 {
+            let pod = p.src;
+            if let Err(verdict) = translate(&mut ctx, &mut p, Field::Src, &pod, &rev.lb) {
+                return verdict;
+            }
+        }
+    }
+    PASS
 }
 
 #[cfg(not(test))]

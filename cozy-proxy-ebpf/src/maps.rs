@@ -1,55 +1,58 @@
 //! The BPF maps (BTF-typed; userspace pins them under /sys/fs/bpf/cozy-proxy).
 use aya_ebpf::{
-    btf_maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+    btf_maps::{Array, HashMap, HashOfMaps, LpmTrie, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
 use cozy_proxy_common::{
-    Counter, FilterPolicy, FlowKey, FragKey, IpKey, PortKey, ServiceCounters, DROP_REASONS,
+    limits, AddrInfo, Config, Counter, FlowKey, FlowState, FragKey, IpKey, LbSource, PortKey,
+    RevKey, RevValue, ServiceCounters, DROP_REASONS,
 };
 
-/// Mappings (Services) a node can hold.
-pub const MAX_MAPPINGS: usize = 65_536;
-/// Allowed (pod, protocol, port) entries.
-pub const MAX_PORTS: usize = 262_144;
-/// Flows started by filtered pods that are remembered for their replies.
-pub const MAX_FLOWS: usize = 262_144;
-/// Fragmented datagrams in flight toward filtered pods.
-pub const MAX_FRAGS: usize = 16_384;
 /// Allocate hash entries on demand: a node with few Services uses little.
 const NO_PREALLOC: usize = 1;
 
-/// pod IP -> LoadBalancer IP (egress source rewrite).
-#[btf_map(name = "pod_svc")]
-pub static POD_SVC: HashMap<IpKey, IpKey, MAX_MAPPINGS, NO_PREALLOC> = HashMap::new();
-
-/// LoadBalancer IP -> pod IP (ingress destination rewrite).
-#[btf_map(name = "svc_pod")]
-pub static SVC_POD: HashMap<IpKey, IpKey, MAX_MAPPINGS, NO_PREALLOC> = HashMap::new();
-
-/// Pods in port-filter mode, with their ICMP policy.
-#[btf_map(name = "filtered_pods")]
-pub static FILTERED_PODS: HashMap<IpKey, FilterPolicy, MAX_MAPPINGS, NO_PREALLOC> = HashMap::new();
+/// Every address we know: mapped pods, managed LB IPs (mapped or not),
+/// local or on other nodes. One lookup per address answers everything.
+#[btf_map(name = "addrs")]
+pub static ADDRS: HashMap<IpKey, AddrInfo, { limits::ADDRS }, NO_PREALLOC> = HashMap::new();
 
 /// (pod, protocol, port) a filtered pod accepts.
 #[btf_map(name = "allowed_ports")]
-pub static ALLOWED_PORTS: HashMap<PortKey, u8, MAX_PORTS, NO_PREALLOC> = HashMap::new();
+pub static ALLOWED_PORTS: HashMap<PortKey, u8, { limits::PORTS }, NO_PREALLOC> = HashMap::new();
 
-/// LB IPs of managed Services without a mapping: dropped.
-#[btf_map(name = "unmapped_lbs")]
-pub static UNMAPPED_LBS: HashMap<IpKey, u8, MAX_MAPPINGS, NO_PREALLOC> = HashMap::new();
+/// The in-cluster ranges.
+#[btf_map(name = "cluster")]
+pub static CLUSTER: LpmTrie<IpKey, u8, { limits::CLUSTER }> = LpmTrie::new();
 
-/// Flows filtered pods started; value: last seen (ns since boot).
+/// (LB IP, source prefix) allowed through a ranged LB IP.
+#[btf_map(name = "src_ranges")]
+pub static SRC_RANGES: LpmTrie<LbSource, u8, { limits::SOURCE_RANGES }> = LpmTrie::new();
+
+/// Flows each filtered pod started, in a map of its own (created by
+/// userspace with the pod): one pod's flows never push out another's.
 #[btf_map(name = "flows")]
-pub static FLOWS: LruHashMap<FlowKey, u64, MAX_FLOWS> = LruHashMap::new();
+pub static FLOWS: HashOfMaps<
+    IpKey,
+    HashMap<FlowKey, FlowState, { limits::FLOWS_PER_POD }, NO_PREALLOC>,
+    { limits::MAPPINGS },
+> = HashOfMaps::new();
 
 /// Fragmented datagrams whose first fragment passed the filter.
 #[btf_map(name = "frags")]
-pub static FRAGS: LruHashMap<FragKey, u64, MAX_FRAGS> = LruHashMap::new();
+pub static FRAGS: LruHashMap<FragKey, u64, { limits::FRAGS }> = LruHashMap::new();
 
-/// Per-service counters, keyed on the LB IP.
-#[btf_map(name = "svc_stats")]
-pub static SVC_STATS: PerCpuHashMap<IpKey, ServiceCounters, MAX_MAPPINGS> = PerCpuHashMap::new();
+/// In-cluster clients' flows to LB IPs translated on this node.
+#[btf_map(name = "rev_nat")]
+pub static REV_NAT: LruHashMap<RevKey, RevValue, { limits::REV_NAT }> = LruHashMap::new();
+
+/// Per-mapping counters, by slot.
+#[btf_map(name = "stats")]
+pub static STATS: PerCpuArray<ServiceCounters, { limits::MAPPINGS }> = PerCpuArray::new();
 
 /// Drops by reason (index: `DropReason`).
 #[btf_map(name = "drop_stats")]
 pub static DROP_STATS: PerCpuArray<Counter, { DROP_REASONS as usize }> = PerCpuArray::new();
+
+/// Settings from userspace.
+#[btf_map(name = "config")]
+pub static CONFIG: Array<Config, 1> = Array::new();

@@ -1,7 +1,9 @@
-//! Reading headers with bounds-checked loads (`bpf_skb_load_bytes`): a
-//! truncated or malformed packet yields `None`, never an out-of-bounds read.
+//! Reading headers by direct packet access (`data`/`data_end`): every read
+//! is bounds-checked against the linear data, so a truncated or malformed
+//! packet yields `None`, never an out-of-bounds read.
 use crate::hdr::*;
 use aya_ebpf::programs::TcContext;
+use core::mem::size_of;
 use cozy_proxy_common::IpKey;
 
 pub const PROTO_ICMP: u8 = 1;
@@ -13,6 +15,11 @@ pub const PROTO_SCTP: u8 = 132;
 /// IPv6 extension headers walked at most (hop-by-hop, routing, fragment,
 /// destination options): a bound the verifier can see.
 const MAX_EXT_HEADERS: usize = 4;
+
+/// Headers this deep are made linear before parsing (an skb may carry
+/// them in paged data): Ethernet, a VLAN tag, IPv6 with extension headers,
+/// an ICMP error quoting an IPv6 header and its ports.
+const PULL: u32 = 256;
 
 pub struct Packet {
     /// Offset of the IP header.
@@ -32,24 +39,43 @@ pub struct Packet {
     pub dst: IpKey,
 }
 
+/// `size_of::<T>()` bytes at `off`, if they are in the linear data.
 #[inline(always)]
-fn be16(ctx: &TcContext, off: usize) -> Option<u16> {
-    ctx.load::<u16>(off).ok().map(u16::from_be)
+pub fn load<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + off + size_of::<T>() > end {
+        return None;
+    }
+    // SAFETY: bounds checked against data_end just above.
+    Some(unsafe { core::ptr::read_unaligned((start + off) as *const T) })
 }
 
 #[inline(always)]
 pub fn byte(ctx: &TcContext, off: usize) -> Option<u8> {
-    ctx.load::<u8>(off).ok()
+    load::<u8>(ctx, off)
 }
 
-/// Port (or ICMP identifier) at `off`, host order.
+/// A 16-bit field (port, ICMP identifier, checksum) at `off`, host order.
 #[inline(always)]
-pub fn port(ctx: &TcContext, off: usize) -> Option<u16> {
-    be16(ctx, off)
+pub fn be16(ctx: &TcContext, off: usize) -> Option<u16> {
+    load::<u16>(ctx, off).map(u16::from_be)
 }
 
+#[inline(always)]
+pub fn has_ports(proto: u8) -> bool {
+    matches!(proto, PROTO_TCP | PROTO_UDP | PROTO_SCTP)
+}
+
+/// The packet's IP headers, or `None` for anything else.
 #[inline(always)]
 pub fn parse(ctx: &TcContext) -> Option<Packet> {
+    let linear = ctx.data_end() - ctx.data();
+    let len = ctx.len();
+    if (linear as u32) < PULL && (linear as u32) < len {
+        // Best effort: what stays paged is simply not read.
+        let _ = ctx.pull_data(if len < PULL { len } else { PULL });
+    }
     let mut l3 = ETH_HLEN;
     let mut ether = be16(ctx, ETH_TYPE)?;
     // One VLAN tag in the frame (when not offloaded to skb metadata).
@@ -66,37 +92,40 @@ pub fn parse(ctx: &TcContext) -> Option<Packet> {
 
 #[inline(always)]
 fn parse_v4(ctx: &TcContext, l3: usize) -> Option<Packet> {
-    let ver_ihl = byte(ctx, l3 + IP4_VER_IHL)?;
+    // The fixed header in one read: one bounds check.
+    let h: [u8; IP4_MIN_HLEN] = load(ctx, l3)?;
+    let ver_ihl = h[IP4_VER_IHL];
     let ihl = ((ver_ihl & 0x0f) as usize) * 4;
     if ver_ihl >> 4 != 4 || ihl < IP4_MIN_HLEN {
         return None;
     }
-    let frag = be16(ctx, l3 + IP4_FRAG)?;
-    let more = frag & IP4_MF != 0;
+    let frag = u16::from_be_bytes([h[IP4_FRAG], h[IP4_FRAG + 1]]);
     let offset = frag & IP4_OFFSET;
-    let src: [u8; 4] = ctx.load(l3 + IP4_SADDR).ok()?;
-    let dst: [u8; 4] = ctx.load(l3 + IP4_DADDR).ok()?;
+    let at = |o: usize| [h[o], h[o + 1], h[o + 2], h[o + 3]];
     Some(Packet {
         l3,
         v6: false,
-        proto: byte(ctx, l3 + IP4_PROTO)?,
+        proto: h[IP4_PROTO],
         l4: l3 + ihl,
-        fragment: more || offset != 0,
+        fragment: frag & IP4_MF != 0 || offset != 0,
         later_fragment: offset != 0,
-        frag_id: be16(ctx, l3 + IP4_ID)? as u32,
-        src: IpKey::v4(src),
-        dst: IpKey::v4(dst),
+        frag_id: u16::from_be_bytes([h[IP4_ID], h[IP4_ID + 1]]) as u32,
+        src: IpKey::v4(at(IP4_SADDR)),
+        dst: IpKey::v4(at(IP4_DADDR)),
     })
 }
 
 #[inline(always)]
 fn parse_v6(ctx: &TcContext, l3: usize) -> Option<Packet> {
-    if byte(ctx, l3)? >> 4 != 6 {
+    let h: [u8; IP6_HLEN] = load(ctx, l3)?;
+    if h[0] >> 4 != 6 {
         return None;
     }
-    let src: [u8; 16] = ctx.load(l3 + IP6_SADDR).ok()?;
-    let dst: [u8; 16] = ctx.load(l3 + IP6_DADDR).ok()?;
-    let mut next = byte(ctx, l3 + IP6_NEXT)?;
+    let mut src = [0u8; 16];
+    let mut dst = [0u8; 16];
+    src.copy_from_slice(&h[IP6_SADDR..IP6_SADDR + 16]);
+    dst.copy_from_slice(&h[IP6_DADDR..IP6_DADDR + 16]);
+    let mut next = h[IP6_NEXT];
     let mut off = l3 + IP6_HLEN;
     let mut fragment = false;
     let mut later_fragment = false;
@@ -104,17 +133,25 @@ fn parse_v6(ctx: &TcContext, l3: usize) -> Option<Packet> {
     for _ in 0..MAX_EXT_HEADERS {
         match next {
             NEXT_HOP_BY_HOP | NEXT_ROUTING | NEXT_DEST_OPTS => {
-                let len = (byte(ctx, off + EXT_LEN)? as usize + 1) * EXT_UNIT;
-                next = byte(ctx, off + EXT_NEXT)?;
-                off += len;
+                // Next header and length in one read (one bounds check the
+                // verifier can tie to the offset).
+                let e: [u8; 2] = load(ctx, off)?;
+                next = e[EXT_NEXT];
+                off += (e[EXT_LEN] as usize + 1) * EXT_UNIT;
             }
             NEXT_FRAGMENT => {
-                let field = be16(ctx, off + FRAG6_OFFSET)?;
+                let f: [u8; FRAG6_HLEN] = load(ctx, off)?;
+                let field = u16::from_be_bytes([f[FRAG6_OFFSET], f[FRAG6_OFFSET + 1]]);
                 fragment = true;
                 later_fragment = field & FRAG6_OFFSET_MASK != 0;
-                frag_id = u32::from_be(ctx.load::<u32>(off + FRAG6_ID).ok()?);
-                next = byte(ctx, off + EXT_NEXT)?;
+                frag_id = u32::from_be_bytes([f[FRAG6_ID], f[FRAG6_ID + 1], f[FRAG6_ID + 2], f[FRAG6_ID + 3]]);
+                next = f[EXT_NEXT];
                 off += FRAG6_HLEN;
+                // What follows a later fragment's header is payload, not
+                // headers: stop here.
+                if later_fragment {
+                    break;
+                }
             }
             _ => break,
         }
@@ -132,10 +169,72 @@ fn parse_v6(ctx: &TcContext, l3: usize) -> Option<Packet> {
     })
 }
 
-/// ICMPv6 neighbour discovery (133-137): never translated.
+/// The source and destination ports of a first fragment (or unfragmented
+/// packet) of TCP, UDP or SCTP.
 #[inline(always)]
-pub fn is_neighbour_discovery(ctx: &TcContext, p: &Packet) -> bool {
-    p.v6 && p.proto == PROTO_ICMPV6
-        && !p.later_fragment
-        && matches!(byte(ctx, p.l4 + ICMP_TYPE), Some(133..=137))
+pub fn ports(ctx: &TcContext, p: &Packet) -> Option<(u16, u16)> {
+    if p.later_fragment || !has_ports(p.proto) {
+        return None;
+    }
+    let b: [u8; 4] = load(ctx, p.l4)?;
+    Some((
+        u16::from_be_bytes([b[L4_SPORT], b[L4_SPORT + 1]]),
+        u16::from_be_bytes([b[L4_DPORT], b[L4_DPORT + 1]]),
+    ))
+}
+
+#[inline(always)]
+pub fn is_icmp(p: &Packet) -> bool {
+    !p.later_fragment
+        && ((p.v6 && p.proto == PROTO_ICMPV6) || (!p.v6 && p.proto == PROTO_ICMP))
+}
+
+/// ICMP echo (request, reply) types of the packet's family.
+#[inline(always)]
+pub fn echo_types(p: &Packet) -> (u8, u8) {
+    if p.v6 {
+        (128, 129)
+    } else {
+        (8, 0)
+    }
+}
+
+/// An ICMP error (which quotes the packet it is about).
+#[inline(always)]
+pub fn is_icmp_error(p: &Packet, icmp_type: u8) -> bool {
+    if p.v6 {
+        (1..=4).contains(&icmp_type)
+    } else {
+        matches!(icmp_type, 3..=5 | 11 | 12)
+    }
+}
+
+/// The "ports" a flow is known by: TCP/UDP/SCTP ports, or for ICMP echo the
+/// identifier as the local end and 0. `None` when there is nothing to key on.
+#[inline(always)]
+pub fn flow_ports(ctx: &TcContext, p: &Packet, request: bool) -> Option<(u16, u16)> {
+    if let Some(ports) = ports(ctx, p) {
+        return Some(ports);
+    }
+    if is_icmp(p) {
+        let (req, reply) = echo_types(p);
+        let h: [u8; ICMP_HLEN] = load(ctx, p.l4)?;
+        if h[ICMP_TYPE] == if request { req } else { reply } {
+            let id = u16::from_be_bytes([h[ICMP_ECHO_ID], h[ICMP_ECHO_ID + 1]]);
+            return Some(if request { (id, 0) } else { (0, id) });
+        }
+    }
+    None
+}
+
+/// Multicast, broadcast or link-local: never routed on, so never a reason
+/// to translate (neighbour discovery, DHCP, mDNS).
+#[inline(always)]
+pub fn is_link_scope(ip: &IpKey) -> bool {
+    let a = ip.addr;
+    if ip.family == cozy_proxy_common::FAMILY_V4 {
+        (a[0] & 0xf0) == 0xe0 || (a[0] == 169 && a[1] == 254) || a[..4] == [255, 255, 255, 255]
+    } else {
+        a[0] == 0xff || (a[0] == 0xfe && (a[1] & 0xc0) == 0x80)
+    }
 }

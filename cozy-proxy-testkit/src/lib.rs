@@ -361,13 +361,7 @@ impl Env {
     /// What the kernel must hold for the manifests now in the directory,
     /// per the model.
     pub fn expected(&self) -> Result<DatapathState> {
-        let files = cozy_proxy::source::manifests::fingerprint(self.dir.path())?;
-        let loaded = cozy_proxy::source::manifests::parse(&files);
-        let outcome = cozy_proxy::model::compute_plan(
-            &loaded.snapshot.services,
-            &loaded.snapshot.endpoint_slices,
-        );
-        Ok(DatapathState::from_plan(&outcome.plan))
+        expected_state(self.dir.path(), &self.topo.node(), Some("node1"), &[])
     }
 
     /// Waits until the kernel holds what the manifests ask for (or fails
@@ -423,6 +417,61 @@ impl Drop for Env {
             &[&bin(), "cleanup", "--bpf-pin-dir", &pins],
         );
     }
+}
+
+/// What node `node` (network namespace `ns`) must hold for the manifests
+/// in `dir`, with `cluster_cidrs` given: the model's plan for that node,
+/// with the paths toward the pods as `ip route get fibmatch` shows them in
+/// `ns` (an independent reading of the kernel's routes).
+pub fn expected_state(
+    dir: &std::path::Path,
+    ns: &str,
+    node: Option<&str>,
+    cluster_cidrs: &[cozy_proxy::model::Cidr],
+) -> Result<DatapathState> {
+    use cozy_proxy::datapath::{NodeView, Path};
+    use cozy_proxy::model::cluster::{cluster_ranges, ClusterConfig};
+    let files = cozy_proxy::source::manifests::fingerprint(dir)?;
+    let s = cozy_proxy::source::manifests::parse(&files).snapshot;
+    let outcome = cozy_proxy::model::compute_plan(&s.services, &s.endpoint_slices, &s.nodes);
+    let cfg = ClusterConfig {
+        configured: cluster_cidrs.to_vec(),
+        derive: true,
+    };
+    let ranges = cluster_ranges(&cfg, &s.nodes, &s.service_cidrs);
+    let mut state = DatapathState::for_node(&outcome.plan, &ranges.ranges, NodeView { name: node });
+    let mut paths = std::collections::BTreeMap::new();
+    for pod in state.pods() {
+        let out = sh::run_in(
+            ns,
+            &["ip", "-j", "route", "get", "fibmatch", &pod.to_string()],
+        )?;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let route = &v[0];
+        let (Some(dev), Some(dst)) = (route["dev"].as_str(), route["dst"].as_str()) else {
+            continue;
+        };
+        if dst == "default" {
+            continue;
+        }
+        let link: serde_json::Value =
+            serde_json::from_str(&sh::ok_in(ns, &["ip", "-j", "link", "show", "dev", dev])?)?;
+        let oif = link[0]["ifindex"].as_u64().context("ifindex")? as u32;
+        let onlink = route["flags"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|x| x == "onlink"));
+        let gateway = route["gateway"].as_str().and_then(|g| g.parse().ok());
+        paths.insert(
+            pod,
+            Path {
+                oif,
+                gateway,
+                onlink,
+            },
+        );
+    }
+    state.resolve(&paths);
+    Ok(state)
 }
 
 fn check_root() -> Result<()> {

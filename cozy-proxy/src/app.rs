@@ -6,8 +6,9 @@ use crate::controller::{self, LoopSettings, RunContext, WarningSink};
 use crate::datapath::{worker::Worker, BackendKind, Datapath};
 use crate::ebpf::{EbpfConfig, Interfaces};
 use crate::events::EventPublisher;
+use crate::model::{cluster::ClusterConfig, Cidr};
 use crate::node;
-use crate::reconcile::Reconciler;
+use crate::reconcile::{NodeConfig, Reconciler};
 use crate::source::{kube::KubeSource, ManifestSource, Source};
 use crate::telemetry::{self, Telemetry};
 use anyhow::{Context, Result};
@@ -53,9 +54,20 @@ pub struct RunArgs {
     /// service account, else $KUBECONFIG or ~/.kube/config).
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// This node's name (the DaemonSet sets it from the downward API).
+    /// This node's name (the DaemonSet sets it from the downward API): only
+    /// mappings whose endpoint is on this node are translated here; the
+    /// others are steered toward their node.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
+    /// In-cluster ranges (pod and service networks, comma-separated): a
+    /// mapped pod keeps its own IP toward them, and clients in them reach
+    /// LB IPs through client-side translation. Added to what is derived.
+    #[arg(long, env = "COZY_PROXY_CLUSTER_CIDRS", value_delimiter = ',')]
+    pub cluster_cidrs: Vec<Cidr>,
+    /// Also take the in-cluster ranges the cluster publishes (Nodes'
+    /// podCIDRs and addresses, ServiceCIDR objects).
+    #[arg(long, env = "COZY_PROXY_DERIVE_CLUSTER_CIDRS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub derive_cluster_cidrs: bool,
     /// Our DaemonSet, as NAMESPACE/NAME: at shutdown, if it is gone or being
     /// deleted (an uninstall), the datapath is removed; otherwise (a restart,
     /// a rolling update) it stays.
@@ -120,9 +132,13 @@ async fn kube_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client> {
 }
 
 /// The node's datapath, started on its own thread.
-fn start_datapath(choice: Choice, cfg: BackendConfig) -> Result<Worker<Reconciler<NodeDatapath>>> {
+fn start_datapath(
+    choice: Choice,
+    cfg: BackendConfig,
+    node: NodeConfig,
+) -> Result<Worker<Reconciler<NodeDatapath>>> {
     Worker::spawn("datapath", move || {
-        NodeDatapath::start(choice, cfg).map(Reconciler::new)
+        NodeDatapath::start(choice, cfg).map(|d| Reconciler::new(d, node))
     })
     .context("starting the datapath")
 }
@@ -143,9 +159,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
         counters: args.counters_interval,
     };
     let cfg = args.ebpf.config();
+    let node = NodeConfig {
+        name: args.node_name.clone(),
+        cluster: ClusterConfig {
+            configured: args.cluster_cidrs.clone(),
+            derive: args.derive_cluster_cidrs,
+        },
+    };
     if let Some(dir) = &args.manifests {
         let source = ManifestSource::new(dir.clone(), args.poll_interval);
-        let datapath = start_datapath(args.backend, cfg)?;
+        let datapath = start_datapath(args.backend, cfg, node)?;
         run_loop(
             datapath,
             source,
@@ -164,12 +187,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
             choice = b;
         }
     }
-    let source = KubeSource::start(client.clone());
+    let source = KubeSource::start(client.clone()).await;
     let events = EventPublisher::new(client.clone(), args.node_name.clone());
     let uids = source.uid_lookup();
     let sink: WarningSink =
         Box::new(move |w| events.publish(w, |ns, name| uids.service_uid(ns, name)));
-    let datapath = start_datapath(choice, cfg.clone())?;
+    let datapath = start_datapath(choice, cfg.clone(), node)?;
     run_loop(datapath, source, telemetry, settings, sink, shutdown).await;
     if let Some(ds) = &args.daemonset {
         if node::uninstalling(&client, ds).await {

@@ -6,6 +6,7 @@
 use crate::datapath::{BackendKind, Counters, Datapath, DatapathState, Dump, SyncReport, Synced};
 use crate::ebpf::{EbpfConfig, EbpfError, EbpfKernel};
 use crate::nft::{NftError, NftKernel};
+use crate::steer::Steering;
 use tracing::{info, warn};
 
 /// What the operator asks for (`--backend`, or the node label).
@@ -41,7 +42,7 @@ pub struct BackendConfig {
 }
 
 enum Running {
-    Nft(Synced<NftKernel>),
+    Nft(Box<Synced<NftKernel>>),
     Ebpf(Box<Synced<EbpfKernel>>),
 }
 
@@ -80,7 +81,7 @@ impl NodeDatapath {
         };
         let running = match ebpf {
             Some(k) => Running::Ebpf(Box::new(Synced::new(k))),
-            None => Running::Nft(Synced::new(NftKernel::new()?)),
+            None => Running::Nft(Box::new(Synced::new(NftKernel::new()?))),
         };
         let kind = match &running {
             Running::Nft(_) => BackendKind::Nft,
@@ -101,7 +102,7 @@ pub struct Installed(Running);
 
 pub fn installed(kind: BackendKind, cfg: &BackendConfig) -> Result<Installed, BackendError> {
     Ok(Installed(match kind {
-        BackendKind::Nft => Running::Nft(Synced::new(NftKernel::new()?)),
+        BackendKind::Nft => Running::Nft(Box::new(Synced::new(NftKernel::new()?))),
         BackendKind::Ebpf => {
             Running::Ebpf(Box::new(Synced::new(EbpfKernel::open(cfg.ebpf.clone())?)))
         }
@@ -119,10 +120,17 @@ impl Installed {
 }
 
 /// Removes every named backend's state (an uninstall, `cozy-proxy cleanup`).
+/// The LB IPs' host routes serve whichever backend runs: they go only when
+/// every backend does.
 pub fn remove(kinds: &[BackendKind], cfg: &BackendConfig) -> Result<(), BackendError> {
     for kind in kinds {
         installed(*kind, cfg)?.cleanup()?;
         info!(backend = %kind, "removed the datapath");
+    }
+    if BackendKind::ALL.iter().all(|k| kinds.contains(k)) {
+        Steering::open()
+            .and_then(|s| s.remove_all())
+            .map_err(NftError::from)?;
     }
     Ok(())
 }
@@ -154,7 +162,7 @@ impl Datapath for NodeDatapath {
         }
     }
 
-    fn upkeep(&mut self) -> Result<(), BackendError> {
+    fn upkeep(&mut self) -> Result<bool, BackendError> {
         running!(&mut self.running, d => d.upkeep())
     }
 

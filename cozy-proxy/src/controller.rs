@@ -106,7 +106,7 @@ where
                 pending = true;
             }
             _ = upkeep.tick() => match datapath.call(|r| r.datapath_mut().upkeep()).await {
-                Ok(Ok(())) => {}
+                Ok(Ok(paths_changed)) => pending |= paths_changed,
                 Ok(Err(e)) => warn!(error = %e, "datapath upkeep failed"),
                 Err(_) => return,
             },
@@ -173,7 +173,7 @@ mod tests {
     fn start(initial: Snapshot, resync: Duration) -> Harness {
         let (kernel, world) = FakeKernel::new();
         let datapath = Worker::spawn("test-datapath", move || {
-            Ok::<_, std::io::Error>(Reconciler::new(Synced::new(kernel)))
+            Ok::<_, std::io::Error>(Reconciler::new(Synced::new(kernel), Default::default()))
         })
         .expect("worker");
         let ready = Arc::new(Notify::new());
@@ -225,12 +225,7 @@ mod tests {
         panic!("timed out waiting for {what}");
     }
 
-    fn desired(s: &Snapshot) -> DatapathState {
-        let o = crate::model::compute_plan(&s.services, &s.endpoint_slices);
-        DatapathState::from_plan(&o.plan)
-    }
-
-    use crate::reconcile::tests::{service, snapshot};
+    use crate::reconcile::tests::{desired, service, snapshot};
 
     #[tokio::test]
     async fn nothing_is_touched_before_the_source_is_ready_then_changes_flow() {

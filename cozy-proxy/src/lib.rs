@@ -22,4 +22,5 @@ pub mod node;
 pub mod rbac;
 pub mod reconcile;
 pub mod source;
+pub mod steer;
 pub mod telemetry;

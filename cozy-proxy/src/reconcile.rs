@@ -1,15 +1,28 @@
 //! The reconcile step shared by every source: objects in, plan computed,
 //! problems reported, datapath synced.
-use crate::datapath::{Datapath, DatapathState, SyncReport};
+use crate::datapath::{Datapath, DatapathState, NodeView, SyncReport};
+use crate::model::cluster::{cluster_ranges, ClusterConfig, ClusterRanges};
 use crate::model::{compute_plan, Outcome, Warning};
 use crate::source::Snapshot;
 use std::collections::BTreeSet;
 use tracing::{info, warn};
 
+/// Who this node is, and where its in-cluster ranges come from.
+#[derive(Clone, Debug, Default)]
+pub struct NodeConfig {
+    /// `--node-name`: mappings whose endpoint is on another node are not
+    /// translated here. `None`: every mapping is local (standalone).
+    pub name: Option<String>,
+    pub cluster: ClusterConfig,
+}
+
 pub struct Reconciler<D: Datapath> {
     datapath: D,
+    node: NodeConfig,
     /// Warnings already reported: each is logged once while it lasts.
     reported: BTreeSet<Warning>,
+    /// The in-cluster ranges last used: a change is logged.
+    ranges: ClusterRanges,
     /// Whether a sync has succeeded (the first one is always logged).
     synced_once: bool,
 }
@@ -28,10 +41,12 @@ pub struct ReconcileReport {
 }
 
 impl<D: Datapath> Reconciler<D> {
-    pub fn new(datapath: D) -> Self {
+    pub fn new(datapath: D, node: NodeConfig) -> Self {
         Reconciler {
             datapath,
+            node,
             reported: BTreeSet::new(),
+            ranges: ClusterRanges::default(),
             synced_once: false,
         }
     }
@@ -48,9 +63,18 @@ impl<D: Datapath> Reconciler<D> {
     /// reported even when the sync fails (they are about the input); a
     /// failed sync leaves the kernel as it was, and is retried by the caller.
     pub fn reconcile(&mut self, snapshot: &Snapshot) -> Result<ReconcileReport, D::Error> {
-        let outcome = compute_plan(&snapshot.services, &snapshot.endpoint_slices);
+        let outcome = compute_plan(
+            &snapshot.services,
+            &snapshot.endpoint_slices,
+            &snapshot.nodes,
+        );
         let (new_warnings, resolved_warnings) = self.report(&outcome.warnings);
-        let desired = DatapathState::from_plan(&outcome.plan);
+        let ranges = cluster_ranges(&self.node.cluster, &snapshot.nodes, &snapshot.service_cidrs);
+        self.report_ranges(ranges);
+        let me = NodeView {
+            name: self.node.name.as_deref(),
+        };
+        let desired = DatapathState::for_node(&outcome.plan, &self.ranges.ranges, me);
         let sync = self.datapath.sync(&desired)?;
         if sync.changed_elements > 0 || !self.synced_once {
             info!(
@@ -71,6 +95,28 @@ impl<D: Datapath> Reconciler<D> {
             resolved_warnings,
             elements,
         })
+    }
+
+    /// Logs the in-cluster ranges and where they came from when they change,
+    /// and what could not be known.
+    fn report_ranges(&mut self, ranges: ClusterRanges) {
+        if ranges == self.ranges {
+            return;
+        }
+        let list: Vec<String> = ranges
+            .origin
+            .iter()
+            .map(|(c, from)| format!("{c} ({from})"))
+            .collect();
+        info!(ranges = %list.join(", "), "in-cluster ranges");
+        for u in ranges
+            .unknown
+            .iter()
+            .filter(|u| !self.ranges.unknown.contains(u))
+        {
+            warn!("{u}");
+        }
+        self.ranges = ranges;
     }
 
     /// The warnings that appeared and those that went away since the last
@@ -116,12 +162,18 @@ pub(crate) mod tests {
 
     fn reconciler() -> (Reconciler<Synced<FakeKernel>>, FakeHandle) {
         let (kernel, world) = FakeKernel::new();
-        (Reconciler::new(Synced::new(kernel)), world)
+        (
+            Reconciler::new(Synced::new(kernel), NodeConfig::default()),
+            world,
+        )
     }
 
-    fn desired(snap: &Snapshot) -> DatapathState {
-        let outcome = compute_plan(&snap.services, &snap.endpoint_slices);
-        DatapathState::from_plan(&outcome.plan)
+    pub fn desired(snap: &Snapshot) -> DatapathState {
+        let outcome = compute_plan(&snap.services, &snap.endpoint_slices, &snap.nodes);
+        let ranges = cluster_ranges(&ClusterConfig::default(), &snap.nodes, &snap.service_cidrs);
+        let mut s = DatapathState::for_node(&outcome.plan, &ranges.ranges, NodeView { name: None });
+        s.resolve(&crate::datapath::fake::paths(&s.pods()));
+        s
     }
 
     #[test]
@@ -139,8 +191,9 @@ pub(crate) mod tests {
             w.schema = true;
         }
         let report = r.reconcile(&two).expect("sync");
-        // b: two map entries, its filtered pod and one port.
-        assert_eq!(report.sync.changed_elements, 4);
+        // b: two map entries, its filtered pod, one port, two guarded
+        // addresses (pod, LB IP) and one route.
+        assert_eq!(report.sync.changed_elements, 7);
         assert!(!report.sync.installed_schema);
         assert_eq!(world.world().kernel, desired(&two));
         assert_eq!(world.world().reads, 1);
@@ -161,7 +214,9 @@ pub(crate) mod tests {
         assert_eq!(r.reconcile(&snap).expect("sync").sync.changed_elements, 0);
         // The resync reads again and repairs it.
         r.datapath_mut().forget();
-        assert_eq!(r.reconcile(&snap).expect("sync").sync.changed_elements, 2);
+        // Two map entries, two guarded addresses, one route, and the two
+        // link-local in-cluster ranges.
+        assert_eq!(r.reconcile(&snap).expect("sync").sync.changed_elements, 7);
         assert_eq!(world.world().kernel, desired(&snap));
 
         // A change whose apply fails twice (attempt and retry) is an error;

@@ -1,19 +1,25 @@
 //! The TC programs on crafted packets, run by the kernel with
 //! BPF_PROG_TEST_RUN: every branch of `cozy_ingress` and `cozy_egress`
 //! (rewrites both ways for each protocol, filter allow and drop, flows,
-//! ICMP errors, fragments, options, VLAN, truncated and malformed frames).
-//! Checksums of the output are verified independently. Needs root.
+//! ICMP errors and their quoted headers, fragments, options, VLAN,
+//! anti-spoofing, in-cluster traffic, client-side translation, source
+//! ranges, truncated and malformed frames). The maps are filled by the
+//! production code (`EbpfKernel::apply`) from a `DatapathState`; checksums
+//! of the output are verified independently. Needs root.
 mod packets;
 
 use aya::{
-    maps::HashMap,
     programs::{SchedClassifier, TestRun, TestRunOptions},
-    Ebpf,
+    Ebpf, EbpfLoader,
 };
-use cozy_proxy_common::{maps as names, FilterPolicy, IpKey, PortKey};
+use cozy_proxy::{
+    datapath::{AllowedPort, DatapathState, Kernel},
+    ebpf::{EbpfConfig, EbpfKernel, Interfaces, OBJECT},
+    model::{merge_ranges, Cidr},
+};
+use cozy_proxy_common::maps as names;
 use packets::{inspect, Spec, GRE, ICMP, ICMPV6, TCP, UDP};
-use std::net::IpAddr;
-use std::sync::Mutex;
+use std::{fs::File, net::IpAddr, os::fd::AsRawFd, process::Command, sync::Mutex};
 
 const PASS: u32 = u32::MAX; // TC_ACT_UNSPEC (-1)
 const DROP: u32 = 2; // TC_ACT_SHOT
@@ -22,128 +28,265 @@ fn ip(s: &str) -> IpAddr {
     s.parse().expect("test constant")
 }
 
-fn key(a: &IpAddr) -> IpKey {
-    match a {
-        IpAddr::V4(v) => IpKey::v4(v.octets()),
-        IpAddr::V6(v) => IpKey::v6(v.octets()),
-    }
-}
-
-/// One family's addresses: ext, a passthrough pair, a filtered pair, an
-/// unmapped LB IP.
+/// One family's addresses.
+#[derive(Clone)]
 struct Net {
     ext: IpAddr,
+    /// This node's own address (on the uplink).
+    node: IpAddr,
+    /// Passthrough mapping, pod on interface `pod`.
     lb: IpAddr,
     pod: IpAddr,
+    /// Port filter (TCP 22, UDP 53), pod on interface `fpod`.
     flb: IpAddr,
     fpod: IpAddr,
     unmapped: IpAddr,
+    /// A mapping whose pod is on another node, reached through `peer`.
+    rlb: IpAddr,
+    rpod: IpAddr,
+    /// loadBalancerSourceRanges: only `allowed` (a /25) reaches `spod`.
+    slb: IpAddr,
+    spod: IpAddr,
+    allowed: IpAddr,
+    /// An unmapped pod on this node (an in-cluster client), on `client`.
+    client: IpAddr,
+    /// The pod network (in-cluster).
+    pods: &'static str,
+    sources: &'static str,
 }
 
 fn nets() -> [Net; 2] {
     [
         Net {
-            ext: ip("198.51.100.1"),
+            ext: ip("198.51.100.200"),
+            node: ip("198.51.100.2"),
             lb: ip("203.0.113.10"),
             pod: ip("192.0.2.11"),
             flb: ip("203.0.113.20"),
             fpod: ip("192.0.2.12"),
             unmapped: ip("203.0.113.99"),
+            rlb: ip("203.0.113.30"),
+            rpod: ip("192.0.2.75"),
+            slb: ip("203.0.113.40"),
+            spod: ip("192.0.2.14"),
+            allowed: ip("198.51.100.100"),
+            client: ip("192.0.2.50"),
+            pods: "192.0.2.0/24",
+            sources: "198.51.100.0/25",
         },
         Net {
-            ext: ip("2001:db8:100::1"),
+            ext: ip("2001:db8:100::200"),
+            node: ip("2001:db8:100::2"),
             lb: ip("2001:db8:203::10"),
             pod: ip("2001:db8:2::11"),
             flb: ip("2001:db8:203::20"),
             fpod: ip("2001:db8:2::12"),
             unmapped: ip("2001:db8:203::99"),
+            rlb: ip("2001:db8:203::30"),
+            rpod: ip("2001:db8:2::75"),
+            slb: ip("2001:db8:203::40"),
+            spod: ip("2001:db8:2::14"),
+            allowed: ip("2001:db8:100::80"),
+            client: ip("2001:db8:2::50"),
+            pods: "2001:db8:2::/64",
+            sources: "2001:db8:100::/120",
         },
     ]
 }
 
-/// The object, loaded once with fresh (unpinned) maps holding both nets.
-static EBPF: Mutex<Option<Ebpf>> = Mutex::new(None);
+/// Interfaces of the test network namespace.
+#[derive(Clone, Copy)]
+struct Ifaces {
+    up: u32,
+    pod: u32,
+    fpod: u32,
+    peer: u32,
+    client: u32,
+}
 
-fn with_ebpf<T>(f: impl FnOnce(&mut Ebpf) -> T) -> T {
-    let mut guard = EBPF.lock().unwrap_or_else(|e| e.into_inner());
-    let ebpf = guard.get_or_insert_with(|| {
-        let mut ebpf = Ebpf::load(cozy_proxy::ebpf::OBJECT).expect("load object");
+/// The programs, loaded on the maps the kernel side keeps, in a network
+/// namespace of their own (real interfaces for the anti-spoofing checks).
+struct World {
+    kernel: EbpfKernel,
+    ebpf: Ebpf,
+    netns: File,
+    ifs: Ifaces,
+}
+
+static WORLD: Mutex<Option<World>> = Mutex::new(None);
+
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn ifindex(name: &str) -> u32 {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .or_else(|| {
+            let out = Command::new("ip")
+                .args(["-j", "link", "show", "dev", name])
+                .output()
+                .ok()?;
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            v[0]["ifindex"].as_u64().map(|i| i as u32)
+        })
+        .expect("ifindex")
+}
+
+/// The state the programs run with: every kind of address of both nets.
+fn state(ifs: Ifaces) -> DatapathState {
+    let mut s = DatapathState::default();
+    let mut cluster = Vec::new();
+    for n in nets() {
+        for (lb, pod, dev) in [
+            (n.lb, n.pod, ifs.pod),
+            (n.flb, n.fpod, ifs.fpod),
+            (n.slb, n.spod, ifs.pod),
+        ] {
+            s.pod_svc.insert(pod, lb);
+            s.svc_pod.insert(lb, pod);
+            s.guard.insert(pod, dev);
+            s.guard.insert(lb, 0);
+        }
+        s.filtered_pods.insert(n.fpod);
+        for (proto, port) in [(TCP, 22), (UDP, 53)] {
+            s.allowed_ports.insert(AllowedPort {
+                pod: n.fpod,
+                proto,
+                port,
+            });
+        }
+        s.unmapped_lbs.insert(n.unmapped);
+        s.guard.insert(n.unmapped, 0);
+        s.remote.insert(n.rlb, n.rpod);
+        s.guard.insert(n.rpod, ifs.peer);
+        s.guard.insert(n.rlb, ifs.peer);
+        s.ranged_lbs.insert(n.slb);
+        let range: Cidr = n.sources.parse().expect("cidr");
+        for r in merge_ranges([range]) {
+            s.source_ranges.insert((n.slb, r));
+        }
+        cluster.push(n.pods.parse::<Cidr>().expect("cidr"));
+    }
+    s.cluster = merge_ranges(cluster);
+    s
+}
+
+fn with_world<T>(f: impl FnOnce(&mut World) -> T) -> T {
+    let mut guard = WORLD.lock().unwrap_or_else(|e| e.into_inner());
+    if guard.is_none() {
+        // SAFETY: unshare on this thread only; the namespace lives as long
+        // as the handle kept below (gone with the process: no leftovers).
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        let netns = File::open("/proc/thread-self/ns/net").expect("netns");
+        sh(&["ip", "link", "set", "lo", "up"]);
+        // (This kernel has no dummy driver: veth pairs, both ends here.)
+        for dev in ["uplink", "v-pod", "v-fpod", "v-peer", "v-client"] {
+            let end = format!("{dev}-end");
+            sh(&[
+                "ip", "link", "add", dev, "type", "veth", "peer", "name", &end,
+            ]);
+            sh(&["ip", "link", "set", dev, "up"]);
+            sh(&["ip", "link", "set", &end, "up"]);
+        }
+        sh(&["ip", "addr", "add", "198.51.100.2/24", "dev", "uplink"]);
+        sh(&[
+            "ip",
+            "addr",
+            "add",
+            "2001:db8:100::2/64",
+            "dev",
+            "uplink",
+            "nodad",
+        ]);
+        sh(&["ip", "route", "add", "default", "dev", "uplink"]);
+        sh(&["ip", "-6", "route", "add", "default", "dev", "uplink"]);
+        sh(&[
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+            "net.ipv6.conf.all.forwarding=1",
+        ]);
+        let ifs = Ifaces {
+            up: ifindex("uplink"),
+            pod: ifindex("v-pod"),
+            fpod: ifindex("v-fpod"),
+            peer: ifindex("v-peer"),
+            client: ifindex("v-client"),
+        };
+        let pin_dir = cozy_proxy_testkit::test_bpffs()
+            .expect("bpffs")
+            .join(format!("packets-{}", std::process::id()));
+        let cfg = EbpfConfig {
+            pin_dir: pin_dir.clone(),
+            interfaces: Interfaces::Named(vec![]),
+        };
+        let mut kernel = EbpfKernel::start(cfg).expect("kernel");
+        let desired = state(ifs);
+        let diff = DatapathState::default().diff(&desired);
+        kernel.apply(&diff, &desired, Some(())).expect("fill maps");
+        let mut loader = EbpfLoader::new();
+        for name in names::ALL {
+            loader.map_pin_path(name, pin_dir.join(name));
+        }
+        let mut ebpf = loader.load(OBJECT).expect("load object");
         for name in ["cozy_ingress", "cozy_egress"] {
             let prog: &mut SchedClassifier =
                 ebpf.program_mut(name).expect(name).try_into().expect("tc");
             prog.load().expect("verifier accepts");
         }
-        fill_maps(&mut ebpf);
-        ebpf
-    });
-    f(ebpf)
-}
-
-fn fill_maps(ebpf: &mut Ebpf) {
-    for n in nets() {
-        let mut svc_pod: HashMap<_, IpKey, IpKey> = ebpf
-            .map_mut(names::SVC_POD)
-            .expect("map")
-            .try_into()
-            .expect("hash");
-        svc_pod.insert(key(&n.lb), key(&n.pod), 0).expect("insert");
-        svc_pod
-            .insert(key(&n.flb), key(&n.fpod), 0)
-            .expect("insert");
-        let mut pod_svc: HashMap<_, IpKey, IpKey> = ebpf
-            .map_mut(names::POD_SVC)
-            .expect("map")
-            .try_into()
-            .expect("hash");
-        pod_svc.insert(key(&n.pod), key(&n.lb), 0).expect("insert");
-        pod_svc
-            .insert(key(&n.fpod), key(&n.flb), 0)
-            .expect("insert");
-        let mut filtered: HashMap<_, IpKey, FilterPolicy> = ebpf
-            .map_mut(names::FILTERED_PODS)
-            .expect("map")
-            .try_into()
-            .expect("hash");
-        filtered
-            .insert(key(&n.fpod), FilterPolicy::default(), 0)
-            .expect("insert");
-        let mut ports: HashMap<_, PortKey, u8> = ebpf
-            .map_mut(names::ALLOWED_PORTS)
-            .expect("map")
-            .try_into()
-            .expect("hash");
-        for (proto, port) in [(TCP, 22u16), (UDP, 53)] {
-            let k = PortKey {
-                pod: key(&n.fpod),
-                proto,
-                _pad: 0,
-                port,
-            };
-            ports.insert(k, 1, 0).expect("insert");
+        // Both sides hold the maps now: unpinned, they go with the process.
+        for name in names::ALL {
+            let _ = std::fs::remove_file(pin_dir.join(name));
         }
-        let mut unmapped: HashMap<_, IpKey, u8> = ebpf
-            .map_mut(names::UNMAPPED_LBS)
-            .expect("map")
-            .try_into()
-            .expect("hash");
-        unmapped.insert(key(&n.unmapped), 1, 0).expect("insert");
+        let _ = std::fs::remove_dir(pin_dir.join("links"));
+        let _ = std::fs::remove_dir(&pin_dir);
+        *guard = Some(World {
+            kernel,
+            ebpf,
+            netns,
+            ifs,
+        });
     }
+    let world = guard.as_mut().expect("world");
+    // SAFETY: setns on this thread, into the namespace we hold.
+    assert_eq!(
+        unsafe { libc::setns(world.netns.as_raw_fd(), libc::CLONE_NEWNET) },
+        0
+    );
+    f(world)
 }
 
-/// `__sk_buff` up to `ifindex`, with `ingress_ifindex` (offset 36) set:
-/// non-zero means the packet was received (forwarded), zero locally sent.
-fn skb_ctx(ingress_ifindex: u32) -> Vec<u8> {
+fn ifs() -> Ifaces {
+    with_world(|w| w.ifs)
+}
+
+/// `__sk_buff` up to `ifindex`: `ingress_ifindex` (offset 36) non-zero
+/// means received (forwarded), zero locally sent; `ifindex` (40) is the
+/// device the program runs on.
+fn skb_ctx(ingress_ifindex: u32, ifindex: u32) -> Vec<u8> {
     let mut ctx = vec![0u8; 44];
     ctx[36..40].copy_from_slice(&ingress_ifindex.to_ne_bytes());
+    ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
     ctx
 }
 
-/// Runs a program on `frame`; returns (verdict, frame after).
-fn run_prog(prog: &str, frame: &[u8], ingress_ifindex: u32) -> (u32, Vec<u8>) {
-    with_ebpf(|ebpf| {
-        let p: &SchedClassifier = ebpf.program(prog).expect(prog).try_into().expect("tc");
+/// Runs a program on `frame` as seen on interface `dev`; returns (verdict,
+/// frame after).
+fn run_prog(prog: &str, frame: &[u8], ingress_ifindex: u32, dev: u32) -> (u32, Vec<u8>) {
+    with_world(|w| {
+        let p: &SchedClassifier = w.ebpf.program(prog).expect(prog).try_into().expect("tc");
         let mut out = vec![0u8; frame.len() + 256];
-        let ctx = skb_ctx(ingress_ifindex);
+        let ctx = skb_ctx(ingress_ifindex, dev);
         let mut opts = TestRunOptions::new();
         opts.data_in = Some(frame);
         opts.data_out = Some(&mut out);
@@ -154,14 +297,15 @@ fn run_prog(prog: &str, frame: &[u8], ingress_ifindex: u32) -> (u32, Vec<u8>) {
     })
 }
 
-/// Toward pods (TC egress), as forwarded traffic.
-fn egress(frame: &[u8]) -> (u32, Vec<u8>) {
-    run_prog("cozy_egress", frame, 1)
+/// Leaving toward a pod of this node (TC egress of its interface), as
+/// forwarded traffic.
+fn to_pod(frame: &[u8], dev: u32) -> (u32, Vec<u8>) {
+    run_prog("cozy_egress", frame, ifs().up, dev)
 }
 
-/// From pods or the outside (TC ingress).
-fn ingress(frame: &[u8]) -> (u32, Vec<u8>) {
-    run_prog("cozy_ingress", frame, 1)
+/// Arriving on interface `dev` (TC ingress).
+fn arriving(frame: &[u8], dev: u32) -> (u32, Vec<u8>) {
+    run_prog("cozy_ingress", frame, dev, dev)
 }
 
 fn assert_rewritten(out: &[u8], src: IpAddr, dst: IpAddr, what: &str) {
@@ -176,13 +320,20 @@ fn assert_rewritten(out: &[u8], src: IpAddr, dst: IpAddr, what: &str) {
     );
 }
 
+fn icmp_of(n: &Net) -> u8 {
+    if n.ext.is_ipv4() {
+        ICMP
+    } else {
+        ICMPV6
+    }
+}
+
 #[test]
-fn ingress_rewrite_toward_the_pod_for_every_protocol() {
+fn toward_the_pod_every_protocol_is_rewritten() {
+    let i = ifs();
     for n in nets() {
-        let icmp = if n.ext.is_ipv4() { ICMP } else { ICMPV6 };
-        for proto in [TCP, UDP, icmp, GRE] {
-            let frame = Spec::new(n.ext, n.lb, proto).build();
-            let (verdict, out) = egress(&frame);
+        for proto in [TCP, UDP, icmp_of(&n), GRE] {
+            let (verdict, out) = to_pod(&Spec::new(n.ext, n.lb, proto).build(), i.pod);
             assert_eq!(verdict, PASS, "proto {proto} {}", n.lb);
             assert_rewritten(&out, n.ext, n.pod, &format!("proto {proto} to {}", n.lb));
             if proto != GRE {
@@ -196,12 +347,11 @@ fn ingress_rewrite_toward_the_pod_for_every_protocol() {
 }
 
 #[test]
-fn egress_rewrite_from_the_pod_for_every_protocol() {
+fn from_the_pod_leaving_the_cluster_every_protocol_is_rewritten() {
+    let i = ifs();
     for n in nets() {
-        let icmp = if n.ext.is_ipv4() { ICMP } else { ICMPV6 };
-        for proto in [TCP, UDP, icmp, GRE] {
-            let frame = Spec::new(n.pod, n.ext, proto).build();
-            let (verdict, out) = ingress(&frame);
+        for proto in [TCP, UDP, icmp_of(&n), GRE] {
+            let (verdict, out) = arriving(&Spec::new(n.pod, n.ext, proto).build(), i.pod);
             assert_eq!(verdict, PASS);
             assert_rewritten(&out, n.lb, n.ext, &format!("proto {proto} from {}", n.pod));
         }
@@ -209,25 +359,82 @@ fn egress_rewrite_from_the_pod_for_every_protocol() {
 }
 
 #[test]
-fn untouched_traffic_passes_unchanged() {
+fn toward_the_cluster_and_the_node_the_pod_keeps_its_ip() {
+    let i = ifs();
     for n in nets() {
-        for (prog, frame) in [
-            ("cozy_egress", Spec::new(n.ext, n.ext, TCP).build()),
-            ("cozy_ingress", Spec::new(n.ext, n.lb, TCP).build()),
-            ("cozy_ingress", Spec::new(n.ext, n.pod, UDP).build()),
+        // A pod of the cluster, this node's own address, multicast and
+        // link-local neighbours (neighbour discovery).
+        let (mc, ll) = if n.ext.is_ipv4() {
+            (ip("224.0.0.251"), ip("169.254.20.10"))
+        } else {
+            (ip("ff02::1:ff00:1"), ip("fe80::1"))
+        };
+        for dst in [n.client, n.rpod, n.node, mc, ll] {
+            let frame = Spec::new(n.pod, dst, UDP).build();
+            let (verdict, out) = arriving(&frame, i.pod);
+            assert_eq!(
+                (verdict, out),
+                (PASS, frame),
+                "{} -> {dst} must keep the pod IP",
+                n.pod
+            );
+        }
+        // Neighbour discovery with hop limit 255 to a multicast group.
+        if !n.ext.is_ipv4() {
+            let mut ns = Spec::new(n.pod, mc, ICMPV6);
+            ns.icmp_type = Some(135);
+            ns.hop_limit = 255;
+            let frame = ns.build();
+            assert_eq!(
+                arriving(&frame, i.pod),
+                (PASS, frame),
+                "neighbour solicitation"
+            );
+        }
+    }
+}
+
+#[test]
+fn neighbour_discovery_sent_to_an_lb_ip_is_translated_like_any_packet() {
+    let i = ifs();
+    let n = &nets()[1];
+    for hop_limit in [255, 64] {
+        let mut ns = Spec::new(n.ext, n.lb, ICMPV6);
+        ns.icmp_type = Some(135);
+        ns.hop_limit = hop_limit;
+        let (verdict, out) = to_pod(&ns.build(), i.pod);
+        assert_eq!(verdict, PASS);
+        assert_rewritten(&out, n.ext, n.pod, "neighbour solicitation to an LB IP");
+    }
+}
+
+#[test]
+fn untouched_traffic_passes_unchanged() {
+    let i = ifs();
+    for n in nets() {
+        for (prog, frame, dev) in [
+            ("cozy_egress", Spec::new(n.ext, n.ext, TCP).build(), i.up),
+            ("cozy_ingress", Spec::new(n.ext, n.lb, TCP).build(), i.up),
+            (
+                "cozy_ingress",
+                Spec::new(n.ext, n.client, UDP).build(),
+                i.up,
+            ),
+            // Outside traffic to another node's mapping: forwarded there
+            // untranslated.
+            ("cozy_ingress", Spec::new(n.ext, n.rlb, TCP).build(), i.up),
+            ("cozy_egress", Spec::new(n.ext, n.rlb, TCP).build(), i.peer),
         ] {
-            let (verdict, out) = run_prog(prog, &frame, 1);
+            let (verdict, out) = run_prog(prog, &frame, i.up, dev);
             assert_eq!(verdict, PASS);
             assert_eq!(out, frame, "{prog} changed a packet it does not own");
         }
     }
-    // Not IP (ARP).
     let mut arp = vec![0xffu8; 12];
     arp.extend_from_slice(&[0x08, 0x06]);
     arp.extend_from_slice(&[0u8; 28]);
     for prog in ["cozy_ingress", "cozy_egress"] {
-        let (verdict, out) = run_prog(prog, &arp, 1);
-        assert_eq!((verdict, out), (PASS, arp.clone()));
+        assert_eq!(run_prog(prog, &arp, i.up, i.up), (PASS, arp.clone()));
     }
 }
 
@@ -236,7 +443,7 @@ fn ipv4_udp_without_checksum_keeps_zero() {
     let n = &nets()[0];
     let mut spec = Spec::new(n.ext, n.lb, UDP);
     spec.udp_no_checksum = true;
-    let (verdict, out) = egress(&spec.build());
+    let (verdict, out) = to_pod(&spec.build(), ifs().pod);
     assert_eq!(verdict, PASS);
     let seen = inspect(&out);
     assert_eq!(seen.dst, n.pod);
@@ -250,14 +457,69 @@ fn ipv4_udp_without_checksum_keeps_zero() {
 
 #[test]
 fn unmapped_lb_ip_is_dropped() {
+    let i = ifs();
     for n in nets() {
-        let (verdict, _) = ingress(&Spec::new(n.ext, n.unmapped, TCP).build());
-        assert_eq!(verdict, DROP, "{}", n.unmapped);
+        assert_eq!(
+            arriving(&Spec::new(n.ext, n.unmapped, TCP).build(), i.up).0,
+            DROP,
+            "{}",
+            n.unmapped
+        );
     }
 }
 
 #[test]
+fn forged_sources_are_dropped_and_create_nothing() {
+    let i = ifs();
+    for n in nets() {
+        // A mapped pod's IP from another pod's interface, or from outside.
+        for dev in [i.client, i.up, i.fpod] {
+            let (verdict, _) = arriving(&Spec::new(n.pod, n.ext, TCP).ports(22, 4444).build(), dev);
+            assert_eq!(verdict, DROP, "pod IP from ifindex {dev}");
+        }
+        // A filtered pod's forged flow opens nothing: the "reply" to the
+        // unlisted port stays dropped.
+        let forged = Spec::new(n.fpod, n.ext, TCP).ports(8080, 4444).build();
+        assert_eq!(arriving(&forged, i.client).0, DROP);
+        let reply = Spec::new(n.ext, n.flb, TCP).ports(4444, 8080).build();
+        assert_eq!(
+            to_pod(&reply, i.fpod).0,
+            DROP,
+            "a forged flow opened the filter"
+        );
+        // Managed LB IPs are never a legitimate source here (local or
+        // unmapped); another node's LB IP only from that node's path.
+        for lb in [n.lb, n.flb, n.unmapped] {
+            for dev in [i.up, i.pod] {
+                assert_eq!(
+                    arriving(&Spec::new(lb, n.ext, UDP).build(), dev).0,
+                    DROP,
+                    "{lb} from {dev}"
+                );
+            }
+        }
+        assert_eq!(arriving(&Spec::new(n.rlb, n.lb, UDP).build(), i.up).0, DROP);
+        let frame = Spec::new(n.rlb, n.lb, UDP).build();
+        assert_eq!(
+            arriving(&frame, i.peer),
+            (PASS, frame.clone()),
+            "VM to VM from the other node"
+        );
+        // Another node's pod from its path: in-cluster traffic, untouched.
+        let frame = Spec::new(n.rpod, n.client, UDP).build();
+        assert_eq!(arriving(&frame, i.peer), (PASS, frame.clone()));
+        assert_eq!(arriving(&frame, i.up).0, DROP);
+    }
+    let drops = with_world(|w| w.kernel.counters().expect("counters").drops);
+    assert!(
+        drops["spoofed_source"].packets >= 20,
+        "spoofed drops counted: {drops:?}"
+    );
+}
+
+#[test]
 fn port_filter_lets_listed_ports_in_and_drops_the_rest() {
+    let i = ifs();
     for n in nets() {
         for (proto, port, want) in [
             (TCP, 22, PASS),
@@ -266,123 +528,286 @@ fn port_filter_lets_listed_ports_in_and_drops_the_rest() {
             (UDP, 5353, DROP),
             (TCP, 53, DROP),
         ] {
-            let frame = Spec::new(n.ext, n.flb, proto).ports(50000, port).build();
-            let (verdict, out) = egress(&frame);
+            let (verdict, out) = to_pod(
+                &Spec::new(n.ext, n.flb, proto).ports(50000, port).build(),
+                i.fpod,
+            );
             assert_eq!(verdict, want, "{proto}/{port} to {}", n.flb);
             if want == PASS {
                 assert_rewritten(&out, n.ext, n.fpod, "filtered pass");
             }
         }
-        // Other protocols and ICMP (no allowICMP) are dropped.
-        let icmp = if n.ext.is_ipv4() { ICMP } else { ICMPV6 };
-        for proto in [GRE, icmp] {
-            let (verdict, _) = egress(&Spec::new(n.ext, n.flb, proto).build());
-            assert_eq!(verdict, DROP, "proto {proto}");
+        for proto in [GRE, icmp_of(&n)] {
+            assert_eq!(
+                to_pod(&Spec::new(n.ext, n.flb, proto).build(), i.fpod).0,
+                DROP,
+                "proto {proto}"
+            );
         }
         // Straight to the pod IP: filtered too.
-        let (verdict, _) = egress(&Spec::new(n.ext, n.fpod, TCP).ports(1, 8080).build());
-        assert_eq!(verdict, DROP);
-        // The node's own traffic (not forwarded) is not filtered.
-        let (verdict, _) = run_prog(
-            "cozy_egress",
-            &Spec::new(n.ext, n.fpod, TCP).ports(1, 8080).build(),
-            0,
+        assert_eq!(
+            to_pod(
+                &Spec::new(n.ext, n.fpod, TCP).ports(1, 8080).build(),
+                i.fpod
+            )
+            .0,
+            DROP
         );
-        assert_eq!(verdict, PASS, "node-originated traffic");
+        // The node's own traffic (not forwarded) is not filtered.
+        let own = Spec::new(n.node, n.fpod, TCP).ports(1, 8080).build();
+        assert_eq!(
+            run_prog("cozy_egress", &own, 0, i.fpod).0,
+            PASS,
+            "node-originated traffic"
+        );
+        // Fails closed: a TCP segment too short to hold its ports.
+        let mut short = Spec::new(n.ext, n.flb, TCP).ports(1, 22).build();
+        short.truncate(short.len() - Spec::new(n.ext, n.flb, TCP).payload.len() - 18);
+        assert_eq!(to_pod(&short, i.fpod).0, DROP, "ports unreadable: dropped");
     }
 }
 
 #[test]
 fn replies_to_flows_the_filtered_pod_started_pass() {
+    let i = ifs();
     for n in nets() {
-        let icmp = if n.ext.is_ipv4() { ICMP } else { ICMPV6 };
-        // Reply before the pod sent anything: dropped.
         let reply = Spec::new(n.ext, n.flb, TCP).ports(443, 41000).build();
-        assert_eq!(egress(&reply).0, DROP, "unsolicited");
-        // The pod opens the flow (recorded as it leaves)...
-        let (verdict, out) = ingress(&Spec::new(n.fpod, n.ext, TCP).ports(41000, 443).build());
+        assert_eq!(to_pod(&reply, i.fpod).0, DROP, "unsolicited");
+        let (verdict, out) = arriving(
+            &Spec::new(n.fpod, n.ext, TCP).ports(41000, 443).build(),
+            i.fpod,
+        );
         assert_eq!(verdict, PASS);
         assert_rewritten(&out, n.flb, n.ext, "pod flow out");
-        // ...then the reply passes, and another peer port does not.
-        assert_eq!(egress(&reply).0, PASS, "reply");
+        assert_eq!(to_pod(&reply, i.fpod).0, PASS, "reply");
         assert_eq!(
-            egress(&Spec::new(n.ext, n.flb, TCP).ports(444, 41000).build()).0,
+            to_pod(
+                &Spec::new(n.ext, n.flb, TCP).ports(444, 41000).build(),
+                i.fpod
+            )
+            .0,
             DROP
         );
-        // ICMP echo: the reply to the pod's own ping passes.
+        let icmp = icmp_of(&n);
         let mut ping = Spec::new(n.fpod, n.ext, icmp);
         ping.sport = 777;
-        assert_eq!(ingress(&ping.build()).0, PASS);
+        assert_eq!(arriving(&ping.build(), i.fpod).0, PASS);
         let mut pong = Spec::new(n.ext, n.flb, icmp);
         pong.icmp_type = Some(if icmp == ICMP { 0 } else { 129 });
         pong.sport = 777;
-        assert_eq!(egress(&pong.build()).0, PASS, "echo reply");
+        assert_eq!(to_pod(&pong.build(), i.fpod).0, PASS, "echo reply");
         pong.sport = 778;
-        assert_eq!(egress(&pong.build()).0, DROP, "echo reply to another id");
+        assert_eq!(
+            to_pod(&pong.build(), i.fpod).0,
+            DROP,
+            "echo reply to another id"
+        );
     }
 }
 
-/// An ICMP error from `n.ext` quoting the datagram LB:sport -> ext:dport.
-fn icmp_error(n: &Net, sport: u16, dport: u16) -> Vec<u8> {
-    let quoted = Spec::new(n.flb, n.ext, UDP).ports(sport, dport).build();
-    let quoted_ip = quoted[14..].to_vec();
-    let v4 = n.ext.is_ipv4();
-    let mut err = Spec::new(n.ext, n.flb, if v4 { ICMP } else { ICMPV6 });
-    err.icmp_type = Some(if v4 { 3 } else { 1 }); // unreachable
+/// An ICMP error from `from` to `to` quoting the UDP datagram
+/// `qsrc:sport -> qdst:dport` (cut to `cut` bytes of its IP packet).
+fn icmp_error(
+    from: IpAddr,
+    to: IpAddr,
+    qsrc: IpAddr,
+    qdst: IpAddr,
+    sport: u16,
+    dport: u16,
+    cut: Option<usize>,
+) -> Vec<u8> {
+    let quoted = Spec::new(qsrc, qdst, UDP).ports(sport, dport).build();
+    let mut quoted_ip = quoted[14..].to_vec();
+    if let Some(c) = cut {
+        quoted_ip.truncate(c);
+    }
+    let v4 = from.is_ipv4();
+    let mut err = Spec::new(from, to, if v4 { ICMP } else { ICMPV6 });
+    err.icmp_type = Some(if v4 { 3 } else { 1 });
     err.sport = 0;
     err.payload = quoted_ip;
     err.build()
 }
 
 #[test]
-fn icmp_errors_about_the_pods_own_flows_pass() {
+fn icmp_errors_about_the_pods_flows_quote_the_pod_on_arrival() {
+    let i = ifs();
     for n in nets() {
-        assert_eq!(
-            egress(&icmp_error(&n, 42000, 53)).0,
-            DROP,
-            "error about an unknown flow"
+        // Passthrough: outer and quoted LB IP become the pod, every
+        // checksum right (outer, quoted IP header, quoted UDP).
+        let (verdict, out) = to_pod(
+            &icmp_error(n.ext, n.lb, n.lb, n.ext, 42000, 53, None),
+            i.pod,
         );
+        assert_eq!(verdict, PASS);
+        assert_rewritten(&out, n.ext, n.pod, "ICMP error");
+        let q = inspect(&out).quoted.expect("quote");
+        assert_eq!((q.src, q.dst), (n.pod, n.ext), "quoted header");
+        assert!(q.ip_checksum_ok, "quoted IPv4 header checksum");
+        assert_eq!(q.l4_checksum_ok, Some(true), "quoted UDP checksum");
+        // A quote cut inside the UDP header: the addresses still change,
+        // the outer checksum stays right; a quote cut inside the IP header
+        // is left alone.
+        let short = if n.ext.is_ipv4() { 24 } else { 44 };
+        let (verdict, out) = to_pod(
+            &icmp_error(n.ext, n.lb, n.lb, n.ext, 42000, 53, Some(short)),
+            i.pod,
+        );
+        assert_eq!(verdict, PASS);
+        assert_rewritten(&out, n.ext, n.pod, "short quote");
+        assert_eq!(inspect(&out).quoted.map(|q| q.src), Some(n.pod));
+        // Cut inside the quoted source address.
+        let cut = if n.ext.is_ipv4() { 14 } else { 20 };
+        let frame = icmp_error(n.ext, n.lb, n.lb, n.ext, 42000, 53, Some(cut));
+        let (verdict, out) = to_pod(&frame, i.pod);
+        assert_eq!(verdict, PASS);
+        assert_rewritten(&out, n.ext, n.pod, "truncated quote");
         assert_eq!(
-            ingress(&Spec::new(n.fpod, n.ext, UDP).ports(42000, 53).build()).0,
+            out[out.len() - cut..],
+            frame[frame.len() - cut..],
+            "truncated quote left alone"
+        );
+        // Filtered pod: only an error about its own flow passes.
+        let err = icmp_error(n.ext, n.flb, n.flb, n.ext, 42001, 53, None);
+        assert_eq!(to_pod(&err, i.fpod).0, DROP, "error about an unknown flow");
+        assert_eq!(
+            arriving(
+                &Spec::new(n.fpod, n.ext, UDP).ports(42001, 53).build(),
+                i.fpod
+            )
+            .0,
             PASS
         );
-        let (verdict, out) = egress(&icmp_error(&n, 42000, 53));
+        let (verdict, out) = to_pod(&err, i.fpod);
         assert_eq!(verdict, PASS, "error about the pod's flow");
-        assert_rewritten(&out, n.ext, n.fpod, "ICMP error");
+        assert_eq!(inspect(&out).quoted.map(|q| q.src), Some(n.fpod));
+    }
+}
+
+#[test]
+fn icmp_errors_the_pod_sends_quote_its_lb_ip() {
+    let i = ifs();
+    for n in nets() {
+        // The pod refuses ext's datagram (that came through the LB IP).
+        let err = icmp_error(n.pod, n.ext, n.ext, n.pod, 53, 42000, None);
+        let (verdict, out) = arriving(&err, i.pod);
+        assert_eq!(verdict, PASS);
+        assert_rewritten(&out, n.lb, n.ext, "pod's ICMP error");
+        let q = inspect(&out).quoted.expect("quote");
+        assert_eq!(
+            (q.src, q.dst),
+            (n.ext, n.lb),
+            "quoted header names the LB IP"
+        );
+        assert!(q.ip_checksum_ok);
+        assert_eq!(q.l4_checksum_ok, Some(true));
+    }
+}
+
+#[test]
+fn in_cluster_clients_are_translated_where_they_are() {
+    let i = ifs();
+    for n in nets() {
+        // A pod of this node to another node's LB IP: leaves for the pod.
+        let req = Spec::new(n.client, n.rlb, TCP).ports(33000, 80).build();
+        let (verdict, out) = arriving(&req, i.client);
+        assert_eq!(verdict, PASS);
+        assert_rewritten(&out, n.client, n.rpod, "client-side translation");
+        // The reply: untouched before conntrack (it saw client <-> pod)...
+        let reply = Spec::new(n.rpod, n.client, TCP).ports(80, 33000).build();
+        assert_eq!(arriving(&reply, i.peer), (PASS, reply.clone()));
+        // ...and from the LB IP after it, leaving toward the client.
+        let (verdict, out) = run_prog("cozy_egress", &reply, i.peer, i.client);
+        assert_eq!(verdict, PASS);
+        assert_rewritten(&out, n.rlb, n.client, "reply from the LB IP");
+        // The node's own socket to a local LB IP: translated at TC egress
+        // (conntrack saw the LB IP), the reply before conntrack.
+        let own = Spec::new(n.node, n.lb, TCP).ports(34000, 80).build();
+        let (verdict, out) = run_prog("cozy_egress", &own, 0, i.pod);
+        assert_eq!(verdict, PASS);
+        assert_rewritten(&out, n.node, n.pod, "node to LB IP");
+        let back = Spec::new(n.pod, n.node, TCP).ports(80, 34000).build();
+        let (verdict, out) = arriving(&back, i.pod);
+        assert_eq!(verdict, PASS);
+        assert_rewritten(&out, n.lb, n.node, "reply to the node from the LB IP");
+        // The node's own socket to another node's LB IP.
+        let own = Spec::new(n.node, n.rlb, UDP).ports(35000, 53).build();
+        let (verdict, out) = run_prog("cozy_egress", &own, 0, i.peer);
+        assert_eq!(verdict, PASS);
+        assert_rewritten(&out, n.node, n.rpod, "node to a remote LB IP");
+        let back = Spec::new(n.rpod, n.node, UDP).ports(53, 35000).build();
+        let (verdict, out) = arriving(&back, i.peer);
+        assert_eq!(verdict, PASS);
+        assert_rewritten(&out, n.rlb, n.node, "reply from a remote LB IP");
+    }
+}
+
+#[test]
+fn source_ranges_let_only_listed_sources_through_the_lb_ip() {
+    let i = ifs();
+    for n in nets() {
+        let (verdict, out) = to_pod(&Spec::new(n.allowed, n.slb, TCP).build(), i.pod);
+        assert_eq!(verdict, PASS, "listed source");
+        assert_rewritten(&out, n.allowed, n.spod, "listed source");
+        assert_eq!(
+            to_pod(&Spec::new(n.ext, n.slb, TCP).build(), i.pod).0,
+            DROP,
+            "unlisted source"
+        );
+        // Replies to the pod's own flows are not restricted.
+        assert_eq!(
+            arriving(
+                &Spec::new(n.spod, n.ext, TCP).ports(45000, 443).build(),
+                i.pod
+            )
+            .0,
+            PASS
+        );
+        assert_eq!(
+            to_pod(
+                &Spec::new(n.ext, n.slb, TCP).ports(443, 45000).build(),
+                i.pod
+            )
+            .0,
+            PASS,
+            "reply"
+        );
+        // In-cluster clients through the LB IP: checked too (where they
+        // are translated), but reaching the pod IP is not restricted.
+        let frame = Spec::new(n.client, n.spod, TCP).build();
+        assert_eq!(to_pod(&frame, i.pod), (PASS, frame.clone()));
     }
 }
 
 #[test]
 fn fragments_follow_their_first_fragment() {
+    let i = ifs();
     for n in nets() {
         let frag = |dport: u16, id: u32, offset: u16, more: bool| {
             let mut s = Spec::new(n.ext, n.flb, UDP).ports(50000, dport);
             s.fragment = Some((id, offset, more));
             s.build()
         };
-        // Allowed port: first and later fragments pass.
-        assert_eq!(egress(&frag(53, 7, 0, true)).0, PASS);
-        let (verdict, out) = egress(&frag(53, 7, 32, false));
+        assert_eq!(to_pod(&frag(53, 7, 0, true), i.fpod).0, PASS);
+        let (verdict, out) = to_pod(&frag(53, 7, 32, false), i.fpod);
         assert_eq!(verdict, PASS, "later fragment of an admitted datagram");
         assert_eq!(inspect(&out).dst, n.fpod);
         assert!(inspect(&out).ip_checksum_ok);
-        // Unlisted port: the first is dropped and a later one cannot sneak by.
-        assert_eq!(egress(&frag(8080, 8, 0, true)).0, DROP);
+        assert_eq!(to_pod(&frag(8080, 8, 0, true), i.fpod).0, DROP);
         assert_eq!(
-            egress(&frag(8080, 8, 32, false)).0,
+            to_pod(&frag(8080, 8, 32, false), i.fpod).0,
             DROP,
             "later fragment of a dropped datagram"
         );
         assert_eq!(
-            egress(&frag(53, 9, 64, false)).0,
+            to_pod(&frag(53, 9, 64, false), i.fpod).0,
             DROP,
             "later fragment without a first"
         );
-        // Passthrough: a later fragment is rewritten, its payload untouched.
         let mut s = Spec::new(n.ext, n.lb, UDP);
         s.fragment = Some((10, 64, false));
         let frame = s.build();
-        let (verdict, out) = egress(&frame);
+        let (verdict, out) = to_pod(&frame, i.pod);
         assert_eq!(verdict, PASS);
         assert_rewritten(&out, n.ext, n.pod, "later fragment");
         assert_eq!(
@@ -394,12 +819,13 @@ fn fragments_follow_their_first_fragment() {
 
 #[test]
 fn ip_options_extension_headers_and_vlan_tags() {
+    let i = ifs();
     for n in nets() {
         for (options, vlan) in [(true, false), (false, true), (true, true)] {
             let mut s = Spec::new(n.ext, n.lb, TCP);
             s.options = options;
             s.vlan = vlan;
-            let (verdict, out) = egress(&s.build());
+            let (verdict, out) = to_pod(&s.build(), i.pod);
             assert_eq!(verdict, PASS);
             assert_rewritten(
                 &out,
@@ -413,23 +839,11 @@ fn ip_options_extension_headers_and_vlan_tags() {
 }
 
 #[test]
-fn neighbour_discovery_is_not_translated() {
-    let n = &nets()[1];
-    for t in [133u8, 135, 136] {
-        let mut s = Spec::new(n.pod, n.ext, ICMPV6);
-        s.icmp_type = Some(t);
-        let frame = s.build();
-        let (verdict, out) = ingress(&frame);
-        assert_eq!((verdict, out), (PASS, frame), "ND type {t}");
-    }
-}
-
-#[test]
 fn truncated_and_malformed_frames_never_break_the_programs() {
+    let i = ifs();
     for n in nets() {
         // BPF_PROG_TEST_RUN itself refuses frames whose fixed IP header is
-        // cut (EINVAL), so the cuts start right after it: inside IPv6
-        // extension headers, inside the L4 header, before the checksum.
+        // cut (EINVAL), so the cuts start right after it.
         let ip_end = if n.ext.is_ipv4() { 34 } else { 54 };
         for options in [false, true] {
             let mut spec = Spec::new(n.ext, n.lb, TCP);
@@ -437,18 +851,17 @@ fn truncated_and_malformed_frames_never_break_the_programs() {
             let full = spec.build();
             for cut in ip_end..full.len() {
                 let frame = &full[..cut];
-                for prog in ["cozy_ingress", "cozy_egress"] {
-                    let (verdict, out) = run_prog(prog, frame, 1);
+                for (prog, dev) in [("cozy_ingress", i.up), ("cozy_egress", i.pod)] {
+                    let (verdict, out) = run_prog(prog, frame, i.up, dev);
                     assert_eq!(verdict, PASS, "{prog} on {cut} bytes");
                     assert_eq!(out.len(), frame.len(), "{prog} changed the length");
                 }
             }
         }
-        // IPv4 with a header length below 20, and a wrong version.
         let mut bad = Spec::new(n.ext, n.lb, TCP).build();
         bad[14] = if n.ext.is_ipv4() { 0x44 } else { 0x40 };
         assert_eq!(
-            egress(&bad),
+            to_pod(&bad, i.pod),
             (PASS, bad.clone()),
             "malformed header left alone"
         );

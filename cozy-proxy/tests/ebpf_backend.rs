@@ -60,23 +60,22 @@ fn bpftool_shows_readable_maps_and_tcx_links() -> Result<()> {
         "map",
         "dump",
         "pinned",
-        &pins.join("svc_pod").display().to_string(),
+        &pins.join("addrs").display().to_string(),
     ])?;
-    let entry = &dump.as_array().context("array")?[0];
     // BTF-typed: bpftool prints the fields of our structs, not hex bytes.
-    let key = &entry["formatted"]["key"];
-    let value = &entry["formatted"]["value"];
+    let v4 = |v: &Value| v["addr"].as_array().map(|a| a[..4].to_vec());
+    let octets = |a: [u64; 4]| Some(a.iter().map(|o| Value::from(*o)).collect::<Vec<_>>());
+    let entry = dump
+        .as_array()
+        .context("array")?
+        .iter()
+        .find(|e| v4(&e["formatted"]["key"]) == octets([203, 0, 113, 10]))
+        .with_context(|| format!("no entry for the LB IP: {dump}"))?;
+    let (key, value) = (&entry["formatted"]["key"], &entry["formatted"]["value"]);
     ensure!(key["family"] == 4, "key: {entry}");
-    ensure!(
-        key["addr"].as_array().map(|a| a[..4].to_vec())
-            == Some(vec![203.into(), 0.into(), 113.into(), 10.into()]),
-        "key: {key}"
-    );
-    ensure!(
-        value["addr"].as_array().map(|a| a[..4].to_vec())
-            == Some(vec![192.into(), 0.into(), 2.into(), 11.into()]),
-        "value: {value}"
-    );
+    ensure!(v4(&value["peer"]) == octets([192, 0, 2, 11]), "value: {value}");
+    // LB | LOCAL | FILTERED (cozy_proxy_common::addr).
+    ensure!(value["flags"] == 2 | 4 | 16, "flags: {value}");
     let ports = bpftool(&[
         "map",
         "dump",

@@ -297,7 +297,7 @@ fn control_plane(args: &[String]) -> Result<()> {
         let mut outcome = None;
         for _ in 0..5 {
             let t = Instant::now();
-            outcome = Some(compute_plan(&services, &slices));
+            outcome = Some(compute_plan(&services, &slices, &[]));
             plan_ms.push(ms(t.elapsed()));
         }
         let outcome = outcome.context("plan")?;
@@ -308,7 +308,11 @@ fn control_plane(args: &[String]) -> Result<()> {
                 outcome.warnings.first()
             );
         }
-        let state = DatapathState::from_plan(&outcome.plan);
+        let state = DatapathState::for_node(
+            &outcome.plan,
+            &Default::default(),
+            cozy_proxy::datapath::NodeView { name: None },
+        );
         let (_, plan_med, _, _) = stats(plan_ms);
         let changes = if n >= 10_000 { 100 } else { 200 };
         let rebuilds = if n >= 10_000 { 5 } else { 20 };

@@ -2,8 +2,28 @@
 //! tested with it, without root. A [`FakeHandle`] lets a test play the rest
 //! of the world: change the "kernel" behind the backend's back (drift),
 //! make the next operations fail, and see what was applied.
-use super::{Applied, BackendKind, DatapathState, Dump, Kernel, StateDiff};
-use std::sync::{Arc, Mutex, MutexGuard};
+use super::{Applied, BackendKind, DatapathState, Dump, Kernel, Path, StateDiff};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+/// The fake kernel's paths: every pod on interface 7 of its own link.
+pub fn paths(pods: &BTreeSet<IpAddr>) -> BTreeMap<IpAddr, Path> {
+    pods.iter()
+        .map(|p| {
+            (
+                *p,
+                Path {
+                    oif: 7,
+                    gateway: None,
+                    onlink: false,
+                },
+            )
+        })
+        .collect()
+}
 
 #[derive(Debug, thiserror::Error)]
 #[error("fake kernel: {0}")]
@@ -65,6 +85,10 @@ impl Kernel for FakeKernel {
         BackendKind::Nft
     }
 
+    fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<BTreeMap<IpAddr, Path>, FakeError> {
+        Ok(paths(pods))
+    }
+
     fn read(&mut self) -> Result<(DatapathState, bool), FakeError> {
         let mut w = self.step()?;
         w.reads += 1;
@@ -82,33 +106,8 @@ impl Kernel for FakeKernel {
         let mut w = self.step()?;
         w.applies += 1;
         let mut next = w.kernel.clone();
-        let gone = |what: &str| FakeError(format!("{what}: no such element"));
-        for (k, _) in &diff.svc_pod.remove {
-            next.svc_pod.remove(k).ok_or_else(|| gone("svc_pod"))?;
-        }
-        for (k, _) in &diff.pod_svc.remove {
-            next.pod_svc.remove(k).ok_or_else(|| gone("pod_svc"))?;
-        }
-        for p in &diff.allowed_ports.remove {
-            next.allowed_ports
-                .remove(p)
-                .then_some(())
-                .ok_or_else(|| gone("allowed_ports"))?;
-        }
-        for (set, change) in [
-            (&mut next.filtered_pods, &diff.filtered_pods),
-            (&mut next.icmp_allowed_pods, &diff.icmp_allowed_pods),
-            (&mut next.unmapped_lbs, &diff.unmapped_lbs),
-        ] {
-            for ip in &change.remove {
-                set.remove(ip).then_some(()).ok_or_else(|| gone("set"))?;
-            }
-            set.extend(change.add.iter().copied());
-        }
-        next.svc_pod.extend(diff.svc_pod.add.iter().copied());
-        next.pod_svc.extend(diff.pod_svc.add.iter().copied());
-        next.allowed_ports
-            .extend(diff.allowed_ports.add.iter().copied());
+        next.apply(diff)
+            .map_err(|what| FakeError(format!("{what}: no such element")))?;
         w.kernel = next;
         let installed_schema = found == Some(false);
         w.schema = true;
@@ -118,9 +117,9 @@ impl Kernel for FakeKernel {
         })
     }
 
-    fn upkeep(&mut self) -> Result<(), FakeError> {
+    fn upkeep(&mut self) -> Result<bool, FakeError> {
         self.world.world().upkeeps += 1;
-        Ok(())
+        Ok(false)
     }
 
     fn dump(&self) -> Result<Dump, FakeError> {

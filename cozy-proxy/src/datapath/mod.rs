@@ -17,11 +17,15 @@ pub mod worker;
 
 pub use counters::{Count, Counters, ServiceCount};
 pub use render::render_text;
-pub use state::{AllowedPort, Change, DatapathState, StateDiff};
+pub use state::{AllowedPort, Change, DatapathState, NextHop, NodeView, Path, StateDiff};
 pub use sync::Synced;
 
 use serde::Serialize;
-use std::fmt;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    net::IpAddr,
+};
 
 /// Which datapath a node runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
@@ -86,6 +90,11 @@ pub trait Kernel {
 
     fn kind(&self) -> BackendKind;
 
+    /// The kernel's paths toward `pods` (a pod it has no route to is left
+    /// out): they decide which interface each guarded address may arrive
+    /// on, and where each LB IP is steered.
+    fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<BTreeMap<IpAddr, Path>, Self::Error>;
+
     /// Reads the elements the kernel holds now (empty where nothing of ours
     /// is installed) and what the schema needs. Drops any cache the backend
     /// keeps of its own: after a read, the kernel is the truth.
@@ -102,8 +111,9 @@ pub trait Kernel {
     ) -> Result<Applied, Self::Error>;
 
     /// Upkeep between syncs (e.g. following interfaces that come and go).
-    fn upkeep(&mut self) -> Result<(), Self::Error> {
-        Ok(())
+    /// True when the kernel's paths may have changed: the caller syncs again.
+    fn upkeep(&mut self) -> Result<bool, Self::Error> {
+        Ok(false)
     }
 
     /// The live state, read back from the kernel.
@@ -133,8 +143,9 @@ pub trait Datapath {
     /// kernel again and repairs any drift.
     fn forget(&mut self);
 
-    /// Periodic upkeep between syncs.
-    fn upkeep(&mut self) -> Result<(), Self::Error>;
+    /// Periodic upkeep between syncs; true when a sync should follow (the
+    /// kernel's paths toward the pods may have changed).
+    fn upkeep(&mut self) -> Result<bool, Self::Error>;
 
     /// Reads the live state back from the kernel.
     fn dump(&self) -> Result<Dump, Self::Error>;

@@ -1,7 +1,9 @@
-//! The tables every datapath holds, derived from a plan. Both backends keep
-//! exactly these collections (per family in the kernel), and `dump` reads
-//! them back into this same shape, so tests compare one value.
-use crate::model::{Mode, Plan};
+//! The tables every datapath holds on one node, derived from the plan (and,
+//! for `guard` and `routes`, from the kernel's own paths toward the pods).
+//! Both backends keep exactly these collections (per family in the
+//! kernel), and `dump` reads them back into this same shape, so tests
+//! compare one value. docs/traffic.md says what each is for.
+use crate::model::{merge_ranges, Cidr, IpRange, Mode, Plan};
 use serde::{Deserialize, Serialize};
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -16,13 +18,53 @@ pub struct AllowedPort {
     pub port: u16,
 }
 
+/// How the kernel reaches a pod: the interface, and the gateway (none on the
+/// pod's own link).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Path {
+    pub oif: u32,
+    pub gateway: Option<IpAddr>,
+    /// RTNH_F_ONLINK: the gateway is on the link without a route to it.
+    pub onlink: bool,
+}
+
+/// A host route's next hop: where an LB IP is steered. `oif` 0 (and no
+/// gateway): an `unreachable` route, for an LB IP whose pod has no path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct NextHop {
+    pub gateway: Option<IpAddr>,
+    pub oif: u32,
+    pub onlink: bool,
+}
+
+impl NextHop {
+    pub const UNREACHABLE: NextHop = NextHop {
+        gateway: None,
+        oif: 0,
+        onlink: false,
+    };
+
+    /// The route of an LB IP whose pod is reached by `path`: on the pod's
+    /// own link the pod itself is the next hop (the frame gets its MAC).
+    pub fn toward(pod: IpAddr, path: &Path) -> NextHop {
+        NextHop {
+            gateway: Some(path.gateway.unwrap_or(pod)),
+            oif: path.oif,
+            onlink: path.onlink,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DatapathState {
-    /// pod IP -> LoadBalancer IP (egress source rewrite).
+    /// Pods hosted here: pod IP -> LB IP (source rewrite toward the outside).
     pub pod_svc: BTreeMap<IpAddr, IpAddr>,
-    /// LoadBalancer IP -> pod IP (ingress destination rewrite).
+    /// LB IPs of pods hosted here: LB IP -> pod IP (destination rewrite).
     pub svc_pod: BTreeMap<IpAddr, IpAddr>,
-    /// Pods whose Service is in port-filter mode.
+    /// LB IPs of pods hosted on other nodes: LB IP -> pod IP. Steered there
+    /// untranslated; translated here only for in-cluster clients.
+    pub remote: BTreeMap<IpAddr, IpAddr>,
+    /// Pods hosted here whose Service is in port-filter mode.
     pub filtered_pods: BTreeSet<IpAddr>,
     /// Keyed on the pod IP: the filter runs after the destination rewrite.
     pub allowed_ports: BTreeSet<AllowedPort>,
@@ -30,12 +72,60 @@ pub struct DatapathState {
     pub icmp_allowed_pods: BTreeSet<IpAddr>,
     /// LB IPs of managed Services with no mapping: dropped, never routed on.
     pub unmapped_lbs: BTreeSet<IpAddr>,
+    /// The in-cluster ranges, merged (disjoint, not adjacent).
+    pub cluster: BTreeSet<IpRange>,
+    /// LB IPs (of every mapping) restricted by loadBalancerSourceRanges.
+    pub ranged_lbs: BTreeSet<IpAddr>,
+    /// `(LB IP, source range)` allowed to reach the pod through the LB IP,
+    /// merged per LB IP.
+    pub source_ranges: BTreeSet<(IpAddr, IpRange)>,
+    /// Resolved from the kernel's paths: a source address we guard (mapped
+    /// pods, managed LB IPs) -> the only interface it may arrive on (0:
+    /// none; a local or unmapped LB IP is never a legitimate source).
+    pub guard: BTreeMap<IpAddr, u32>,
+    /// Resolved from the kernel's paths: LB IP -> where its host route
+    /// (`proto 249`) sends it, along the path toward its pod.
+    pub routes: BTreeMap<IpAddr, NextHop>,
+}
+
+/// Which node this is, for [`DatapathState::for_node`].
+#[derive(Clone, Copy, Debug)]
+pub struct NodeView<'a> {
+    /// `None` (standalone, or `--node-name` unset): every mapping is local.
+    pub name: Option<&'a str>,
+}
+
+impl NodeView<'_> {
+    /// Does this node translate a mapping whose pod is on `node`?
+    pub fn hosts(&self, node: Option<&str>) -> bool {
+        match (self.name, node) {
+            (Some(me), Some(there)) => me == there,
+            _ => true,
+        }
+    }
 }
 
 impl DatapathState {
-    pub fn from_plan(plan: &Plan) -> Self {
-        let mut s = DatapathState::default();
+    /// What node `me` holds for `plan` (without `guard` and `routes`, which
+    /// [`DatapathState::resolve`] adds from the kernel's paths).
+    pub fn for_node(plan: &Plan, cluster: &BTreeSet<Cidr>, me: NodeView<'_>) -> Self {
+        let mut s = DatapathState {
+            cluster: merge_ranges(cluster.iter().copied()),
+            ..Default::default()
+        };
         for m in &plan.mappings {
+            if let Some(ranges) = &m.source_ranges {
+                s.ranged_lbs.insert(m.lb_ip);
+                s.source_ranges.extend(
+                    merge_ranges(ranges.iter().copied())
+                        .into_iter()
+                        .map(|r| (m.lb_ip, r)),
+                );
+            }
+            if !me.hosts(m.node.as_deref()) {
+                s.remote.insert(m.lb_ip, m.pod_ip);
+                continue;
+            }
             s.pod_svc.insert(m.pod_ip, m.lb_ip);
             s.svc_pod.insert(m.lb_ip, m.pod_ip);
             if let Mode::PortFilter { ports, allow_icmp } = &m.mode {
@@ -54,18 +144,124 @@ impl DatapathState {
         s
     }
 
+    /// Every mapped pod, local or remote: the addresses whose paths
+    /// [`DatapathState::resolve`] needs.
+    pub fn pods(&self) -> BTreeSet<IpAddr> {
+        self.svc_pod
+            .values()
+            .chain(self.remote.values())
+            .copied()
+            .collect()
+    }
+
+    /// Adds `guard` and `routes` from the kernel's `paths` toward the pods.
+    /// A pod without a path gets no route, and its addresses guard 0 (its
+    /// traffic is dropped rather than translated from anywhere).
+    pub fn resolve(&mut self, paths: &BTreeMap<IpAddr, Path>) {
+        self.guard.clear();
+        self.routes.clear();
+        let oif = |pod: &IpAddr| paths.get(pod).map_or(0, |p| p.oif);
+        for (lb, pod) in &self.svc_pod {
+            self.guard.insert(*pod, oif(pod));
+            self.guard.insert(*lb, 0);
+        }
+        for (lb, pod) in &self.remote {
+            self.guard.insert(*pod, oif(pod));
+            self.guard.insert(*lb, oif(pod));
+        }
+        for lb in &self.unmapped_lbs {
+            self.guard.insert(*lb, 0);
+        }
+        // Without a path, an unreachable route: traffic to the LB IP is
+        // refused here rather than sent back out the default route.
+        for (lb, pod) in self.svc_pod.iter().chain(&self.remote) {
+            let hop = paths
+                .get(pod)
+                .map_or(NextHop::UNREACHABLE, |path| NextHop::toward(*pod, path));
+            self.routes.insert(*lb, hop);
+        }
+    }
+
     /// Number of elements over all collections.
     pub fn len(&self) -> usize {
         self.pod_svc.len()
             + self.svc_pod.len()
+            + self.remote.len()
             + self.filtered_pods.len()
             + self.allowed_ports.len()
             + self.icmp_allowed_pods.len()
             + self.unmapped_lbs.len()
+            + self.cluster.len()
+            + self.ranged_lbs.len()
+            + self.source_ranges.len()
+            + self.guard.len()
+            + self.routes.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Holds nothing but what any node holds with no Service at all (the
+    /// in-cluster ranges): nothing to adopt.
+    pub fn has_mappings(&self) -> bool {
+        self.len() > self.cluster.len()
+    }
+
+    /// Applies `diff` as a kernel would: removing an element that is not
+    /// there fails (naming its collection), and so does the whole step.
+    pub fn apply(&mut self, diff: &StateDiff) -> Result<(), &'static str> {
+        fn map<K: Ord + Clone, V: Clone>(
+            m: &mut BTreeMap<K, V>,
+            c: &Change<(K, V)>,
+            name: &'static str,
+        ) -> Result<(), &'static str> {
+            for (k, _) in &c.remove {
+                m.remove(k).ok_or(name)?;
+            }
+            m.extend(c.add.iter().cloned());
+            Ok(())
+        }
+        fn set<T: Ord + Clone>(
+            s: &mut BTreeSet<T>,
+            c: &Change<T>,
+            name: &'static str,
+        ) -> Result<(), &'static str> {
+            for e in &c.remove {
+                s.remove(e).then_some(()).ok_or(name)?;
+            }
+            s.extend(c.add.iter().cloned());
+            Ok(())
+        }
+        map(&mut self.pod_svc, &diff.pod_svc, "pod_svc")?;
+        map(&mut self.svc_pod, &diff.svc_pod, "svc_pod")?;
+        map(&mut self.remote, &diff.remote, "remote")?;
+        set(
+            &mut self.filtered_pods,
+            &diff.filtered_pods,
+            "filtered_pods",
+        )?;
+        set(
+            &mut self.allowed_ports,
+            &diff.allowed_ports,
+            "allowed_ports",
+        )?;
+        set(
+            &mut self.icmp_allowed_pods,
+            &diff.icmp_allowed_pods,
+            "icmp_allowed_pods",
+        )?;
+        set(&mut self.unmapped_lbs, &diff.unmapped_lbs, "unmapped_lbs")?;
+        set(&mut self.cluster, &diff.cluster, "cluster")?;
+        set(&mut self.ranged_lbs, &diff.ranged_lbs, "ranged_lbs")?;
+        set(
+            &mut self.source_ranges,
+            &diff.source_ranges,
+            "source_ranges",
+        )?;
+        map(&mut self.guard, &diff.guard, "guard")?;
+        map(&mut self.routes, &diff.routes, "routes")?;
+        Ok(())
     }
 
     /// What turns `self` into `target`.
@@ -73,10 +269,16 @@ impl DatapathState {
         StateDiff {
             pod_svc: Change::of_maps(&self.pod_svc, &target.pod_svc),
             svc_pod: Change::of_maps(&self.svc_pod, &target.svc_pod),
+            remote: Change::of_maps(&self.remote, &target.remote),
             filtered_pods: Change::of_sets(&self.filtered_pods, &target.filtered_pods),
             allowed_ports: Change::of_sets(&self.allowed_ports, &target.allowed_ports),
             icmp_allowed_pods: Change::of_sets(&self.icmp_allowed_pods, &target.icmp_allowed_pods),
             unmapped_lbs: Change::of_sets(&self.unmapped_lbs, &target.unmapped_lbs),
+            cluster: Change::of_sets(&self.cluster, &target.cluster),
+            ranged_lbs: Change::of_sets(&self.ranged_lbs, &target.ranged_lbs),
+            source_ranges: Change::of_sets(&self.source_ranges, &target.source_ranges),
+            guard: Change::of_maps(&self.guard, &target.guard),
+            routes: Change::of_maps(&self.routes, &target.routes),
         }
     }
 }
@@ -89,6 +291,15 @@ pub struct Change<T> {
     pub add: Vec<T>,
 }
 
+impl<T> Default for Change<T> {
+    fn default() -> Self {
+        Change {
+            remove: Vec::new(),
+            add: Vec::new(),
+        }
+    }
+}
+
 impl<T: Ord + Clone> Change<T> {
     pub fn of_sets(old: &BTreeSet<T>, new: &BTreeSet<T>) -> Self {
         Change {
@@ -99,6 +310,10 @@ impl<T: Ord + Clone> Change<T> {
 
     pub fn is_empty(&self) -> bool {
         self.remove.is_empty() && self.add.is_empty()
+    }
+
+    pub fn size(&self) -> usize {
+        self.remove.len() + self.add.len()
     }
 }
 
@@ -117,36 +332,40 @@ impl<K: Ord + Clone, V: Ord + Clone> Change<(K, V)> {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StateDiff {
     pub pod_svc: Change<(IpAddr, IpAddr)>,
     pub svc_pod: Change<(IpAddr, IpAddr)>,
+    pub remote: Change<(IpAddr, IpAddr)>,
     pub filtered_pods: Change<IpAddr>,
     pub allowed_ports: Change<AllowedPort>,
     pub icmp_allowed_pods: Change<IpAddr>,
     pub unmapped_lbs: Change<IpAddr>,
+    pub cluster: Change<IpRange>,
+    pub ranged_lbs: Change<IpAddr>,
+    pub source_ranges: Change<(IpAddr, IpRange)>,
+    pub guard: Change<(IpAddr, u32)>,
+    pub routes: Change<(IpAddr, NextHop)>,
 }
 
 impl StateDiff {
     pub fn is_empty(&self) -> bool {
-        self.pod_svc.is_empty()
-            && self.svc_pod.is_empty()
-            && self.filtered_pods.is_empty()
-            && self.allowed_ports.is_empty()
-            && self.icmp_allowed_pods.is_empty()
-            && self.unmapped_lbs.is_empty()
+        self.size() == 0
     }
 
     /// Elements removed plus elements added.
     pub fn size(&self) -> usize {
-        fn n<T>(c: &Change<T>) -> usize {
-            c.remove.len() + c.add.len()
-        }
-        n(&self.pod_svc)
-            + n(&self.svc_pod)
-            + n(&self.filtered_pods)
-            + n(&self.allowed_ports)
-            + n(&self.icmp_allowed_pods)
-            + n(&self.unmapped_lbs)
+        self.pod_svc.size()
+            + self.svc_pod.size()
+            + self.remote.size()
+            + self.filtered_pods.size()
+            + self.allowed_ports.size()
+            + self.icmp_allowed_pods.size()
+            + self.unmapped_lbs.size()
+            + self.cluster.size()
+            + self.ranged_lbs.size()
+            + self.source_ranges.size()
+            + self.guard.size()
+            + self.routes.size()
     }
 }

@@ -26,6 +26,10 @@ impl<K: Kernel> Synced<K> {
     }
 
     fn try_sync(&mut self, desired: &DatapathState) -> Result<SyncReport, K::Error> {
+        let mut desired = desired.clone();
+        let paths = self.kernel.paths(&desired.pods())?;
+        desired.resolve(&paths);
+        let desired = &desired;
         let (known, found) = match self.known.take() {
             Some(known) => (known, None),
             None => {
@@ -46,7 +50,7 @@ impl<K: Kernel> Synced<K> {
 /// The state a datapath found in the kernel at a fresh read: what a
 /// previous instance (or our own last run) left, taken over as it is.
 fn adopt(kind: BackendKind, live: DatapathState) -> DatapathState {
-    if !live.is_empty() {
+    if live.has_mappings() {
         info!(backend = %kind, elements = live.len(), "adopting the datapath found in the kernel");
     }
     live
@@ -78,7 +82,7 @@ impl<K: Kernel> Datapath for Synced<K> {
         self.known = None;
     }
 
-    fn upkeep(&mut self) -> Result<(), K::Error> {
+    fn upkeep(&mut self) -> Result<bool, K::Error> {
         self.kernel.upkeep()
     }
 

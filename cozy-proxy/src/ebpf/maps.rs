@@ -1,13 +1,22 @@
 //! The pinned BPF maps, opened by path: what the programs read, kept equal
-//! to the plan, and read back for `dump`.
+//! to the node's state, and read back for `dump`.
 use super::EbpfError;
 use crate::datapath::{AllowedPort, Count, Counters, DatapathState, ServiceCount, StateDiff};
-use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap};
-use cozy_proxy_common::{
-    maps as names, Counter, DropReason, FilterPolicy, FlowKey, FragKey, IpKey, PortKey,
-    ServiceCounters,
+use crate::model::{merge_ranges, Cidr, IpRange};
+use aya::maps::{
+    lpm_trie::Key, Array, HashMap, HashOfMaps, LpmTrie, Map, MapData, MapError, PerCpuArray,
 };
-use std::{fs, mem::size_of, net::IpAddr, path::Path};
+use cozy_proxy_common::{
+    addr, limits, maps as names, AddrInfo, Config, Counter, DropReason, FlowKey, FlowState,
+    FragKey, IpKey, LbSource, PortKey, RevKey, RevValue, ServiceCounters, FAMILY_BITS, IP_KEY_BITS,
+};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    mem::size_of,
+    net::IpAddr,
+    path::Path,
+};
 use tracing::warn;
 
 fn key(ip: &IpAddr) -> IpKey {
@@ -27,26 +36,76 @@ fn port_key(p: &AllowedPort) -> PortKey {
     }
 }
 
+fn addr_bits(ip: &IpAddr) -> u32 {
+    if ip.is_ipv4() {
+        32
+    } else {
+        128
+    }
+}
+
+/// A prefix as an LPM key of the `cluster` trie.
+fn cluster_key(c: &Cidr) -> Key<IpKey> {
+    Key::new(FAMILY_BITS + c.prefix() as u32, key(&c.addr()))
+}
+
+fn range_key(lb: &IpAddr, c: &Cidr) -> Key<LbSource> {
+    Key::new(
+        IP_KEY_BITS + FAMILY_BITS + c.prefix() as u32,
+        LbSource {
+            lb: key(lb),
+            src: key(&c.addr()),
+        },
+    )
+}
+
+/// The prefix an LPM key of an address holds (`extra` bits before it).
+fn cidr_of(k: &IpKey, prefix_len: u32, extra: u32) -> Option<Cidr> {
+    let ip = ip(k);
+    let bits = prefix_len.checked_sub(extra + FAMILY_BITS)?;
+    if bits > addr_bits(&ip) {
+        return None;
+    }
+    Cidr::new(ip, bits as u8)
+}
+
 /// Key and value sizes the current programs expect, to refuse reusing a
 /// pinned map of an older, different layout.
 fn expected_sizes(name: &str) -> Option<(usize, usize)> {
     Some(match name {
-        names::POD_SVC | names::SVC_POD => (size_of::<IpKey>(), size_of::<IpKey>()),
-        names::FILTERED_PODS => (size_of::<IpKey>(), size_of::<FilterPolicy>()),
+        names::ADDRS => (size_of::<IpKey>(), size_of::<AddrInfo>()),
         names::ALLOWED_PORTS => (size_of::<PortKey>(), 1),
-        names::UNMAPPED_LBS => (size_of::<IpKey>(), 1),
-        names::FLOWS => (size_of::<FlowKey>(), 8),
+        names::CLUSTER => (4 + size_of::<IpKey>(), 1),
+        names::SRC_RANGES => (4 + size_of::<LbSource>(), 1),
+        names::FLOWS => (size_of::<IpKey>(), 4),
         names::FRAGS => (size_of::<FragKey>(), 8),
-        names::SVC_STATS => (size_of::<IpKey>(), size_of::<ServiceCounters>()),
+        names::REV_NAT => (size_of::<RevKey>(), size_of::<RevValue>()),
+        names::STATS => (4, size_of::<ServiceCounters>()),
         names::DROP_STATS => (4, size_of::<Counter>()),
+        names::CONFIG => (4, size_of::<Config>()),
         _ => return None,
     })
 }
 
+/// Maps an older version pinned that this one does not use.
+const RETIRED: [&str; 5] = [
+    "pod_svc",
+    "svc_pod",
+    "filtered_pods",
+    "unmapped_lbs",
+    "svc_stats",
+];
+
 /// Unpins maps whose key or value size differs from the programs' (an
-/// older layout): the loader then creates them anew, and the next sync
-/// fills them from the plan.
+/// older layout) and maps no longer used: the loader then creates them
+/// anew, and the first sync fills them from the plan. The programs still
+/// attached keep their own maps until they are replaced after that sync.
 pub fn drop_incompatible_pins(pin_dir: &Path) {
+    for name in RETIRED {
+        if fs::remove_file(pin_dir.join(name)).is_ok() {
+            warn!(map = name, "unpinned a map an older version used");
+        }
+    }
     for name in names::ALL {
         let path = pin_dir.join(name);
         let Ok(info) = aya::maps::MapInfo::from_pin(&path) else {
@@ -80,52 +139,85 @@ macro_rules! typed {
 /// Removing what is already gone is fine: the goal is its absence.
 fn absent_ok(r: Result<(), MapError>) -> Result<(), MapError> {
     match r {
-        Err(MapError::ElementNotFound) => Ok(()),
+        Err(MapError::ElementNotFound | MapError::KeyNotFound) => Ok(()),
         Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         other => other,
     }
 }
 
 pub struct Maps {
-    pod_svc: HashMap<MapData, IpKey, IpKey>,
-    svc_pod: HashMap<MapData, IpKey, IpKey>,
-    filtered_pods: HashMap<MapData, IpKey, FilterPolicy>,
+    addrs: HashMap<MapData, IpKey, AddrInfo>,
     allowed_ports: HashMap<MapData, PortKey, u8>,
-    unmapped_lbs: HashMap<MapData, IpKey, u8>,
-    svc_stats: PerCpuHashMap<MapData, IpKey, ServiceCounters>,
+    cluster: LpmTrie<MapData, IpKey, u8>,
+    src_ranges: LpmTrie<MapData, LbSource, u8>,
+    flows: HashOfMaps<MapData, IpKey>,
+    stats: PerCpuArray<MapData, ServiceCounters>,
     drop_stats: PerCpuArray<MapData, Counter>,
+    config: Array<MapData, Config>,
+}
+
+/// A filtered pod's own flow map, as the programs' template declares it.
+fn new_flow_map() -> Result<MapData, EbpfError> {
+    let def = aya_obj::Map::new_from_params(
+        aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_HASH as u32,
+        size_of::<FlowKey>() as u32,
+        size_of::<FlowState>() as u32,
+        limits::FLOWS_PER_POD as u32,
+        aya_obj::generated::BPF_F_NO_PREALLOC,
+    );
+    MapData::create(def, "pod_flows", None).map_err(named(names::FLOWS))
 }
 
 impl Maps {
     /// Opens the maps pinned in `dir`.
     pub fn open(dir: &Path) -> Result<Self, EbpfError> {
         Ok(Maps {
-            pod_svc: typed!(dir, names::POD_SVC),
-            svc_pod: typed!(dir, names::SVC_POD),
-            filtered_pods: typed!(dir, names::FILTERED_PODS),
+            addrs: typed!(dir, names::ADDRS),
             allowed_ports: typed!(dir, names::ALLOWED_PORTS),
-            unmapped_lbs: typed!(dir, names::UNMAPPED_LBS),
-            svc_stats: typed!(dir, names::SVC_STATS),
+            cluster: typed!(dir, names::CLUSTER),
+            src_ranges: typed!(dir, names::SRC_RANGES),
+            flows: typed!(dir, names::FLOWS),
+            stats: typed!(dir, names::STATS),
             drop_stats: typed!(dir, names::DROP_STATS),
+            config: typed!(dir, names::CONFIG),
         })
     }
 
+    fn entries(&self) -> Result<Vec<(IpKey, AddrInfo)>, EbpfError> {
+        self.addrs
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(named(names::ADDRS))
+    }
+
+    /// The state the maps hold (all but the routes).
     pub fn read_state(&self) -> Result<DatapathState, EbpfError> {
         let mut s = DatapathState::default();
-        for (map, name, out) in [
-            (&self.pod_svc, names::POD_SVC, &mut s.pod_svc),
-            (&self.svc_pod, names::SVC_POD, &mut s.svc_pod),
-        ] {
-            for entry in map.iter() {
-                let (k, v) = entry.map_err(named(name))?;
-                out.insert(ip(&k), ip(&v));
+        for (k, info) in self.entries()? {
+            let (x, peer) = (ip(&k), ip(&info.peer));
+            let f = info.flags;
+            s.guard.insert(x, info.src_ifindex);
+            if f & addr::UNMAPPED != 0 {
+                s.unmapped_lbs.insert(x);
+                continue;
             }
-        }
-        for entry in self.filtered_pods.iter() {
-            let (k, policy) = entry.map_err(named(names::FILTERED_PODS))?;
-            s.filtered_pods.insert(ip(&k));
-            if policy.allow_icmp != 0 {
-                s.icmp_allowed_pods.insert(ip(&k));
+            if f & addr::LB != 0 {
+                if f & addr::RANGED != 0 {
+                    s.ranged_lbs.insert(x);
+                }
+                if f & addr::LOCAL != 0 {
+                    s.svc_pod.insert(x, peer);
+                } else {
+                    s.remote.insert(x, peer);
+                }
+            } else if f & addr::POD != 0 && f & addr::LOCAL != 0 {
+                s.pod_svc.insert(x, peer);
+                if f & addr::FILTERED != 0 {
+                    s.filtered_pods.insert(x);
+                    if f & addr::ICMP_ALLOWED != 0 {
+                        s.icmp_allowed_pods.insert(x);
+                    }
+                }
             }
         }
         for k in self.allowed_ports.keys() {
@@ -136,94 +228,238 @@ impl Maps {
                 port: k.port,
             });
         }
-        for k in self.unmapped_lbs.keys() {
-            s.unmapped_lbs
-                .insert(ip(&k.map_err(named(names::UNMAPPED_LBS))?));
+        let mut cluster = Vec::new();
+        for k in self.cluster.keys() {
+            let k = k.map_err(named(names::CLUSTER))?;
+            cluster.extend(cidr_of(&k.data(), k.prefix_len(), 0));
+        }
+        s.cluster = merge_ranges(cluster);
+        let mut ranges: BTreeMap<IpAddr, Vec<Cidr>> = BTreeMap::new();
+        for k in self.src_ranges.keys() {
+            let k = k.map_err(named(names::SRC_RANGES))?;
+            let d = k.data();
+            if let Some(c) = cidr_of(&d.src, k.prefix_len(), IP_KEY_BITS) {
+                ranges.entry(ip(&d.lb)).or_default().push(c);
+            }
+        }
+        for (lb, cidrs) in ranges {
+            s.source_ranges
+                .extend(merge_ranges(cidrs).into_iter().map(|r| (lb, r)));
         }
         Ok(s)
     }
 
     /// Applies `diff` (from the kernel's state to `desired`), in an order
-    /// that never lets traffic through unfiltered: policies are added before
-    /// the mappings that need them and removed after.
+    /// that never lets traffic through unfiltered: policies (ports, ranges,
+    /// a filtered pod's flow map) are in place before the addresses that
+    /// need them, and leave after.
     pub fn apply(&mut self, diff: &StateDiff, desired: &DatapathState) -> Result<(), EbpfError> {
-        // 1. Filter policies of new or changed filtered pods, and their ports.
-        let mut policies: Vec<&IpAddr> = diff.filtered_pods.add.iter().collect();
-        policies.extend(
-            diff.icmp_allowed_pods
-                .add
-                .iter()
-                .chain(&diff.icmp_allowed_pods.remove),
-        );
-        for pod in policies
-            .into_iter()
-            .filter(|p| desired.filtered_pods.contains(p))
-        {
-            let policy = FilterPolicy {
-                allow_icmp: u8::from(desired.icmp_allowed_pods.contains(pod)),
-                _pad: [0; 3],
-            };
-            self.filtered_pods
-                .insert(key(pod), policy, 0)
-                .map_err(named(names::FILTERED_PODS))?;
-        }
         for p in &diff.allowed_ports.add {
             self.allowed_ports
                 .insert(port_key(p), 1, 0)
                 .map_err(named(names::ALLOWED_PORTS))?;
         }
-        // 2. Mappings: drop the gone keys, then write new and changed ones
-        // (an update replaces a value atomically).
-        for (map, name, change, target) in [
-            (
-                &mut self.pod_svc,
-                names::POD_SVC,
-                &diff.pod_svc,
-                &desired.pod_svc,
-            ),
-            (
-                &mut self.svc_pod,
-                names::SVC_POD,
-                &diff.svc_pod,
-                &desired.svc_pod,
-            ),
-        ] {
-            for (k, _) in change
-                .remove
-                .iter()
-                .filter(|(k, _)| !target.contains_key(k))
-            {
-                absent_ok(map.remove(&key(k))).map_err(named(name))?;
-            }
-            for (k, v) in &change.add {
-                map.insert(key(k), key(v), 0).map_err(named(name))?;
-            }
+        self.update_ranges(diff, desired, true)?;
+        let touches_flows = [
+            diff.pod_svc.size(),
+            diff.svc_pod.size(),
+            diff.filtered_pods.size(),
+            diff.ranged_lbs.size(),
+        ]
+        .iter()
+        .any(|n| *n > 0);
+        if touches_flows {
+            // A pod mapped anew (the IP reused by another pod) must not
+            // inherit the flows of the one before.
+            let renewed: BTreeSet<IpAddr> =
+                diff.pod_svc.remove.iter().map(|(pod, _)| *pod).collect();
+            self.sync_flow_maps(desired, &renewed)?;
         }
-        // 3. Unmapped LB IPs.
-        let unmapped = named(names::UNMAPPED_LBS);
-        for lb in &diff.unmapped_lbs.remove {
-            absent_ok(self.unmapped_lbs.remove(&key(lb))).map_err(&unmapped)?;
-        }
-        for lb in &diff.unmapped_lbs.add {
-            self.unmapped_lbs.insert(key(lb), 1, 0).map_err(&unmapped)?;
-        }
-        // 4. Policies no longer needed; counters of Services gone.
+        self.update_addrs(diff, desired)?;
+        self.update_ranges(diff, desired, false)?;
         for p in &diff.allowed_ports.remove {
             absent_ok(self.allowed_ports.remove(&port_key(p)))
                 .map_err(named(names::ALLOWED_PORTS))?;
         }
-        for pod in &diff.filtered_pods.remove {
-            absent_ok(self.filtered_pods.remove(&key(pod))).map_err(named(names::FILTERED_PODS))?;
-        }
-        for (lb, _) in diff
-            .svc_pod
-            .remove
+        Ok(())
+    }
+
+    /// The cluster and source-range tries: what `diff` adds (`adding`) or
+    /// removes. A range is held as the prefixes that cover it; a prefix two
+    /// ranges share stays while either needs it.
+    fn update_ranges(
+        &mut self,
+        diff: &StateDiff,
+        desired: &DatapathState,
+        adding: bool,
+    ) -> Result<(), EbpfError> {
+        let want_cluster: BTreeSet<Cidr> =
+            desired.cluster.iter().flat_map(IpRange::cidrs).collect();
+        let want_ranges: BTreeSet<(IpAddr, Cidr)> = desired
+            .source_ranges
             .iter()
-            .filter(|(k, _)| !desired.svc_pod.contains_key(k))
-        {
-            absent_ok(self.svc_stats.remove(&key(lb))).map_err(named(names::SVC_STATS))?;
+            .flat_map(|(lb, r)| r.cidrs().into_iter().map(move |c| (*lb, c)))
+            .collect();
+        if adding {
+            for c in diff.cluster.add.iter().flat_map(IpRange::cidrs) {
+                self.cluster
+                    .insert(&cluster_key(&c), 1, 0)
+                    .map_err(named(names::CLUSTER))?;
+            }
+            for (lb, r) in &diff.source_ranges.add {
+                for c in r.cidrs() {
+                    self.src_ranges
+                        .insert(&range_key(lb, &c), 1, 0)
+                        .map_err(named(names::SRC_RANGES))?;
+                }
+            }
+            return Ok(());
+        }
+        for c in diff.cluster.remove.iter().flat_map(IpRange::cidrs) {
+            if !want_cluster.contains(&c) {
+                absent_ok(self.cluster.remove(&cluster_key(&c))).map_err(named(names::CLUSTER))?;
+            }
+        }
+        for (lb, r) in &diff.source_ranges.remove {
+            for c in r.cidrs() {
+                if !want_ranges.contains(&(*lb, c)) {
+                    absent_ok(self.src_ranges.remove(&range_key(lb, &c)))
+                        .map_err(named(names::SRC_RANGES))?;
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Rewrites the `addrs` entry of every address `diff` touches, from
+    /// `desired`; an address `desired` no longer knows is removed.
+    fn update_addrs(&mut self, diff: &StateDiff, desired: &DatapathState) -> Result<(), EbpfError> {
+        let mut touched: BTreeSet<IpAddr> = BTreeSet::new();
+        for c in [&diff.pod_svc, &diff.svc_pod, &diff.remote] {
+            for (a, b) in c.remove.iter().chain(&c.add) {
+                touched.extend([*a, *b]);
+            }
+        }
+        for c in [
+            &diff.filtered_pods,
+            &diff.icmp_allowed_pods,
+            &diff.unmapped_lbs,
+            &diff.ranged_lbs,
+        ] {
+            touched.extend(c.remove.iter().chain(&c.add).copied());
+        }
+        touched.extend(
+            diff.guard
+                .remove
+                .iter()
+                .chain(&diff.guard.add)
+                .map(|(a, _)| *a),
+        );
+        touched.extend(
+            diff.routes
+                .remove
+                .iter()
+                .chain(&diff.routes.add)
+                .map(|(a, _)| *a),
+        );
+        // A filtered pod's policy is on its LB IP too, and an LB IP's
+        // ranges on its pod.
+        for pod in diff
+            .filtered_pods
+            .remove
+            .iter()
+            .chain(&diff.filtered_pods.add)
+        {
+            touched.extend(desired.pod_svc.get(pod).copied());
+        }
+        for lb in diff.ranged_lbs.remove.iter().chain(&diff.ranged_lbs.add) {
+            touched.extend(desired.svc_pod.get(lb).copied());
+        }
+        for pod in diff
+            .icmp_allowed_pods
+            .remove
+            .iter()
+            .chain(&diff.icmp_allowed_pods.add)
+        {
+            touched.extend(desired.pod_svc.get(pod).copied());
+        }
+        if touched.is_empty() {
+            return Ok(());
+        }
+        let current: BTreeMap<IpAddr, AddrInfo> = self
+            .entries()?
+            .into_iter()
+            .map(|(k, v)| (ip(&k), v))
+            .collect();
+        let mut slots = Slots::of(&current);
+        let remote_pods: BTreeMap<IpAddr, IpAddr> =
+            desired.remote.iter().map(|(lb, pod)| (*pod, *lb)).collect();
+        // Removals first: a slot freed here may serve a mapping added below.
+        let mut writes = Vec::new();
+        for a in &touched {
+            match entry(a, desired, &remote_pods) {
+                None => {
+                    if let Some(old) = current.get(a) {
+                        slots.release(old, &mut self.stats)?;
+                    }
+                    absent_ok(self.addrs.remove(&key(a))).map_err(named(names::ADDRS))?;
+                }
+                Some(info) => writes.push((*a, info)),
+            }
+        }
+        for (a, mut info) in writes {
+            if info.flags & addr::LOCAL != 0 {
+                // The LB IP and its pod share the mapping's slot.
+                let lb = if info.flags & addr::LB != 0 {
+                    a
+                } else {
+                    ip(&info.peer)
+                };
+                info.slot = slots.of_lb(&lb, &current, &mut self.stats)?;
+            }
+            self.addrs
+                .insert(key(&a), info, 0)
+                .map_err(named(names::ADDRS))?;
+        }
+        Ok(())
+    }
+
+    /// Gives every pod whose flows are remembered (see [`remembering`]) a
+    /// flow map of its own, and removes the others' (and `renewed` ones,
+    /// which start empty). Also repairs a map removed by hand.
+    pub fn sync_flow_maps(
+        &mut self,
+        desired: &DatapathState,
+        renewed: &BTreeSet<IpAddr>,
+    ) -> Result<(), EbpfError> {
+        let have: BTreeSet<IpAddr> = self
+            .flows
+            .keys()
+            .map(|k| k.map(|k| ip(&k)))
+            .collect::<Result<_, _>>()
+            .map_err(named(names::FLOWS))?;
+        let want = remembering(desired);
+        for pod in have
+            .iter()
+            .filter(|p| !want.contains(p) || renewed.contains(p))
+        {
+            absent_ok(self.flows.remove(&key(pod))).map_err(named(names::FLOWS))?;
+        }
+        for pod in want
+            .iter()
+            .filter(|p| !have.contains(p) || renewed.contains(p))
+        {
+            let inner = new_flow_map()?;
+            self.flows
+                .insert(key(pod), &inner, 0)
+                .map_err(named(names::FLOWS))?;
+        }
+        Ok(())
+    }
+
+    /// Tells the programs whether to take the fast path.
+    pub fn configure(&mut self, config: Config) -> Result<(), EbpfError> {
+        self.config.set(0, config, 0).map_err(named(names::CONFIG))
     }
 
     /// Per-service counters (summed over CPUs) and drops by reason.
@@ -233,8 +469,14 @@ impl Maps {
             bytes: c.bytes,
         };
         let mut out = Counters::default();
-        for entry in self.svc_stats.iter() {
-            let (k, per_cpu) = entry.map_err(named(names::SVC_STATS))?;
+        for (k, info) in self.entries()? {
+            if info.flags & addr::LB == 0 || info.flags & addr::LOCAL == 0 {
+                continue;
+            }
+            let per_cpu = self
+                .stats
+                .get(&(info.slot as u32), 0)
+                .map_err(named(names::STATS))?;
             let sum = out
                 .services
                 .entry(ip(&k))
@@ -256,4 +498,153 @@ impl Maps {
         }
         Ok(out)
     }
+}
+
+/// The pods whose flows the programs remember: replies to them pass the
+/// port filter (filtered pods) and the source ranges (ranged LB IPs).
+pub fn remembering(desired: &DatapathState) -> BTreeSet<IpAddr> {
+    let ranged = desired
+        .svc_pod
+        .iter()
+        .filter(|(lb, _)| desired.ranged_lbs.contains(lb))
+        .map(|(_, pod)| *pod);
+    desired
+        .filtered_pods
+        .iter()
+        .copied()
+        .chain(ranged)
+        .collect()
+}
+
+/// What `addrs` must say about address `a` in `desired` (`None`: nothing).
+fn entry(
+    a: &IpAddr,
+    desired: &DatapathState,
+    remote_pods: &BTreeMap<IpAddr, IpAddr>,
+) -> Option<AddrInfo> {
+    let guard = desired.guard.get(a).copied().unwrap_or(0);
+    let path = |lb: &IpAddr| desired.routes.get(lb).map_or(0, |h| h.oif);
+    let policy = |pod: &IpAddr| {
+        let mut f = 0;
+        if desired.filtered_pods.contains(pod) {
+            f |= addr::FILTERED;
+            if desired.icmp_allowed_pods.contains(pod) {
+                f |= addr::ICMP_ALLOWED;
+            }
+        }
+        f
+    };
+    let ranged = |lb: &IpAddr| {
+        if desired.ranged_lbs.contains(lb) {
+            addr::RANGED
+        } else {
+            0
+        }
+    };
+    let info = |peer: &IpAddr, src_ifindex, path_ifindex, flags| AddrInfo {
+        peer: key(peer),
+        src_ifindex,
+        path_ifindex,
+        flags,
+        slot: 0,
+    };
+    if let Some(pod) = desired.svc_pod.get(a) {
+        let flags = addr::LB | addr::LOCAL | policy(pod) | ranged(a);
+        return Some(info(pod, guard, path(a), flags));
+    }
+    if let Some(lb) = desired.pod_svc.get(a) {
+        let flags = addr::POD | addr::LOCAL | policy(a) | ranged(lb);
+        return Some(info(lb, guard, path(lb), flags));
+    }
+    if let Some(pod) = desired.remote.get(a) {
+        return Some(info(pod, guard, path(a), addr::LB | ranged(a)));
+    }
+    if let Some(lb) = remote_pods.get(a) {
+        return Some(info(lb, guard, path(lb), addr::POD));
+    }
+    if desired.unmapped_lbs.contains(a) {
+        return Some(AddrInfo {
+            flags: addr::LB | addr::UNMAPPED,
+            ..Default::default()
+        });
+    }
+    None
+}
+
+/// The counter slots of local mappings: kept while a mapping lives (its
+/// counts go on), zeroed when it goes (a new mapping starts at 0).
+struct Slots {
+    used: BTreeSet<u16>,
+    /// Slots assigned during this update, by LB IP.
+    given: BTreeMap<IpAddr, u16>,
+}
+
+impl Slots {
+    fn of(current: &BTreeMap<IpAddr, AddrInfo>) -> Slots {
+        Slots {
+            used: current
+                .values()
+                .filter(|i| i.flags & addr::LOCAL != 0)
+                .map(|i| i.slot)
+                .collect(),
+            given: BTreeMap::new(),
+        }
+    }
+
+    fn release(
+        &mut self,
+        old: &AddrInfo,
+        stats: &mut PerCpuArray<MapData, ServiceCounters>,
+    ) -> Result<(), EbpfError> {
+        if old.flags & addr::LB != 0 && old.flags & addr::LOCAL != 0 && self.used.remove(&old.slot)
+        {
+            zero(stats, old.slot)?;
+        }
+        Ok(())
+    }
+
+    /// The slot of the local mapping of `lb`: the one it has, or a free one.
+    fn of_lb(
+        &mut self,
+        lb: &IpAddr,
+        current: &BTreeMap<IpAddr, AddrInfo>,
+        stats: &mut PerCpuArray<MapData, ServiceCounters>,
+    ) -> Result<u16, EbpfError> {
+        if let Some(s) = self.given.get(lb) {
+            return Ok(*s);
+        }
+        let kept = current
+            .get(lb)
+            .filter(|i| i.flags & addr::LB != 0 && i.flags & addr::LOCAL != 0)
+            .map(|i| i.slot);
+        let slot = match kept {
+            Some(s) => s,
+            None => {
+                let free = (0..=u16::MAX)
+                    .find(|s| !self.used.contains(s))
+                    .ok_or(EbpfError::Full { map: names::STATS })?;
+                self.used.insert(free);
+                zero(stats, free)?;
+                free
+            }
+        };
+        self.given.insert(*lb, slot);
+        Ok(slot)
+    }
+}
+
+fn zero(stats: &mut PerCpuArray<MapData, ServiceCounters>, slot: u16) -> Result<(), EbpfError> {
+    let cpus = aya::util::nr_cpus().map_err(|(_, source)| EbpfError::Io {
+        path: "/sys/devices/system/cpu/possible".into(),
+        source,
+    })?;
+    let zeros = aya::maps::PerCpuValues::try_from(vec![ServiceCounters::default(); cpus]).map_err(
+        |source| EbpfError::Io {
+            path: "/sys/devices/system/cpu/possible".into(),
+            source,
+        },
+    )?;
+    stats
+        .set(slot as u32, zeros, 0)
+        .map_err(named(names::STATS))
 }

@@ -1,23 +1,25 @@
-//! The eBPF datapath: TC programs on the node's interfaces, BPF hash maps
-//! kept equal to the plan, and one host route per mapping that steers the
-//! LB IP to its pod (see docs/ebpf-datapath.md for why).
+//! The eBPF datapath: TC programs on the node's interfaces, BPF maps kept
+//! equal to the node's state, and one host route per mapping that steers
+//! the LB IP toward its pod (see docs/ebpf-datapath.md for why).
 mod links;
 mod maps;
-mod routes;
 
-use crate::datapath::{Applied, BackendKind, Counters, DatapathState, Dump, Kernel, StateDiff};
+use crate::datapath::{
+    Applied, BackendKind, Counters, DatapathState, Dump, Kernel, Path as PodPath, StateDiff,
+};
 use crate::netlink::{route, NetlinkError, NlSocket};
+use crate::steer::Steering;
 use aya::{maps::MapError, programs::SchedClassifier, EbpfLoader};
 use cozy_proxy_common::maps as names;
 use maps::Maps;
 use serde_json::json;
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     fs,
     net::IpAddr,
     path::{Path, PathBuf},
 };
-use tracing::warn;
+use tracing::{info, warn};
 
 /// The object built from `cozy-proxy-ebpf` by build.rs (empty when the
 /// crate was built without the eBPF toolchain: see build.rs).
@@ -48,6 +50,8 @@ pub enum EbpfError {
         name: &'static str,
         source: MapError,
     },
+    #[error("map {map} is full")]
+    Full { map: &'static str },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -103,6 +107,11 @@ struct Programs {
     /// Link notifications (RTMGRP_LINK): interfaces to follow.
     link_events: NlSocket,
     attached: BTreeSet<u32>,
+    /// Attached (or re-pointed) only once the first sync has filled the
+    /// maps: until then the programs of a previous instance keep running
+    /// with their own maps, so even an upgrade that changes the maps' layout
+    /// translates without a gap.
+    live: bool,
 }
 
 pub struct EbpfKernel {
@@ -112,9 +121,7 @@ pub struct EbpfKernel {
     /// `None` when nothing is pinned (opened on a node without our state).
     maps: Option<Maps>,
     rtnl: NlSocket,
-    /// LB IPs our host routes steer, as of our last change (reset by every
-    /// read of the kernel).
-    known_routes: Option<BTreeSet<IpAddr>>,
+    steering: Steering,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> EbpfError + '_ {
@@ -128,7 +135,7 @@ impl EbpfKernel {
     /// What is pinned under `cfg.pin_dir`, without loading anything: for
     /// `dump` and `cleanup`.
     pub fn open(cfg: EbpfConfig) -> Result<Self, EbpfError> {
-        let maps = if cfg.pin_dir.join(names::SVC_POD).exists() {
+        let maps = if cfg.pin_dir.join(names::ADDRS).exists() {
             Some(Maps::open(&cfg.pin_dir)?)
         } else {
             None
@@ -138,7 +145,7 @@ impl EbpfKernel {
             programs: None,
             maps,
             rtnl: NlSocket::open(libc::NETLINK_ROUTE)?,
-            known_routes: None,
+            steering: Steering::open()?,
         })
     }
 
@@ -163,25 +170,26 @@ impl EbpfKernel {
                     source,
                 })?;
         }
-        let mut kernel = EbpfKernel {
-            maps: Some(Maps::open(&cfg.pin_dir)?),
+        let mut maps = Maps::open(&cfg.pin_dir)?;
+        maps.configure(cozy_proxy_common::Config { fast_path: 0 })?;
+        Ok(EbpfKernel {
+            maps: Some(maps),
             cfg,
             programs: Some(Programs {
                 ebpf,
                 link_events: NlSocket::subscribe(libc::NETLINK_ROUTE, libc::RTMGRP_LINK as u32)?,
                 attached: BTreeSet::new(),
+                live: false,
             }),
             rtnl: NlSocket::open(libc::NETLINK_ROUTE)?,
-            known_routes: None,
-        };
-        kernel.follow_interfaces()?;
-        Ok(kernel)
+            steering: Steering::open()?,
+        })
     }
 
     /// Attaches to interfaces not yet attached (new pod veths), forgets
     /// vanished ones.
     fn follow_interfaces(&mut self) -> Result<(), EbpfError> {
-        let Some(p) = self.programs.as_mut() else {
+        let Some(p) = self.programs.as_mut().filter(|p| p.live) else {
             return Ok(());
         };
         let all = route::links(&self.rtnl)?;
@@ -221,7 +229,7 @@ impl EbpfKernel {
     /// The error for a sync or a read where nothing is pinned.
     fn no_pins(&self) -> EbpfError {
         EbpfError::Io {
-            path: self.cfg.pin_dir.join(names::SVC_POD),
+            path: self.cfg.pin_dir.join(names::ADDRS),
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
         }
     }
@@ -233,55 +241,62 @@ impl EbpfKernel {
 
 impl Kernel for EbpfKernel {
     type Error = EbpfError;
-    /// The LB IPs our routes steer now.
-    type Found = BTreeSet<IpAddr>;
+    type Found = ();
 
     fn kind(&self) -> BackendKind {
         BackendKind::Ebpf
     }
 
-    fn read(&mut self) -> Result<(DatapathState, Self::Found), EbpfError> {
-        self.known_routes = None;
-        let state = self.maps()?.read_state()?;
-        let routes = route::tagged_destinations(&self.rtnl, cozy_proxy_common::ROUTE_PROTO)?;
-        Ok((state, routes))
+    fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<BTreeMap<IpAddr, PodPath>, EbpfError> {
+        Ok(self.steering.paths(pods)?)
     }
 
-    /// Maps first, then routes: an LB IP is steered to its pod only once
-    /// the rewrite for it is in place.
+    fn read(&mut self) -> Result<(DatapathState, ()), EbpfError> {
+        let mut state = self.maps()?.read_state()?;
+        state.routes = self.steering.routes()?;
+        Ok((state, ()))
+    }
+
+    /// Maps first, then routes: an LB IP is steered toward its pod only
+    /// once the rewrite for it is in place. After the first sync the
+    /// programs go live on the interfaces.
     fn apply(
         &mut self,
         diff: &StateDiff,
         desired: &DatapathState,
-        found: Option<Self::Found>,
+        found: Option<()>,
     ) -> Result<Applied, EbpfError> {
-        let fresh = found.is_some();
-        let have = match (found, self.known_routes.take()) {
-            (Some(found), _) | (None, Some(found)) => found,
-            (None, None) => route::tagged_destinations(&self.rtnl, cozy_proxy_common::ROUTE_PROTO)?,
+        let Some(maps) = self.maps.as_mut() else {
+            return Err(self.no_pins());
         };
-        match self.maps.as_mut() {
-            Some(maps) => maps.apply(diff, desired)?,
-            None => return Err(self.no_pins()),
+        maps.apply(diff, desired)?;
+        if found.is_some() {
+            maps.sync_flow_maps(desired, &BTreeSet::new())?;
         }
-        let (installed, changes) = routes::sync(&self.rtnl, have, diff, desired, fresh)?;
-        self.known_routes = Some(installed);
+        self.steering.apply(&diff.routes)?;
+        let mut installed_schema = false;
+        if let Some(p) = self.programs.as_mut().filter(|p| !p.live) {
+            p.live = true;
+            installed_schema = true;
+            self.follow_interfaces()?;
+            info!("eBPF programs live on the node's interfaces");
+        }
         Ok(Applied {
-            extra_changes: changes,
-            installed_schema: fresh,
+            extra_changes: 0,
+            installed_schema,
         })
     }
 
-    fn upkeep(&mut self) -> Result<(), EbpfError> {
+    fn upkeep(&mut self) -> Result<bool, EbpfError> {
         // Rescan only when the kernel announced a link change.
-        let changed = match &self.programs {
-            Some(p) => p.link_events.pending_events()? > 0,
+        let links_changed = match &self.programs {
+            Some(p) => p.link_events.pending_events(|_, _| true)? > 0,
             None => false,
         };
-        if changed {
+        if links_changed {
             self.follow_interfaces()?;
         }
-        Ok(())
+        Ok(self.steering.changed()?)
     }
 
     fn dump(&self) -> Result<Dump, EbpfError> {
@@ -296,25 +311,34 @@ impl Kernel for EbpfKernel {
         };
         let pin_dir = &self.cfg.pin_dir;
         let links_by_index = route::links(&self.rtnl)?;
+        let name_of = |index: u32| {
+            links_by_index
+                .iter()
+                .find(|l| l.index == index)
+                .map(|l| l.name.clone())
+        };
         let attachments: Vec<_> = links::pinned(pin_dir)
             .into_iter()
-            .map(|(index, path)| {
-                let name = links_by_index
-                    .iter()
-                    .find(|l| l.index == index)
-                    .map(|l| l.name.clone());
-                json!({ "ifindex": index, "interface": name, "pin": path })
-            })
+            .map(|(index, path)| json!({ "ifindex": index, "interface": name_of(index), "pin": path }))
             .collect();
-        let routes: Vec<String> = route::host_routes(&self.rtnl, cozy_proxy_common::ROUTE_PROTO)?
+        let mut state = maps.read_state()?;
+        state.routes = self.steering.routes()?;
+        let routes: Vec<String> = state
+            .routes
             .iter()
-            .map(|(dst, gw)| format!("{dst} via {gw}"))
+            .map(|(dst, hop)| match hop.gateway {
+                Some(gw) => format!(
+                    "{dst} via {gw} dev {}",
+                    name_of(hop.oif).unwrap_or_default()
+                ),
+                None => format!("unreachable {dst}"),
+            })
             .collect();
         Ok(Dump {
             backend: BackendKind::Ebpf,
             installed: true,
-            state: maps.read_state()?,
             counters: maps.counters()?,
+            state,
             details: json!({
                 "pin_dir": pin_dir,
                 "attachments": attachments,
@@ -327,17 +351,12 @@ impl Kernel for EbpfKernel {
         self.maps()?.counters()
     }
 
-    /// Removes routes, attachments and pinned maps.
+    /// Removes attachments and pinned maps (the routes go with the last
+    /// backend: see `backend::remove`).
     fn cleanup(&mut self) -> Result<(), EbpfError> {
-        self.known_routes = None;
         self.maps = None;
         self.programs = None;
         let pin_dir = &self.cfg.pin_dir;
-        let routes: Vec<IpAddr> =
-            route::tagged_destinations(&self.rtnl, cozy_proxy_common::ROUTE_PROTO)?
-                .into_iter()
-                .collect();
-        route::delete_host_routes(&self.rtnl, cozy_proxy_common::ROUTE_PROTO, &routes)?;
         links::detach_all(pin_dir);
         for name in names::ALL {
             let _ = fs::remove_file(pin_dir.join(name));

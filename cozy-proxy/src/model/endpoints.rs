@@ -39,14 +39,16 @@ impl<'a> SliceIndex<'a> {
     }
 }
 
-/// The distinct ready endpoint addresses of a Service, per family. An
-/// endpoint whose `ready` condition is unset counts as ready (as the API
-/// documents). FQDN slices are ignored; unparsable addresses are reported.
-pub(crate) fn ready_addresses(
-    slices: &[&EndpointSlice],
-    warnings: &mut Warnings<'_>,
-) -> BTreeMap<Family, BTreeSet<IpAddr>> {
-    let mut out: BTreeMap<Family, BTreeSet<IpAddr>> = BTreeMap::new();
+/// A ready endpoint address, with the nodes its endpoints name (none when
+/// no endpoint says).
+pub(crate) type Backends = BTreeMap<Family, BTreeMap<IpAddr, BTreeSet<String>>>;
+
+/// The distinct ready endpoint addresses of a Service, per family, with
+/// their `nodeName`s. An endpoint whose `ready` condition is unset counts as
+/// ready (as the API documents). FQDN slices are ignored; unparsable
+/// addresses are reported.
+pub(crate) fn ready_addresses(slices: &[&EndpointSlice], warnings: &mut Warnings<'_>) -> Backends {
+    let mut out = Backends::new();
     for slice in slices {
         if slice.address_type != "IPv4" && slice.address_type != "IPv6" {
             continue;
@@ -63,7 +65,8 @@ pub(crate) fn ready_addresses(
             for text in &endpoint.addresses {
                 match text.parse::<IpAddr>() {
                     Ok(ip) => {
-                        out.entry(Family::of(&ip)).or_default().insert(ip);
+                        let nodes = out.entry(Family::of(&ip)).or_default().entry(ip).or_default();
+                        nodes.extend(endpoint.node_name.iter().cloned());
                     }
                     Err(_) => warnings.push(
                         WarningKind::InvalidIp,

@@ -1,11 +1,15 @@
 //! From Services and EndpointSlices to the NAT plan.
-use super::endpoints::{ready_addresses, SliceIndex};
+use super::cluster::node_addresses;
+use super::endpoints::{ready_addresses, Backends, SliceIndex};
 use super::service::{is_selected, read_intent, service_ref, ServiceIntent};
 use super::types::{Family, Mapping, Plan};
 use super::warning::{Warning, WarningKind, Warnings};
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+};
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
 };
 
@@ -22,12 +26,37 @@ struct Candidate {
     lb_ip: IpAddr,
     /// `None`: no single ready endpoint; the LB IP stays unmapped.
     pod_ip: Option<IpAddr>,
+    /// The endpoint's node, when its endpoints name exactly one.
+    node: Option<String>,
+}
+
+/// Why an address must never be translated: `None` if it may be.
+fn forbidden(ip: &IpAddr, node_addresses: &BTreeSet<IpAddr>) -> Option<&'static str> {
+    let link_local = match ip {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => a.is_unicast_link_local(),
+    };
+    if ip.is_unspecified() {
+        Some("unspecified")
+    } else if ip.is_loopback() {
+        Some("loopback")
+    } else if ip.is_multicast() || matches!(ip, IpAddr::V4(a) if a.is_broadcast()) {
+        Some("multicast or broadcast")
+    } else if link_local {
+        Some("link-local")
+    } else if node_addresses.contains(ip) {
+        Some("a node's own address")
+    } else {
+        None
+    }
 }
 
 /// Computes the NAT plan. Pure and deterministic: the same objects in any
-/// order give the same outcome, on every node.
-pub fn compute_plan(services: &[Service], slices: &[EndpointSlice]) -> Outcome {
+/// order give the same outcome, on every node. `nodes` tell which addresses
+/// are the nodes' own (never translated).
+pub fn compute_plan(services: &[Service], slices: &[EndpointSlice], nodes: &[Node]) -> Outcome {
     let index = SliceIndex::new(slices);
+    let node_ips = node_addresses(nodes);
     let mut warnings = Vec::new();
     let mut wishes: Vec<(ServiceIntent, Vec<Candidate>)> = Vec::new();
     for svc in unique_services(services) {
@@ -36,9 +65,19 @@ pub fn compute_plan(services: &[Service], slices: &[EndpointSlice]) -> Outcome {
             service: &service,
             out: &mut warnings,
         };
-        let intent = read_intent(svc, &mut sink);
+        let mut intent = read_intent(svc, &mut sink);
+        intent.lb_ips.retain(|ip| match forbidden(ip, &node_ips) {
+            None => true,
+            Some(why) => {
+                sink.push(
+                    WarningKind::ForbiddenAddress,
+                    format!("load-balancer IP {ip} is {why}; never translated"),
+                );
+                false
+            }
+        });
         let backends = ready_addresses(index.slices_of(&service), &mut sink);
-        let candidates = candidates(&intent, &backends, &mut sink);
+        let candidates = candidates(&intent, &backends, &node_ips, &mut sink);
         wishes.push((intent, candidates));
     }
     // Older Services win conflicts; ties broken by namespace/name so that
@@ -87,11 +126,19 @@ pub fn compute_plan(services: &[Service], slices: &[EndpointSlice]) -> Outcome {
             match pod_ip {
                 Some(pod_ip) => {
                     pod_owner.insert(pod_ip, i);
+                    let family = Family::of(&c.lb_ip);
                     plan.mappings.push(Mapping {
                         service: intent.service.clone(),
                         lb_ip: c.lb_ip,
                         pod_ip,
                         mode: intent.mode.clone(),
+                        node: c.node.clone(),
+                        source_ranges: intent.source_ranges.as_ref().map(|r| {
+                            r.iter()
+                                .filter(|c| Family::of(&c.addr()) == family)
+                                .copied()
+                                .collect()
+                        }),
                     });
                 }
                 None => {
@@ -133,7 +180,8 @@ fn unique_services(services: &[Service]) -> Vec<&Service> {
 /// Per family: the first LB IP and the one ready backend, if exactly one.
 fn candidates(
     intent: &ServiceIntent,
-    backends: &BTreeMap<Family, std::collections::BTreeSet<IpAddr>>,
+    backends: &Backends,
+    node_ips: &BTreeSet<IpAddr>,
     warnings: &mut Warnings<'_>,
 ) -> Vec<Candidate> {
     let mut out = Vec::new();
@@ -150,22 +198,34 @@ fn candidates(
                 ),
             );
         }
-        let pods = backends.get(&family);
-        let pod_ip = match pods.map(|p| p.len()).unwrap_or(0) {
-            0 => {
+        let pods: Vec<(&IpAddr, &BTreeSet<String>)> =
+            backends.get(&family).into_iter().flatten().collect();
+        let mut node = None;
+        let pod_ip = match pods.as_slice() {
+            [] => {
                 warnings.push(
                     WarningKind::NoReadyEndpoint,
                     format!("no ready {family:?} endpoint; {lb_ip} is not mapped and its traffic is dropped"),
                 );
                 None
             }
-            1 => pods.and_then(|p| p.iter().next().copied()),
-            _ => {
-                let list: Vec<String> = pods
-                    .into_iter()
-                    .flatten()
-                    .map(ToString::to_string)
-                    .collect();
+            [(ip, nodes)] => {
+                if let [one] = Vec::from_iter(nodes.iter()).as_slice() {
+                    node = Some((*one).clone());
+                }
+                match forbidden(ip, node_ips) {
+                    None => Some(**ip),
+                    Some(why) => {
+                        warnings.push(
+                            WarningKind::ForbiddenAddress,
+                            format!("endpoint address {ip} is {why}; {lb_ip} is not mapped"),
+                        );
+                        None
+                    }
+                }
+            }
+            many => {
+                let list: Vec<String> = many.iter().map(|(ip, _)| ip.to_string()).collect();
                 warnings.push(
                     WarningKind::MultipleEndpoints,
                     format!(
@@ -176,7 +236,11 @@ fn candidates(
                 None
             }
         };
-        out.push(Candidate { lb_ip, pod_ip });
+        out.push(Candidate {
+            lb_ip,
+            pod_ip,
+            node,
+        });
     }
     out
 }

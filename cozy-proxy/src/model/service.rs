@@ -1,6 +1,7 @@
 //! Reading one Service: is it ours, which LoadBalancer IPs, which mode.
 use super::types::{Mode, PortRule, Protocol, ServiceRef};
 use super::warning::{WarningKind, Warnings};
+use super::Cidr;
 use k8s_openapi::api::core::v1::Service;
 use std::{collections::BTreeSet, net::IpAddr};
 
@@ -19,6 +20,9 @@ pub struct ServiceIntent {
     /// Valid LoadBalancer IPs, in status order, without repeats.
     pub lb_ips: Vec<IpAddr>,
     pub mode: Mode,
+    /// `spec.loadBalancerSourceRanges` (both families); `None`: unrestricted;
+    /// an empty set after an invalid entry: nothing passes.
+    pub source_ranges: Option<BTreeSet<Cidr>>,
 }
 
 /// Is this Service one cozy-proxy manages?
@@ -55,7 +59,39 @@ pub(crate) fn read_intent(svc: &Service, warnings: &mut Warnings<'_>) -> Service
         created: svc.metadata.creation_timestamp.as_ref().map(|t| t.0),
         lb_ips: load_balancer_ips(svc, warnings),
         mode: mode(svc, warnings),
+        source_ranges: source_ranges(svc, warnings),
     }
+}
+
+/// `spec.loadBalancerSourceRanges`. Any invalid entry fails the whole list
+/// closed: a typo must not open the pod to everyone.
+fn source_ranges(svc: &Service, warnings: &mut Warnings<'_>) -> Option<BTreeSet<Cidr>> {
+    let listed = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.load_balancer_source_ranges.as_ref())
+        .filter(|l| !l.is_empty())?;
+    let mut ranges = BTreeSet::new();
+    let mut invalid = Vec::new();
+    for text in listed {
+        match text.parse::<Cidr>() {
+            Ok(c) => {
+                ranges.insert(c);
+            }
+            Err(e) => invalid.push(e),
+        }
+    }
+    if !invalid.is_empty() {
+        warnings.push(
+            WarningKind::InvalidSourceRange,
+            format!(
+                "spec.loadBalancerSourceRanges: {}; failing closed: nothing reaches the pod through its LB IP",
+                invalid.join("; ")
+            ),
+        );
+        ranges.clear();
+    }
+    Some(ranges)
 }
 
 fn annotation<'a>(svc: &'a Service, key: &str) -> Option<&'a str> {

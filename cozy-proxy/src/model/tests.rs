@@ -162,7 +162,7 @@ fn passthrough_mapping_both_families() {
         slice("vm", "IPv4", &[("192.0.2.11", None)]),
         slice("vm", "IPv6", &[("2001:db8:2::11", Some(true))]),
     ];
-    let o = compute_plan(&[svc], &slices);
+    let o = compute_plan(&[svc], &slices, &[]);
     assert!(o.warnings.is_empty(), "{:?}", o.warnings);
     let pairs: Vec<(IpAddr, IpAddr, Mode)> = o
         .plan
@@ -202,7 +202,7 @@ fn port_filter_modes_and_fail_closed() {
             ports,
             ..Default::default()
         });
-        compute_plan(&[svc], &[slice("vm", "IPv4", &[("192.0.2.11", None)])])
+        compute_plan(&[svc], &[slice("vm", "IPv4", &[("192.0.2.11", None)])], &[])
     };
     let want_ports = [
         PortRule {
@@ -265,6 +265,7 @@ fn endpoints_none_several_not_ready() {
             "IPv4",
             &[("192.0.2.11", None), ("192.0.2.12", Some(false))],
         )],
+        &[],
     );
     assert_eq!(o.plan.mappings.len(), 1);
     assert_eq!(o.plan.mappings[0].pod_ip, ip("192.0.2.11"));
@@ -272,6 +273,7 @@ fn endpoints_none_several_not_ready() {
     let o = compute_plan(
         &[svc()],
         &[slice("vm", "IPv4", &[("192.0.2.11", Some(false))])],
+        &[],
     );
     assert!(o.plan.mappings.is_empty());
     assert_eq!(kinds(&o), vec![WarningKind::NoReadyEndpoint]);
@@ -284,6 +286,7 @@ fn endpoints_none_several_not_ready() {
             slice("vm", "IPv4", &[("192.0.2.11", None), ("192.0.2.12", None)]),
             slice("vm", "IPv4", &[("192.0.2.11", Some(true))]),
         ],
+        &[],
     );
     assert!(o.plan.mappings.is_empty());
     assert_eq!(kinds(&o), vec![WarningKind::MultipleEndpoints]);
@@ -294,6 +297,7 @@ fn endpoints_none_several_not_ready() {
             slice("vm", "IPv4", &[("192.0.2.11", None)]),
             slice("vm", "IPv4", &[("192.0.2.11", None)]),
         ],
+        &[],
     );
     assert_eq!(o.plan.mappings.len(), 1);
     // A slice of another Service or namespace does not count.
@@ -302,6 +306,7 @@ fn endpoints_none_several_not_ready() {
     let o = compute_plan(
         &[svc()],
         &[foreign, slice("other", "IPv4", &[("192.0.2.98", None)])],
+        &[],
     );
     assert_eq!(kinds(&o), vec![WarningKind::NoReadyEndpoint]);
 }
@@ -313,13 +318,13 @@ fn conflicts_older_wins_and_hands_over() {
         slice("a", "IPv4", &[("192.0.2.11", None)]),
         slice("b", "IPv4", &[("192.0.2.13", None)]),
     ];
-    let o = compute_plan(&[b.clone(), a.clone()], &slices);
+    let o = compute_plan(&[b.clone(), a.clone()], &slices, &[]);
     assert_eq!(o.plan.mappings.len(), 1);
     assert_eq!(o.plan.mappings[0].service.name, "a");
     assert_eq!(kinds(&o), vec![WarningKind::LoadBalancerIpConflict]);
     assert_eq!(o.warnings[0].service.name, "b");
     // Deleting the older hands the IP over.
-    let o = compute_plan(&[b], &slices);
+    let o = compute_plan(&[b], &slices, &[]);
     assert_eq!(o.plan.mappings[0].service.name, "b");
     // Same pod, different LB IPs: the newer's LB IP is unmapped (dropped).
     let c = service(SvcSpec {
@@ -338,7 +343,7 @@ fn conflicts_older_wins_and_hands_over() {
         slice("c", "IPv4", &[("192.0.2.12", None)]),
         slice("d", "IPv4", &[("192.0.2.12", None)]),
     ];
-    let o = compute_plan(&[d, c], &slices);
+    let o = compute_plan(&[d, c], &slices, &[]);
     assert_eq!(o.plan.mappings.len(), 1);
     assert_eq!(o.plan.mappings[0].service.name, "c");
     assert_eq!(kinds(&o), vec![WarningKind::PodIpConflict]);
@@ -358,6 +363,7 @@ fn conflicts_older_wins_and_hands_over() {
             slice("e", "IPv4", &[("192.0.2.11", None)]),
             slice("f", "IPv4", &[("192.0.2.11", None)]),
         ],
+        &[],
     );
     assert_eq!(o.plan.mappings[0].service.name, "e");
 }
@@ -369,7 +375,7 @@ fn the_older_owner_keeps_its_lb_ip_while_not_ready() {
         slice("a", "IPv4", &[("192.0.2.11", Some(false))]),
         slice("b", "IPv4", &[("192.0.2.13", None)]),
     ];
-    let o = compute_plan(&[a, b], &slices);
+    let o = compute_plan(&[a, b], &slices, &[]);
     assert!(o.plan.mappings.is_empty());
     assert!(o.plan.unmapped_lb_ips.contains_key(&ip("203.0.113.10")));
     assert_eq!(
@@ -399,6 +405,7 @@ fn bad_addresses_hostnames_and_extra_ips() {
             "IPv4",
             &[("not-an-ip", None), ("192.0.2.11", None)],
         )],
+        &[],
     );
     assert_eq!(o.plan.mappings.len(), 1);
     assert_eq!(o.plan.mappings[0].lb_ip, ip("203.0.113.10"));
@@ -415,7 +422,7 @@ fn bad_addresses_hostnames_and_extra_ips() {
         ..Default::default()
     });
     assert_eq!(
-        kinds(&compute_plan(&[only_host], &[])),
+        kinds(&compute_plan(&[only_host], &[], &[])),
         vec![WarningKind::HostnameOnly]
     );
     let pending = service(SvcSpec {
@@ -423,7 +430,7 @@ fn bad_addresses_hostnames_and_extra_ips() {
         ..Default::default()
     });
     assert_eq!(
-        kinds(&compute_plan(&[pending], &[])),
+        kinds(&compute_plan(&[pending], &[], &[])),
         vec![WarningKind::NoLoadBalancerIp]
     );
 }
@@ -437,7 +444,7 @@ fn a_broken_object_without_name_or_status_does_not_panic() {
         },
         ..Default::default()
     };
-    let o = compute_plan(&[empty], &[EndpointSlice::default()]);
+    let o = compute_plan(&[empty], &[EndpointSlice::default()], &[]);
     assert!(o.plan.mappings.is_empty());
     assert_eq!(kinds(&o), vec![WarningKind::NoLoadBalancerIp]);
 }
@@ -497,7 +504,7 @@ proptest! {
         (services, slices) in arb_world(),
         seed in any::<u64>(),
     ) {
-        let a = compute_plan(&services, &slices);
+        let a = compute_plan(&services, &slices, &[]);
         let mut s2 = services.clone();
         let mut e2 = slices.clone();
         // A deterministic shuffle from the seed.
@@ -507,13 +514,13 @@ proptest! {
         let m = e2.len().max(1) as u64;
         e2.rotate_left(((seed >> 8) % m) as usize);
         e2.reverse();
-        let b = compute_plan(&s2, &e2);
+        let b = compute_plan(&s2, &e2, &[]);
         prop_assert_eq!(a, b);
     }
 
     #[test]
     fn plan_is_one_to_one((services, slices) in arb_world()) {
-        let o = compute_plan(&services, &slices);
+        let o = compute_plan(&services, &slices, &[]);
         let mut lbs = std::collections::HashSet::new();
         let mut pods = std::collections::HashSet::new();
         for m in &o.plan.mappings {
@@ -539,6 +546,6 @@ proptest! {
             ports: &[(&proto, port)],
             ..Default::default()
         });
-        let _ = compute_plan(&[svc], &[slice("vm", "IPv4", &[(&addr, None)])]);
+        let _ = compute_plan(&[svc], &[slice("vm", "IPv4", &[(&addr, None)])], &[]);
     }
 }

@@ -1,4 +1,5 @@
 //! Values the desired-state model works with.
+use super::Cidr;
 use serde::Serialize;
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -99,6 +100,14 @@ pub struct Mapping {
     pub lb_ip: IpAddr,
     pub pod_ip: IpAddr,
     pub mode: Mode,
+    /// The node hosting the pod (the endpoint's `nodeName`): only that node
+    /// translates between the outside and the pod. `None` (an endpoint
+    /// without `nodeName`, as in hand-written manifests): every node does.
+    pub node: Option<String>,
+    /// `spec.loadBalancerSourceRanges` of this family: only these sources
+    /// reach the pod through the LB IP. `None`: no restriction; an empty
+    /// set: nothing (an invalid range fails closed).
+    pub source_ranges: Option<BTreeSet<Cidr>>,
 }
 
 /// The whole desired NAT state of a node.

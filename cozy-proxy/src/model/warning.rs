@@ -26,6 +26,12 @@ pub enum WarningKind {
     LoadBalancerIpConflict,
     /// Another, older Service claims the same pod IP.
     PodIpConflict,
+    /// An LB or endpoint address that must never be translated: unspecified,
+    /// loopback, multicast, link-local, or a node's own address.
+    ForbiddenAddress,
+    /// A `loadBalancerSourceRanges` entry that is not an IP prefix: the
+    /// Service fails closed (nothing reaches the pod through its LB IP).
+    InvalidSourceRange,
 }
 
 impl WarningKind {
@@ -42,6 +48,8 @@ impl WarningKind {
             WarningKind::MultipleEndpoints => "MultipleEndpoints",
             WarningKind::LoadBalancerIpConflict => "LoadBalancerIPConflict",
             WarningKind::PodIpConflict => "PodIPConflict",
+            WarningKind::ForbiddenAddress => "ForbiddenAddress",
+            WarningKind::InvalidSourceRange => "InvalidSourceRange",
         }
     }
 }

@@ -1,10 +1,11 @@
-//! rtnetlink: the node's links, and the routes the eBPF datapath owns.
+//! rtnetlink: the node's links, route lookups, and the host routes the
+//! datapaths own (tagged with one protocol number).
 //! Constants come from `libc`; the header sizes and RTNH_F_ONLINK (which
 //! it lacks) from <linux/rtnetlink.h> and <linux/if_link.h>.
 use super::socket::{next_seq, NetlinkError, NlSocket};
 use super::wire::{attr, attr_str, ip_bytes as bytes, Writer, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP};
 use std::{
-    collections::BTreeSet,
+    collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
@@ -18,6 +19,13 @@ const RTA_GATEWAY: u16 = libc::RTA_GATEWAY;
 const RTA_TABLE: u16 = libc::RTA_TABLE;
 const RT_TABLE_MAIN: u8 = libc::RT_TABLE_MAIN;
 const RTN_UNICAST: u8 = libc::RTN_UNICAST;
+const RTN_UNREACHABLE: u8 = libc::RTN_UNREACHABLE;
+const RTA_OIF: u16 = libc::RTA_OIF;
+const RTM_F_LOOKUP_TABLE: u32 = libc::RTM_F_LOOKUP_TABLE;
+/// Answer with the matched FIB entry (its own prefix length and next hop),
+/// not a resolved host route.
+const RTM_F_FIB_MATCH: u32 = libc::RTM_F_FIB_MATCH;
+const RTNH_F_ONLINK: u32 = 4;
 const RT_SCOPE_UNIVERSE: u8 = libc::RT_SCOPE_UNIVERSE;
 const NLM_F_REPLACE: u16 = libc::NLM_F_REPLACE as u16;
 const IFINFOMSG_LEN: usize = 16;
@@ -68,7 +76,7 @@ fn host_prefix(ip: &IpAddr) -> u8 {
     }
 }
 
-fn rtmsg(family: u8, dst_len: u8, protocol: u8) -> [u8; RTMSG_LEN] {
+fn rtmsg(family: u8, dst_len: u8, protocol: u8, kind: u8) -> [u8; RTMSG_LEN] {
     [
         family,
         dst_len,
@@ -77,7 +85,7 @@ fn rtmsg(family: u8, dst_len: u8, protocol: u8) -> [u8; RTMSG_LEN] {
         RT_TABLE_MAIN,
         protocol,
         RT_SCOPE_UNIVERSE,
-        RTN_UNICAST,
+        kind,
         0,
         0,
         0,
@@ -97,57 +105,75 @@ fn parse_ip(b: &[u8]) -> Option<IpAddr> {
     }
 }
 
-/// Host routes `dst via gateway` in the main table tagged with `protocol`.
-pub fn host_routes(
-    sock: &NlSocket,
-    protocol: u8,
-) -> Result<BTreeSet<(IpAddr, IpAddr)>, NetlinkError> {
-    let mut out = BTreeSet::new();
+fn u32_attr(body: &[u8], t: u16) -> Option<u32> {
+    attr(body, t)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map(u32::from_ne_bytes)
+}
+
+/// Where a route sends: through `gateway` (none: on the link) out of
+/// `oif`; an `unreachable` route has neither.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Via {
+    pub gateway: Option<IpAddr>,
+    pub oif: u32,
+    /// RTNH_F_ONLINK: the gateway is on the link without a route to it.
+    pub onlink: bool,
+    pub unreachable: bool,
+}
+
+impl Via {
+    fn from_answer(a: &[u8]) -> Via {
+        let body = &a[RTMSG_LEN..];
+        Via {
+            gateway: attr(body, RTA_GATEWAY).and_then(parse_ip),
+            oif: u32_attr(body, RTA_OIF).unwrap_or(0),
+            onlink: u32::from_ne_bytes([a[8], a[9], a[10], a[11]]) & RTNH_F_ONLINK != 0,
+            unreachable: a[7] == RTN_UNREACHABLE,
+        }
+    }
+}
+
+/// Host routes (`/32`, `/128`) in the main table tagged with `protocol`.
+pub fn host_routes(sock: &NlSocket, protocol: u8) -> Result<BTreeMap<IpAddr, Via>, NetlinkError> {
+    let mut out = BTreeMap::new();
     for fam in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
         let seq = next_seq();
         let mut w = Writer::new();
-        w.message(RTM_GETROUTE, NLM_F_DUMP, seq, &rtmsg(fam, 0, 0), |_| {});
+        w.message(RTM_GETROUTE, NLM_F_DUMP, seq, &rtmsg(fam, 0, 0, 0), |_| {});
         for a in sock.dump(&w.into_bytes(), seq, "route dump")? {
             if a.len() < RTMSG_LEN || a[5] != protocol {
                 continue;
             }
             let body = &a[RTMSG_LEN..];
-            let table = attr(body, RTA_TABLE)
-                .and_then(|t| <[u8; 4]>::try_from(t).ok())
-                .map_or(a[4] as u32, u32::from_ne_bytes);
+            let table = u32_attr(body, RTA_TABLE).unwrap_or(a[4] as u32);
             if table != RT_TABLE_MAIN as u32 {
                 continue;
             }
-            let dst = attr(body, RTA_DST).and_then(parse_ip);
-            let gw = attr(body, RTA_GATEWAY).and_then(parse_ip);
-            if let (Some(dst), Some(gw)) = (dst, gw) {
-                out.insert((dst, gw));
+            if let Some(dst) = attr(body, RTA_DST).and_then(parse_ip) {
+                if a[1] == host_prefix(&dst) {
+                    out.insert(dst, Via::from_answer(&a));
+                }
             }
         }
     }
     Ok(out)
 }
 
-/// How the kernel reaches an address: gateway (if any), interface, flags.
+/// What a lookup of one address found: the route's next hop and how
+/// specific the route is (`0`: the default route).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NextHop {
-    pub gateway: Option<IpAddr>,
-    pub oif: u32,
-    /// RTNH_F_ONLINK and friends, copied as they are.
-    pub flags: u32,
+pub struct Lookup {
+    pub via: Via,
+    pub prefix_len: u8,
 }
 
-const RTA_OIF: u16 = libc::RTA_OIF;
-const RTM_F_LOOKUP_TABLE: u32 = libc::RTM_F_LOOKUP_TABLE;
-const RTNH_F_ONLINK: u32 = 4;
-
-/// The next hop the kernel would use toward `dst` (a route lookup, as `ip
-/// route get`).
-pub fn lookup(sock: &NlSocket, dst: &IpAddr) -> Result<NextHop, NetlinkError> {
+/// The route the kernel would use toward `dst` (as `ip route get`).
+pub fn lookup(sock: &NlSocket, dst: &IpAddr) -> Result<Lookup, NetlinkError> {
     let seq = next_seq();
     let mut w = Writer::new();
-    let mut header = rtmsg(family(dst), host_prefix(dst), 0);
-    header[8..12].copy_from_slice(&RTM_F_LOOKUP_TABLE.to_ne_bytes());
+    let mut header = rtmsg(family(dst), host_prefix(dst), 0, 0);
+    header[8..12].copy_from_slice(&(RTM_F_LOOKUP_TABLE | RTM_F_FIB_MATCH).to_ne_bytes());
     w.message(RTM_GETROUTE, NLM_F_ACK, seq, &header, |w| {
         w.put(RTA_DST, &bytes(dst))
     });
@@ -156,28 +182,14 @@ pub fn lookup(sock: &NlSocket, dst: &IpAddr) -> Result<NextHop, NetlinkError> {
         .iter()
         .find(|a| a.len() >= RTMSG_LEN)
         .ok_or(NetlinkError::MissingAcks(1))?;
-    let body = &a[RTMSG_LEN..];
-    Ok(NextHop {
-        gateway: attr(body, RTA_GATEWAY).and_then(parse_ip),
-        oif: attr(body, RTA_OIF)
-            .and_then(|b| <[u8; 4]>::try_from(b).ok())
-            .map_or(0, u32::from_ne_bytes),
-        flags: u32::from_ne_bytes([a[8], a[9], a[10], a[11]]) & RTNH_F_ONLINK,
+    Ok(Lookup {
+        via: Via::from_answer(a),
+        // With RTM_F_FIB_MATCH the answer is the matched route itself.
+        prefix_len: a[1],
     })
 }
 
-/// Host routes in the main table tagged with `protocol`: their destinations.
-pub fn tagged_destinations(
-    sock: &NlSocket,
-    protocol: u8,
-) -> Result<BTreeSet<IpAddr>, NetlinkError> {
-    Ok(host_routes(sock, protocol)?
-        .into_iter()
-        .map(|(dst, _)| dst)
-        .collect())
-}
-
-/// Deletes the tagged host routes to `dst`.
+/// Deletes the tagged host routes to `dsts`, in one request.
 pub fn delete_host_routes(
     sock: &NlSocket,
     protocol: u8,
@@ -191,44 +203,55 @@ pub fn delete_host_routes(
             RTM_DELROUTE,
             NLM_F_ACK,
             seq,
-            &rtmsg(family(dst), host_prefix(dst), protocol),
-            |w| {
-                w.put(RTA_DST, &bytes(dst));
-            },
+            &rtmsg(family(dst), host_prefix(dst), protocol, 0),
+            |w| w.put(RTA_DST, &bytes(dst)),
         );
         pending.push((seq, format!("delete route {dst}")));
     }
     sock.transact(&w.into_bytes(), pending)
 }
 
-/// Adds (or replaces) the host route `dst` through `via`.
-pub fn set_host_route(
+/// Adds (or replaces) the host routes `dst` -> `via`, in one request.
+pub fn set_host_routes(
     sock: &NlSocket,
     protocol: u8,
-    dst: &IpAddr,
-    via: &NextHop,
+    routes: &[(IpAddr, Via)],
 ) -> Result<(), NetlinkError> {
-    let seq = next_seq();
     let mut w = Writer::new();
-    let mut header = rtmsg(family(dst), host_prefix(dst), protocol);
-    header[8..12].copy_from_slice(&via.flags.to_ne_bytes());
-    w.message(
-        RTM_NEWROUTE,
-        NLM_F_CREATE | NLM_F_REPLACE | NLM_F_ACK,
-        seq,
-        &header,
-        |w| {
-            w.put(RTA_DST, &bytes(dst));
-            if let Some(gw) = &via.gateway {
-                w.put(RTA_GATEWAY, &bytes(gw));
-            }
-            if via.oif != 0 {
-                w.put_u32_ne(RTA_OIF, via.oif);
-            }
-        },
-    );
-    sock.transact(
-        &w.into_bytes(),
-        vec![(seq, format!("route {dst} via {via:?}"))],
-    )
+    let mut pending = Vec::new();
+    for (dst, via) in routes {
+        let seq = next_seq();
+        let kind = if via.unreachable {
+            RTN_UNREACHABLE
+        } else {
+            RTN_UNICAST
+        };
+        let mut header = rtmsg(family(dst), host_prefix(dst), protocol, kind);
+        if via.onlink {
+            header[8..12].copy_from_slice(&RTNH_F_ONLINK.to_ne_bytes());
+        }
+        w.message(
+            RTM_NEWROUTE,
+            NLM_F_CREATE | NLM_F_REPLACE | NLM_F_ACK,
+            seq,
+            &header,
+            |w| {
+                w.put(RTA_DST, &bytes(dst));
+                if let Some(gw) = &via.gateway {
+                    w.put(RTA_GATEWAY, &bytes(gw));
+                }
+                if via.oif != 0 {
+                    w.put_u32_ne(RTA_OIF, via.oif);
+                }
+            },
+        );
+        pending.push((seq, format!("route {dst} via {via:?}")));
+    }
+    sock.transact(&w.into_bytes(), pending)
+}
+
+/// Of a route notification (RTM_NEWROUTE/RTM_DELROUTE), its protocol.
+pub fn notification_protocol(msg_type: u16, payload: &[u8]) -> Option<u8> {
+    (matches!(msg_type, RTM_NEWROUTE | RTM_DELROUTE) && payload.len() >= RTMSG_LEN)
+        .then(|| payload[5])
 }

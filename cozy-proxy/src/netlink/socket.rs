@@ -78,14 +78,22 @@ impl NlSocket {
         Ok(sock)
     }
 
-    /// Drains the notifications waiting on a subscribed socket; returns how
-    /// many there were (an overrun counts as one: something changed).
-    pub fn pending_events(&self) -> Result<usize, NetlinkError> {
+    /// Drains the notifications waiting on a subscribed socket, counting
+    /// those `relevant` says matter (`msg_type`, payload); an overrun (lost
+    /// notifications) counts as one: something may have changed.
+    pub fn pending_events(
+        &self,
+        relevant: impl Fn(u16, &[u8]) -> bool,
+    ) -> Result<usize, NetlinkError> {
         let mut buf = vec![0u8; 64 << 10];
         let mut count = 0;
         loop {
             match self.recv(&mut buf, true) {
-                Ok(Some(n)) => count += messages(&buf[..n]).count().max(1),
+                Ok(Some(n)) => {
+                    count += messages(&buf[..n])
+                        .filter(|m| relevant(m.msg_type, m.payload))
+                        .count()
+                }
                 Ok(None) => return Ok(count),
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => count += 1,
                 Err(e) => return Err(e.into()),

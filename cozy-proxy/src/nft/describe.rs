@@ -26,13 +26,26 @@ fn address(b: &[u8]) -> String {
     }
 }
 
-/// `addr . proto . port` for a port key, the address otherwise.
+/// `addr . proto . port` for a port key, `addr . ifN` for a path key,
+/// `addr . addr` for a range key, the address otherwise.
 fn key_text(set: &str, k: &[u8]) -> String {
-    if set == super::schema::ALLOWED_PORTS {
-        for l in LAYOUTS {
-            if let Some((ip, proto, port)) = l.parse_port_key(k) {
-                return format!("{ip} . {proto} . {port}");
+    for l in LAYOUTS {
+        let n = l.addr_len as usize;
+        match set {
+            super::schema::ALLOWED_PORTS => {
+                if let Some((ip, proto, port)) = l.parse_port_key(k) {
+                    return format!("{ip} . {proto} . {port}");
+                }
             }
+            super::schema::GUARD_PATHS if k.len() == n + 4 => {
+                if let Some((ip, index)) = l.parse_path_key(k) {
+                    return format!("{ip} . if{index}");
+                }
+            }
+            super::schema::SOURCE_RANGES if k.len() == 2 * n => {
+                return format!("{} . {}", address(&k[..n]), address(&k[n..]));
+            }
+            _ => {}
         }
     }
     address(k)
@@ -94,10 +107,19 @@ pub fn describe(bytes: &[u8]) -> Vec<String> {
                 let list = attr(body, NFTA_SET_ELEM_LIST_ELEMENTS).unwrap_or(&[]);
                 let elems: Vec<String> = attrs(list)
                     .map(|(_, e)| {
-                        let key = key_text(&set, attr_data(e, NFTA_SET_ELEM_KEY).unwrap_or(&[]));
+                        let mut text =
+                            key_text(&set, attr_data(e, NFTA_SET_ELEM_KEY).unwrap_or(&[]));
+                        if let Some(end) = attr_data(e, NFTA_SET_ELEM_KEY_END) {
+                            text += &format!(" - {}", key_text(&set, end));
+                        }
+                        if attr_u32(e, NFTA_SET_ELEM_FLAGS)
+                            .is_some_and(|f| f & NFT_SET_ELEM_INTERVAL_END != 0)
+                        {
+                            text += " (end)";
+                        }
                         match attr_data(e, NFTA_SET_ELEM_DATA) {
-                            Some(v) => format!("{key} : {}", address(v)),
-                            None => key,
+                            Some(v) => format!("{text} : {}", address(v)),
+                            None => text,
                         }
                     })
                     .collect();
@@ -152,22 +174,47 @@ fn a_first_sync_creates_both_tables_and_their_elements_in_one_batch() {
         "add table ip cozy_proxy (mark true)",
         "add set ip pod_svc key 7/4 data Some((7, 4)) flags 8",
         "add set ip svc_pod key 7/4 data Some((7, 4)) flags 8",
+        "add set ip remote key 7/4 data Some((7, 4)) flags 8",
         "add set ip filtered_pods key 7/4 data None flags 0",
         "add set ip allowed_ports key 29453/12 data None flags 0",
         "add set ip icmp_allowed_pods key 7/4 data None flags 0",
         "add set ip unmapped_lbs key 7/4 data None flags 0",
+        // interval
+        "add set ip cluster key 7/4 data None flags 4",
+        "add set ip ranged_lbs key 7/4 data None flags 0",
+        // ipv4_addr . ipv4_addr, interval and concatenated (pipapo)
+        "add set ip source_ranges key 455/8 data None flags 132",
+        "add set ip guarded key 7/4 data None flags 0",
+        // ipv4_addr . iface_index
+        "add set ip guard_paths key 468/8 data None flags 0",
         "add chain ip egress_snat hook 0 priority -300 type filter",
         "flush chain ip egress_snat",
-        "add rule ip egress_snat: payload lookup payload counter",
+        "add rule ip egress_snat: payload lookup meta lookup counter immediate",
+        "add rule ip egress_snat: meta cmp payload cmp cmp payload lookup payload lookup fib cmp payload",
+        "add rule ip egress_snat: meta cmp payload cmp cmp payload lookup payload lookup fib cmp payload",
+        "add rule ip egress_snat: payload lookup payload lookup fib cmp payload counter",
         "add chain ip ingress_dnat hook 0 priority -150 type filter",
         "flush chain ip ingress_dnat",
-        "add rule ip ingress_dnat: payload lookup payload counter",
+        "add rule ip ingress_dnat: meta cmp payload cmp cmp payload lookup payload lookup payload",
+        "add rule ip ingress_dnat: meta cmp payload cmp cmp payload lookup payload lookup payload",
+        "add rule ip ingress_dnat: payload lookup payload lookup payload counter",
         "add rule ip ingress_dnat: payload lookup counter immediate",
+        "add chain ip cluster_dnat hook 0 priority -100 type nat",
+        "flush chain ip cluster_dnat",
+        "add rule ip cluster_dnat: payload lookup payload lookup nat",
+        "add rule ip cluster_dnat: payload lookup payload lookup nat",
+        // NF_INET_LOCAL_OUT
+        "add chain ip local_dnat hook 3 priority -100 type nat",
+        "flush chain ip local_dnat",
+        "add rule ip local_dnat: payload lookup nat",
+        "add rule ip local_dnat: payload lookup nat",
         "add chain ip port_filter hook 0 priority 0 type filter",
         "flush chain ip port_filter",
         "add rule ip port_filter: ct bitwise cmp immediate",
+        "add rule ip port_filter: ct lookup payload lookup counter immediate",
         "add rule ip port_filter: payload lookup meta cmp immediate",
-        "add rule ip port_filter: payload lookup meta payload lookup counter immediate",
+        "add rule ip port_filter: payload meta payload lookup immediate",
+        "add rule ip port_filter: payload lookup counter immediate",
         "add element ip pod_svc { 192.0.2.11 : 203.0.113.10 }",
         "add element ip6 pod_svc { 2001:db8:2::11 : 2001:db8:203::10 }",
         "add element ip svc_pod { 203.0.113.10 : 192.0.2.11 }",
@@ -228,6 +275,44 @@ fn elements_are_split_into_messages_that_fit_a_netlink_attribute() {
     );
     assert_eq!(lines[0].matches(" : ").count(), ELEMENTS_PER_MESSAGE);
     assert_eq!(lines[1].matches(" : ").count(), 5);
+}
+
+#[test]
+fn ranges_and_guards_are_encoded_as_the_kernel_takes_them() {
+    use crate::model::IpRange;
+    let mut desired = DatapathState::default();
+    // An rbtree interval: its start, and the address after its end
+    // flagged as the interval's end; one ending the family has no end.
+    desired.cluster.insert(IpRange {
+        first: ip("10.0.0.0"),
+        last: ip("10.255.255.255"),
+    });
+    desired.cluster.insert(IpRange {
+        first: ip("fe80::"),
+        last: ip("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"),
+    });
+    desired.ranged_lbs.insert(ip("203.0.113.10"));
+    desired.source_ranges.insert((
+        ip("203.0.113.10"),
+        IpRange {
+            first: ip("198.51.100.0"),
+            last: ip("198.51.100.255"),
+        },
+    ));
+    desired.guard.insert(ip("192.0.2.11"), 7);
+    desired.guard.insert(ip("203.0.113.10"), 0);
+    let lines = describe(sync_batch(&[], &DatapathState::default().diff(&desired)).bytes());
+    assert_eq!(
+        lines,
+        [
+            "add element ip cluster { 10.0.0.0, 11.0.0.0 (end) }",
+            "add element ip6 cluster { fe80:: }",
+            "add element ip ranged_lbs { 203.0.113.10 }",
+            "add element ip source_ranges { 203.0.113.10 . 198.51.100.0 - 203.0.113.10 . 198.51.100.255 }",
+            "add element ip guarded { 192.0.2.11, 203.0.113.10 }",
+            "add element ip guard_paths { 192.0.2.11 . if7 }",
+        ]
+    );
 }
 
 #[test]

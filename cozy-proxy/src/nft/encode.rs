@@ -5,6 +5,7 @@ use super::batch::Batch;
 use super::schema::{self, Layout, LAYOUTS, TABLE};
 use super::sys::*;
 use crate::datapath::{AllowedPort, Change, StateDiff};
+use crate::model::IpRange;
 use crate::netlink::wire::{ip_bytes, NLM_F_APPEND, NLM_F_CREATE};
 use std::net::IpAddr;
 
@@ -95,6 +96,17 @@ fn install(batch: &mut Batch, l: &Layout, how: Install) {
                     w.put_u32(NFTA_SET_DATA_LEN, len);
                 }
                 w.put_u32(NFTA_SET_ID, s.id);
+                if !s.fields.is_empty() {
+                    // A concatenated interval key: the kernel picks the
+                    // pipapo backend from the field lengths.
+                    w.nest(NFTA_SET_DESC, |w| {
+                        w.nest(NFTA_SET_DESC_CONCAT, |w| {
+                            for len in &s.fields {
+                                w.nest(NFTA_LIST_ELEM, |w| w.put_u32(NFTA_SET_FIELD_LEN, *len));
+                            }
+                        });
+                    });
+                }
             },
         );
     }
@@ -108,10 +120,10 @@ fn install(batch: &mut Batch, l: &Layout, how: Install) {
                 w.put_str(NFTA_CHAIN_TABLE, TABLE);
                 w.put_str(NFTA_CHAIN_NAME, c.name);
                 w.nest(NFTA_CHAIN_HOOK, |w| {
-                    w.put_u32(NFTA_HOOK_HOOKNUM, NF_INET_PRE_ROUTING);
+                    w.put_u32(NFTA_HOOK_HOOKNUM, c.hook);
                     w.put_u32(NFTA_HOOK_PRIORITY, c.priority as u32);
                 });
-                w.put_str(NFTA_CHAIN_TYPE, "filter");
+                w.put_str(NFTA_CHAIN_TYPE, c.kind);
                 w.put_u32(NFTA_CHAIN_POLICY, NF_ACCEPT);
             },
         );
@@ -151,16 +163,28 @@ fn install(batch: &mut Batch, l: &Layout, how: Install) {
     }
 }
 
-/// One set element: its address family's key (and map value).
+/// One set element: its address family's key (and map value, interval
+/// end, flags).
 struct Element {
     ip: IpAddr,
     key: Vec<u8>,
     value: Option<Vec<u8>>,
+    /// The inclusive end of a concatenated interval (pipapo).
+    key_end: Option<Vec<u8>>,
+    /// NFT_SET_ELEM_INTERVAL_END: the element closes an interval (rbtree).
+    interval_end: bool,
 }
 
-/// The removed or added side of a change, as elements.
-trait Elements {
-    fn elements(&self, remove: bool) -> Vec<Element>;
+impl Element {
+    fn key(ip: IpAddr, key: Vec<u8>) -> Element {
+        Element {
+            ip,
+            key,
+            value: None,
+            key_end: None,
+            interval_end: false,
+        }
+    }
 }
 
 fn side<T>(c: &Change<T>, remove: bool) -> &[T] {
@@ -171,59 +195,104 @@ fn side<T>(c: &Change<T>, remove: bool) -> &[T] {
     }
 }
 
-impl Elements for Change<(IpAddr, IpAddr)> {
-    fn elements(&self, remove: bool) -> Vec<Element> {
-        side(self, remove)
-            .iter()
-            .map(|(k, v)| Element {
-                ip: *k,
-                key: ip_bytes(k),
-                value: Some(ip_bytes(v)),
-            })
-            .collect()
-    }
+fn pairs(c: &Change<(IpAddr, IpAddr)>, remove: bool) -> Vec<Element> {
+    side(c, remove)
+        .iter()
+        .map(|(k, v)| Element {
+            value: Some(ip_bytes(v)),
+            ..Element::key(*k, ip_bytes(k))
+        })
+        .collect()
 }
 
-impl Elements for Change<IpAddr> {
-    fn elements(&self, remove: bool) -> Vec<Element> {
-        side(self, remove)
-            .iter()
-            .map(|k| Element {
-                ip: *k,
-                key: ip_bytes(k),
-                value: None,
-            })
-            .collect()
-    }
+fn singles(c: &Change<IpAddr>, remove: bool) -> Vec<Element> {
+    side(c, remove)
+        .iter()
+        .map(|k| Element::key(*k, ip_bytes(k)))
+        .collect()
 }
 
-impl Elements for Change<AllowedPort> {
-    fn elements(&self, remove: bool) -> Vec<Element> {
-        side(self, remove)
-            .iter()
-            .map(|p| Element {
-                ip: p.pod,
-                key: Layout::port_key(&p.pod, p.proto, p.port),
-                value: None,
-            })
-            .collect()
+fn ports(c: &Change<AllowedPort>, remove: bool) -> Vec<Element> {
+    side(c, remove)
+        .iter()
+        .map(|p| Element::key(p.pod, Layout::port_key(&p.pod, p.proto, p.port)))
+        .collect()
+}
+
+/// A range in an rbtree interval set: its first address, and the address
+/// after its last as the interval's end (none when it ends the family).
+fn intervals(c: &Change<IpRange>, remove: bool) -> Vec<Element> {
+    let mut out = Vec::new();
+    for r in side(c, remove) {
+        out.push(Element::key(r.first, ip_bytes(&r.first)));
+        if let Some(after) = r.after() {
+            out.push(Element {
+                interval_end: true,
+                ..Element::key(after, ip_bytes(&after))
+            });
+        }
     }
+    out
+}
+
+/// `(LB IP, range)` in the concatenated interval set: LB . first to
+/// LB . last.
+fn lb_ranges(c: &Change<(IpAddr, IpRange)>, remove: bool) -> Vec<Element> {
+    side(c, remove)
+        .iter()
+        .map(|(lb, r)| {
+            let mut key = ip_bytes(lb);
+            key.extend(ip_bytes(&r.first));
+            let mut end = ip_bytes(lb);
+            end.extend(ip_bytes(&r.last));
+            Element {
+                key_end: Some(end),
+                ..Element::key(*lb, key)
+            }
+        })
+        .collect()
+}
+
+/// The guard as two sets: every guarded address, and the (address,
+/// interface) pairs it may arrive on (none for 0).
+fn guard(c: &Change<(IpAddr, u32)>, remove: bool) -> (Vec<Element>, Vec<Element>) {
+    let all = side(c, remove);
+    let guarded = all
+        .iter()
+        .map(|(ip, _)| Element::key(*ip, ip_bytes(ip)))
+        .collect();
+    let paths = all
+        .iter()
+        .filter(|(_, index)| *index != 0)
+        .map(|(ip, index)| Element::key(*ip, Layout::path_key(ip, *index)))
+        .collect();
+    (guarded, paths)
 }
 
 /// The element changes of `diff`: every removal first, then every
 /// addition (a changed map value is removed and added in the same batch).
 fn elements(batch: &mut Batch, diff: &StateDiff) {
     for remove in [true, false] {
-        let groups: [(&str, Vec<Element>); 6] = [
-            (schema::POD_SVC, diff.pod_svc.elements(remove)),
-            (schema::SVC_POD, diff.svc_pod.elements(remove)),
-            (schema::FILTERED_PODS, diff.filtered_pods.elements(remove)),
-            (schema::ALLOWED_PORTS, diff.allowed_ports.elements(remove)),
+        let (guarded, guard_paths) = guard(&diff.guard, remove);
+        let groups: [(&str, Vec<Element>); 12] = [
+            (schema::POD_SVC, pairs(&diff.pod_svc, remove)),
+            (schema::SVC_POD, pairs(&diff.svc_pod, remove)),
+            (schema::REMOTE, pairs(&diff.remote, remove)),
+            (schema::FILTERED_PODS, singles(&diff.filtered_pods, remove)),
+            (schema::ALLOWED_PORTS, ports(&diff.allowed_ports, remove)),
             (
                 schema::ICMP_ALLOWED_PODS,
-                diff.icmp_allowed_pods.elements(remove),
+                singles(&diff.icmp_allowed_pods, remove),
             ),
-            (schema::UNMAPPED_LBS, diff.unmapped_lbs.elements(remove)),
+            (schema::UNMAPPED_LBS, singles(&diff.unmapped_lbs, remove)),
+            (schema::CLUSTER, intervals(&diff.cluster, remove)),
+            (schema::RANGED_LBS, singles(&diff.ranged_lbs, remove)),
+            (
+                schema::SOURCE_RANGES,
+                lb_ranges(&diff.source_ranges, remove),
+            ),
+            (schema::GUARDED, guarded),
+            (schema::GUARD_PATHS, guard_paths),
         ];
         for (set, elems) in groups {
             for l in &LAYOUTS {
@@ -250,6 +319,12 @@ fn element_message(batch: &mut Batch, l: &Layout, set: &str, elems: &[&Element],
             for e in elems {
                 w.nest(NFTA_LIST_ELEM, |w| {
                     w.put_data(NFTA_SET_ELEM_KEY, &e.key);
+                    if let Some(end) = &e.key_end {
+                        w.put_data(NFTA_SET_ELEM_KEY_END, end);
+                    }
+                    if e.interval_end {
+                        w.put_u32(NFTA_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END);
+                    }
                     if let (Some(value), false) = (&e.value, remove) {
                         w.put_data(NFTA_SET_ELEM_DATA, value);
                     }

@@ -36,9 +36,20 @@ pub enum Expr {
         key: u32,
         dreg: u32,
     },
+    /// A conntrack key; `original` for directional keys (addresses).
     Ct {
         key: u32,
         dreg: u32,
+        original: bool,
+    },
+    /// `fib daddr type`: the route type (RTN_*) of the destination.
+    FibDaddrType {
+        dreg: u32,
+    },
+    /// `dnat to` the address in `reg` (stateful, through conntrack).
+    Dnat {
+        family: u8,
+        reg: u32,
     },
     Bitwise {
         reg: u32,
@@ -61,6 +72,8 @@ impl Expr {
             Expr::Lookup { .. } => "lookup",
             Expr::Meta { .. } => "meta",
             Expr::Ct { .. } => "ct",
+            Expr::FibDaddrType { .. } => "fib",
+            Expr::Dnat { .. } => "nat",
             Expr::Bitwise { .. } => "bitwise",
             Expr::Cmp { .. } => "cmp",
             Expr::Counter => "counter",
@@ -129,9 +142,26 @@ impl Expr {
                 w.put_u32(NFTA_META_KEY, *key);
                 w.put_u32(NFTA_META_DREG, *dreg);
             }
-            Expr::Ct { key, dreg } => {
+            Expr::Ct {
+                key,
+                dreg,
+                original,
+            } => {
                 w.put_u32(NFTA_CT_KEY, *key);
                 w.put_u32(NFTA_CT_DREG, *dreg);
+                if *original {
+                    w.put(NFTA_CT_DIRECTION, &[0]);
+                }
+            }
+            Expr::FibDaddrType { dreg } => {
+                w.put_u32(NFTA_FIB_DREG, *dreg);
+                w.put_u32(NFTA_FIB_RESULT, NFT_FIB_RESULT_ADDRTYPE);
+                w.put_u32(NFTA_FIB_FLAGS, NFTA_FIB_F_DADDR);
+            }
+            Expr::Dnat { family, reg } => {
+                w.put_u32(NFTA_NAT_TYPE, NFT_NAT_DNAT);
+                w.put_u32(NFTA_NAT_FAMILY, *family as u32);
+                w.put_u32(NFTA_NAT_REG_ADDR_MIN, *reg);
             }
             Expr::Bitwise { reg, mask, xor } => {
                 w.put_u32(NFTA_BITWISE_SREG, *reg);

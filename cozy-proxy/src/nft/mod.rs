@@ -20,12 +20,17 @@ mod read;
 pub mod schema;
 mod sys;
 
-use crate::datapath::{Applied, BackendKind, DatapathState, Dump, Kernel, StateDiff};
+use crate::datapath::{Applied, BackendKind, DatapathState, Dump, Kernel, Path, StateDiff};
 pub use crate::netlink::NetlinkError;
 use crate::netlink::NlSocket;
+use crate::steer::Steering;
 use encode::Install;
 use schema::{Layout, LAYOUTS, TABLE};
 use serde_json::json;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 use tracing::{debug, warn};
 
 #[derive(Debug, thiserror::Error)]
@@ -49,16 +54,20 @@ pub enum DecodeError {
     },
     #[error("an allowed_ports key has {len} bytes")]
     PortKey { len: usize },
+    #[error("a guard_paths key has {len} bytes")]
+    PathKey { len: usize },
 }
 
 pub struct NftKernel {
     sock: NlSocket,
+    steering: Steering,
 }
 
 impl NftKernel {
     pub fn new() -> Result<Self, NftError> {
         Ok(NftKernel {
             sock: NlSocket::open(libc::NETLINK_NETFILTER)?,
+            steering: Steering::open()?,
         })
     }
 }
@@ -66,10 +75,15 @@ impl NftKernel {
 fn merge(into: &mut DatapathState, from: DatapathState) {
     into.pod_svc.extend(from.pod_svc);
     into.svc_pod.extend(from.svc_pod);
+    into.remote.extend(from.remote);
     into.filtered_pods.extend(from.filtered_pods);
     into.allowed_ports.extend(from.allowed_ports);
     into.icmp_allowed_pods.extend(from.icmp_allowed_pods);
     into.unmapped_lbs.extend(from.unmapped_lbs);
+    into.cluster.extend(from.cluster);
+    into.ranged_lbs.extend(from.ranged_lbs);
+    into.source_ranges.extend(from.source_ranges);
+    into.guard.extend(from.guard);
 }
 
 impl Kernel for NftKernel {
@@ -81,8 +95,15 @@ impl Kernel for NftKernel {
         BackendKind::Nft
     }
 
+    fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<BTreeMap<IpAddr, Path>, NftError> {
+        Ok(self.steering.paths(pods)?)
+    }
+
     fn read(&mut self) -> Result<(DatapathState, Self::Found), NftError> {
-        let mut live = DatapathState::default();
+        let mut live = DatapathState {
+            routes: self.steering.routes()?,
+            ..Default::default()
+        };
         let mut installs = Vec::new();
         for l in LAYOUTS {
             let how = match read::read_table(&self.sock, &l)? {
@@ -127,10 +148,16 @@ impl Kernel for NftKernel {
             "nft batch"
         );
         batch.apply(&self.sock)?;
+        // Routes after the tables: an LB IP is steered once its rules exist.
+        self.steering.apply(&diff.routes)?;
         Ok(Applied {
             extra_changes: 0,
             installed_schema: installs.iter().any(|(_, how)| *how != Install::Nothing),
         })
+    }
+
+    fn upkeep(&mut self) -> Result<bool, NftError> {
+        Ok(self.steering.changed()?)
     }
 
     fn dump(&self) -> Result<Dump, NftError> {
@@ -143,6 +170,9 @@ impl Kernel for NftKernel {
                 merge(&mut state, t.state);
                 tables.push(read::chain_details(&self.sock, l)?);
             }
+        }
+        if installed {
+            state.routes = self.steering.routes()?;
         }
         Ok(Dump {
             backend: BackendKind::Nft,

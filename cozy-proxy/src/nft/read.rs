@@ -5,17 +5,26 @@ use super::schema::{self, Layout, SetDef, TABLE};
 use super::sys::*;
 use super::{DecodeError, NftError};
 use crate::datapath::{AllowedPort, DatapathState};
+use crate::model::IpRange;
 use crate::netlink::wire::{attr, attr_data, attr_str, attr_u32, attr_u64, attrs};
 use crate::netlink::NlSocket;
 use serde_json::json;
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, net::IpAddr};
 
 /// Length of the nfgenmsg header before an answer's attributes.
 const NFGENMSG_LEN: usize = 4;
 
-/// A set element as the kernel holds it: key bytes, and value bytes for a
-/// map element (empty for a plain set).
-type RawElement = (Vec<u8>, Vec<u8>);
+/// A set element as the kernel holds it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct RawElement {
+    key: Vec<u8>,
+    /// A map element's value (empty for a plain set).
+    value: Vec<u8>,
+    /// A concatenated interval's inclusive end (empty otherwise).
+    key_end: Vec<u8>,
+    /// NFT_SET_ELEM_INTERVAL_END.
+    interval_end: bool,
+}
 
 /// What one family's table looks like in the kernel.
 pub struct LiveTable {
@@ -53,10 +62,18 @@ fn read_sets(sock: &NlSocket, l: &Layout) -> Result<Vec<SetDef>, NftError> {
         .map(|b| SetDef {
             name: attr_str(b, NFTA_SET_NAME).unwrap_or_default(),
             id: 0,
-            flags: attr_u32(b, NFTA_SET_FLAGS).unwrap_or(0) & NFT_SET_MAP,
+            flags: attr_u32(b, NFTA_SET_FLAGS).unwrap_or(0) & schema::SET_FLAGS,
             key_type: attr_u32(b, NFTA_SET_KEY_TYPE).unwrap_or(0),
             key_len: attr_u32(b, NFTA_SET_KEY_LEN).unwrap_or(0),
             data: attr_u32(b, NFTA_SET_DATA_TYPE).zip(attr_u32(b, NFTA_SET_DATA_LEN)),
+            fields: attr(b, NFTA_SET_DESC)
+                .and_then(|d| attr(d, NFTA_SET_DESC_CONCAT))
+                .map(|c| {
+                    attrs(c)
+                        .filter_map(|(_, f)| attr_u32(f, NFTA_SET_FIELD_LEN))
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
         .collect())
 }
@@ -87,8 +104,15 @@ fn read_elements_once(sock: &NlSocket, l: &Layout, set: &str) -> Result<Vec<RawE
                     set: set.to_string(),
                 }
             })?;
-            let data = attr_data(elem, NFTA_SET_ELEM_DATA).unwrap_or(&[]);
-            out.push((key.to_vec(), data.to_vec()));
+            out.push(RawElement {
+                key: key.to_vec(),
+                value: attr_data(elem, NFTA_SET_ELEM_DATA).unwrap_or(&[]).to_vec(),
+                key_end: attr_data(elem, NFTA_SET_ELEM_KEY_END)
+                    .unwrap_or(&[])
+                    .to_vec(),
+                interval_end: attr_u32(elem, NFTA_SET_ELEM_FLAGS)
+                    .is_some_and(|f| f & NFT_SET_ELEM_INTERVAL_END != 0),
+            });
         }
     }
     Ok(out)
@@ -145,30 +169,103 @@ fn read_state_into(sock: &NlSocket, l: &Layout, s: &mut DatapathState) -> Result
             expected: l.addr_len as usize,
         })
     };
-    for (k, v) in read_elements(sock, l, schema::POD_SVC)? {
-        s.pod_svc
-            .insert(addr(&k, schema::POD_SVC)?, addr(&v, schema::POD_SVC)?);
-    }
-    for (k, v) in read_elements(sock, l, schema::SVC_POD)? {
-        s.svc_pod
-            .insert(addr(&k, schema::SVC_POD)?, addr(&v, schema::SVC_POD)?);
+    let n = l.addr_len as usize;
+    for (set, out) in [
+        (schema::POD_SVC, &mut s.pod_svc),
+        (schema::SVC_POD, &mut s.svc_pod),
+        (schema::REMOTE, &mut s.remote),
+    ] {
+        for e in read_elements(sock, l, set)? {
+            out.insert(addr(&e.key, set)?, addr(&e.value, set)?);
+        }
     }
     for (set, out) in [
         (schema::FILTERED_PODS, &mut s.filtered_pods),
         (schema::ICMP_ALLOWED_PODS, &mut s.icmp_allowed_pods),
         (schema::UNMAPPED_LBS, &mut s.unmapped_lbs),
+        (schema::RANGED_LBS, &mut s.ranged_lbs),
     ] {
-        for (k, _) in read_elements(sock, l, set)? {
-            out.insert(addr(&k, set)?);
+        for e in read_elements(sock, l, set)? {
+            out.insert(addr(&e.key, set)?);
         }
     }
-    for (k, _) in read_elements(sock, l, schema::ALLOWED_PORTS)? {
+    for e in read_elements(sock, l, schema::ALLOWED_PORTS)? {
         let (pod, proto, port) = l
-            .parse_port_key(&k)
-            .ok_or(DecodeError::PortKey { len: k.len() })?;
+            .parse_port_key(&e.key)
+            .ok_or(DecodeError::PortKey { len: e.key.len() })?;
         s.allowed_ports.insert(AllowedPort { pod, proto, port });
     }
+    s.cluster
+        .extend(intervals(read_elements(sock, l, schema::CLUSTER)?, l)?);
+    for e in read_elements(sock, l, schema::SOURCE_RANGES)? {
+        let bad = |_| DecodeError::ElementSize {
+            set: schema::SOURCE_RANGES,
+            len: e.key.len(),
+            expected: 2 * n,
+        };
+        let (lb, first) = (
+            addr(e.key.get(..n).unwrap_or(&[]), schema::SOURCE_RANGES).map_err(bad)?,
+            addr(e.key.get(n..).unwrap_or(&[]), schema::SOURCE_RANGES).map_err(bad)?,
+        );
+        let last = addr(e.key_end.get(n..).unwrap_or(&[]), schema::SOURCE_RANGES).map_err(bad)?;
+        s.source_ranges.insert((lb, IpRange { first, last }));
+    }
+    let mut paths = std::collections::BTreeMap::new();
+    for e in read_elements(sock, l, schema::GUARD_PATHS)? {
+        let (ip, index) = l
+            .parse_path_key(&e.key)
+            .ok_or(DecodeError::PathKey { len: e.key.len() })?;
+        paths.insert(ip, index);
+    }
+    for e in read_elements(sock, l, schema::GUARDED)? {
+        let ip = addr(&e.key, schema::GUARDED)?;
+        s.guard.insert(ip, paths.get(&ip).copied().unwrap_or(0));
+    }
     Ok(())
+}
+
+/// The ranges of an rbtree interval set: each start element, up to the
+/// element that ends it (exclusive), or to the family's end.
+fn intervals(mut elems: Vec<RawElement>, l: &Layout) -> Result<Vec<IpRange>, NftError> {
+    elems.sort_by(|a, b| a.key.cmp(&b.key));
+    let addr = |b: &[u8]| {
+        l.addr_from_bytes(b).ok_or(DecodeError::ElementSize {
+            set: schema::CLUSTER,
+            len: b.len(),
+            expected: l.addr_len as usize,
+        })
+    };
+    let mut out = Vec::new();
+    let mut iter = elems.into_iter().peekable();
+    while let Some(e) = iter.next() {
+        if e.interval_end {
+            continue;
+        }
+        let first = addr(&e.key)?;
+        let last = match iter.peek() {
+            Some(end) if end.interval_end => {
+                let end = addr(&end.key)?;
+                before(&end)
+            }
+            _ => max_of(&first),
+        };
+        out.push(IpRange { first, last });
+    }
+    Ok(out)
+}
+
+fn before(ip: &IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(a) => IpAddr::from(u32::from(*a).wrapping_sub(1).to_be_bytes()),
+        IpAddr::V6(a) => IpAddr::from(u128::from(*a).wrapping_sub(1).to_be_bytes()),
+    }
+}
+
+fn max_of(ip: &IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => IpAddr::from([255u8; 4]),
+        IpAddr::V6(_) => IpAddr::from([255u8; 16]),
+    }
 }
 
 /// Chains with their rules' comments and counters, for `dump`.

@@ -1,6 +1,9 @@
 //! The ruleset of the nft backend: one table per family (`ip cozy_proxy`,
-//! `ip6 cozy_proxy`), the same sets, chains and rules in both, as in the
-//! original cozy-proxy (see docs/nft-datapath.md).
+//! `ip6 cozy_proxy`), the same sets, chains and rules in both. The original
+//! cozy-proxy's three chains, extended for a cluster (docs/traffic.md,
+//! docs/nft-datapath.md): anti-spoofing, in-cluster exemptions, client-side
+//! translation for in-cluster clients, ICMP errors, source ranges, and a
+//! port filter that fails closed.
 use super::expr::Expr;
 use super::sys::*;
 use std::net::IpAddr;
@@ -10,17 +13,24 @@ pub const TABLE: &str = "cozy_proxy";
 /// Stored as the table's user data. Change it whenever the sets, chains or
 /// rules change: a table with another mark is replaced (atomically) at the
 /// first sync, one with this mark is adopted as it is.
-pub const SCHEMA_MARK: &[u8] = b"cozy-proxy nft schema 1";
+pub const SCHEMA_MARK: &[u8] = b"cozy-proxy nft schema 2";
 
 pub const POD_SVC: &str = "pod_svc";
 pub const SVC_POD: &str = "svc_pod";
+pub const REMOTE: &str = "remote";
 pub const FILTERED_PODS: &str = "filtered_pods";
 pub const ALLOWED_PORTS: &str = "allowed_ports";
 pub const ICMP_ALLOWED_PODS: &str = "icmp_allowed_pods";
 pub const UNMAPPED_LBS: &str = "unmapped_lbs";
+pub const CLUSTER: &str = "cluster";
+pub const RANGED_LBS: &str = "ranged_lbs";
+pub const SOURCE_RANGES: &str = "source_ranges";
+pub const GUARDED: &str = "guarded";
+pub const GUARD_PATHS: &str = "guard_paths";
 
 pub const PRIO_RAW: i32 = -300;
 pub const PRIO_MANGLE: i32 = -150;
+pub const PRIO_DSTNAT: i32 = -100;
 pub const PRIO_FILTER: i32 = 0;
 
 /// Where a family keeps its addresses and checksums.
@@ -36,6 +46,10 @@ pub struct Layout {
     /// IPv4 header checksum offset; IPv6 has none.
     pub ip_csum_offset: Option<u32>,
     pub icmp_proto: u8,
+    /// `ct original daddr` key.
+    pub ct_daddr: u32,
+    /// ICMP error types, as inclusive ranges.
+    pub icmp_errors: &'static [(u8, u8)],
 }
 
 pub const IPV4: Layout = Layout {
@@ -47,6 +61,10 @@ pub const IPV4: Layout = Layout {
     daddr_offset: 16,
     ip_csum_offset: Some(10),
     icmp_proto: 1,
+    ct_daddr: NFT_CT_DST_IP,
+    // destination unreachable, source quench, redirect; time exceeded,
+    // parameter problem
+    icmp_errors: &[(3, 5), (11, 12)],
 };
 
 pub const IPV6: Layout = Layout {
@@ -58,9 +76,18 @@ pub const IPV6: Layout = Layout {
     daddr_offset: 24,
     ip_csum_offset: None,
     icmp_proto: 58,
+    ct_daddr: NFT_CT_DST_IP6,
+    // destination unreachable, packet too big, time exceeded, parameter
+    // problem
+    icmp_errors: &[(1, 4)],
 };
 
 pub const LAYOUTS: [Layout; 2] = [IPV4, IPV6];
+
+/// An ICMP error's header before the quoted packet.
+const ICMP_HDR: u32 = 8;
+/// The ICMP checksum's offset in the ICMP header.
+const ICMP_CSUM: u32 = 2;
 
 impl Layout {
     pub fn of(ip: &IpAddr) -> &'static Layout {
@@ -78,8 +105,13 @@ impl Layout {
         }
     }
 
+    /// Registers one address takes (nf_tables registers are 32 bits).
+    fn addr_regs(&self) -> u32 {
+        self.addr_len / 4
+    }
+
     /// Key of `allowed_ports`: address . protocol . port, each component
-    /// padded to 4 bytes (nf_tables registers are 32 bits wide).
+    /// padded to 4 bytes.
     pub fn port_key(ip: &IpAddr, proto: u8, port: u16) -> Vec<u8> {
         let mut k = crate::netlink::wire::ip_bytes(ip);
         k.extend_from_slice(&[proto, 0, 0, 0]);
@@ -96,6 +128,32 @@ impl Layout {
         let ip = self.addr_from_bytes(&k[..a])?;
         Some((ip, k[a], u16::from_be_bytes([k[a + 4], k[a + 5]])))
     }
+
+    /// Key of `guard_paths`: address . interface index (host order, as
+    /// `meta iif` loads it).
+    pub fn path_key(ip: &IpAddr, ifindex: u32) -> Vec<u8> {
+        let mut k = crate::netlink::wire::ip_bytes(ip);
+        k.extend_from_slice(&ifindex.to_ne_bytes());
+        k
+    }
+
+    pub fn parse_path_key(&self, k: &[u8]) -> Option<(IpAddr, u32)> {
+        let a = self.addr_len as usize;
+        let ip = self.addr_from_bytes(k.get(..a)?)?;
+        let index = u32::from_ne_bytes(k.get(a..a + 4)?.try_into().ok()?);
+        Some((ip, index))
+    }
+
+    /// Where the quoted packet's source (or destination) address sits in
+    /// an ICMP error, from the start of the ICMP header.
+    fn inner_addr(&self, source: bool) -> u32 {
+        ICMP_HDR
+            + if source {
+                self.saddr_offset
+            } else {
+                self.daddr_offset
+            }
+    }
 }
 
 /// A set or map, as created and as read back for comparison.
@@ -103,11 +161,21 @@ impl Layout {
 pub struct SetDef {
     pub name: String,
     pub id: u32,
+    /// NFT_SET_MAP, NFT_SET_INTERVAL, NFT_SET_CONCAT.
     pub flags: u32,
     pub key_type: u32,
     pub key_len: u32,
     /// `(type, len)` of map values.
     pub data: Option<(u32, u32)>,
+    /// The field lengths of a concatenated interval key (NFTA_SET_DESC).
+    pub fields: Vec<u32>,
+}
+
+/// The flags `read_sets` compares (the kernel may report others).
+pub const SET_FLAGS: u32 = NFT_SET_MAP | NFT_SET_INTERVAL | NFT_SET_CONCAT;
+
+fn concat(types: &[u32]) -> u32 {
+    types.iter().fold(0, |acc, t| (acc << TYPE_BITS) | t)
 }
 
 pub fn sets(l: &Layout) -> Vec<SetDef> {
@@ -118,6 +186,7 @@ pub fn sets(l: &Layout) -> Vec<SetDef> {
         key_type: l.addr_type,
         key_len: l.addr_len,
         data: None,
+        fields: Vec::new(),
     };
     let addr_map = |name: &str, id: u32| SetDef {
         flags: NFT_SET_MAP,
@@ -127,18 +196,33 @@ pub fn sets(l: &Layout) -> Vec<SetDef> {
     vec![
         addr_map(POD_SVC, 1),
         addr_map(SVC_POD, 2),
-        addr_set(FILTERED_PODS, 3),
+        addr_map(REMOTE, 3),
+        addr_set(FILTERED_PODS, 4),
         SetDef {
-            name: ALLOWED_PORTS.into(),
-            id: 4,
-            flags: 0,
-            key_type: (((l.addr_type << TYPE_BITS) | TYPE_INET_PROTOCOL) << TYPE_BITS)
-                | TYPE_INET_SERVICE,
+            key_type: concat(&[l.addr_type, TYPE_INET_PROTOCOL, TYPE_INET_SERVICE]),
             key_len: l.addr_len + 4 + 4,
-            data: None,
+            ..addr_set(ALLOWED_PORTS, 5)
         },
-        addr_set(ICMP_ALLOWED_PODS, 5),
-        addr_set(UNMAPPED_LBS, 6),
+        addr_set(ICMP_ALLOWED_PODS, 6),
+        addr_set(UNMAPPED_LBS, 7),
+        SetDef {
+            flags: NFT_SET_INTERVAL,
+            ..addr_set(CLUSTER, 8)
+        },
+        addr_set(RANGED_LBS, 9),
+        SetDef {
+            flags: NFT_SET_INTERVAL | NFT_SET_CONCAT,
+            key_type: concat(&[l.addr_type, l.addr_type]),
+            key_len: 2 * l.addr_len,
+            fields: vec![l.addr_len, l.addr_len],
+            ..addr_set(SOURCE_RANGES, 10)
+        },
+        addr_set(GUARDED, 11),
+        SetDef {
+            key_type: concat(&[l.addr_type, TYPE_IFINDEX]),
+            key_len: l.addr_len + 4,
+            ..addr_set(GUARD_PATHS, 12)
+        },
     ]
 }
 
@@ -157,209 +241,391 @@ pub struct RuleDef {
 
 pub struct ChainDef {
     pub name: &'static str,
+    /// "filter" or "nat".
+    pub kind: &'static str,
+    pub hook: u32,
     pub priority: i32,
     pub rules: Vec<RuleDef>,
 }
 
-const REG: u32 = NFT_REG32_00;
+/// The registers rules use: the first address (or key) at `A`, a second
+/// address after it at `b(l)`, a scratch register after that at `c(l)`.
+const A: u32 = NFT_REG32_00;
 
-fn load_addr(l: &Layout, offset: u32, dreg: u32) -> Expr {
+fn b(l: &Layout) -> u32 {
+    A + l.addr_regs()
+}
+
+fn c(l: &Layout) -> u32 {
+    b(l) + l.addr_regs()
+}
+
+fn load(base: u32, offset: u32, len: u32, dreg: u32) -> Expr {
     Expr::Load {
-        base: NFT_PAYLOAD_NETWORK_HEADER,
+        base,
         offset,
-        len: l.addr_len,
+        len,
         dreg,
     }
 }
 
-fn lookup(set: &'static str, sreg: u32) -> Expr {
+fn load_addr(l: &Layout, offset: u32, dreg: u32) -> Expr {
+    load(NFT_PAYLOAD_NETWORK_HEADER, offset, l.addr_len, dreg)
+}
+
+fn lookup(set: &'static str, sreg: u32, invert: bool) -> Expr {
     Expr::Lookup {
         set,
         set_id: set_id(set),
         sreg,
         dreg: None,
+        invert,
+    }
+}
+
+/// Looks `sreg` up in map `map`; the value lands in `dreg` (no entry:
+/// the rule stops there).
+fn map(map: &'static str, sreg: u32, dreg: u32) -> Expr {
+    Expr::Lookup {
+        set: map,
+        set_id: set_id(map),
+        sreg,
+        dreg: Some(dreg),
         invert: false,
     }
 }
 
-/// `ip saddr set ip saddr map @map` (or daddr): rewrite through a map,
-/// fixing the IPv4 header checksum and the L4 checksum (pseudo-header).
-fn rewrite(l: &Layout, offset: u32, map: &'static str) -> Vec<Expr> {
-    vec![
-        load_addr(l, offset, REG),
-        Expr::Lookup {
-            set: map,
-            set_id: set_id(map),
-            sreg: REG,
-            dreg: Some(REG),
-            invert: false,
+fn cmp(sreg: u32, op: u32, data: Vec<u8>) -> Expr {
+    Expr::Cmp { sreg, op, data }
+}
+
+fn l4proto_is(proto: u8) -> [Expr; 2] {
+    [
+        Expr::Meta {
+            key: NFT_META_L4PROTO,
+            dreg: A,
         },
-        Expr::Store {
-            base: NFT_PAYLOAD_NETWORK_HEADER,
-            offset,
-            len: l.addr_len,
-            sreg: REG,
-            csum_type: if l.ip_csum_offset.is_some() {
-                NFT_PAYLOAD_CSUM_INET
-            } else {
-                NFT_PAYLOAD_CSUM_NONE
-            },
-            csum_offset: l.ip_csum_offset.unwrap_or(0),
-            l4_pseudo: true,
-        },
-        Expr::Counter,
+        cmp(A, NFT_CMP_EQ, vec![proto]),
     ]
 }
 
-/// ICMPv6 neighbour discovery (types 133-137: router and neighbour
-/// solicitation and advertisement, redirect) is link-local plumbing between
-/// a host and its neighbours: translating it breaks address resolution
-/// (a pod's solicitation would carry the LB IP; a router's unicast probe of
-/// the LB IP would be sent to the pod).
-fn ndp_exempt(l: &Layout) -> Option<RuleDef> {
-    (l.nfproto == NFPROTO_IPV6).then(|| RuleDef {
-        comment: "neighbour discovery is never translated",
+/// Writes the address in `sreg` at `offset` of the network header, fixing
+/// the IPv4 header checksum and the L4 checksum over the pseudo-header.
+fn store_addr(l: &Layout, offset: u32, sreg: u32) -> Expr {
+    Expr::Store {
+        base: NFT_PAYLOAD_NETWORK_HEADER,
+        offset,
+        len: l.addr_len,
+        sreg,
+        csum_type: if l.ip_csum_offset.is_some() {
+            NFT_PAYLOAD_CSUM_INET
+        } else {
+            NFT_PAYLOAD_CSUM_NONE
+        },
+        csum_offset: l.ip_csum_offset.unwrap_or(0),
+        l4_pseudo: true,
+    }
+}
+
+/// Writes the address in `sreg` into an ICMP error's quoted header. The
+/// quoted IPv4 header's own checksum is fixed, which leaves the ICMP
+/// checksum valid (the two changes cancel); IPv6 has no header checksum,
+/// so the ICMPv6 checksum is fixed instead.
+fn store_inner_addr(l: &Layout, source: bool, sreg: u32) -> Expr {
+    Expr::Store {
+        base: NFT_PAYLOAD_TRANSPORT_HEADER,
+        offset: l.inner_addr(source),
+        len: l.addr_len,
+        sreg,
+        csum_type: NFT_PAYLOAD_CSUM_INET,
+        csum_offset: match l.ip_csum_offset {
+            Some(ip_csum) => ICMP_HDR + ip_csum,
+            None => ICMP_CSUM,
+        },
+        l4_pseudo: false,
+    }
+}
+
+/// `daddr != @cluster fib daddr type unicast`: a destination outside the
+/// cluster, routed on (not local, broadcast or multicast: neighbour
+/// discovery and the node's own services see the pod as itself).
+fn leaves_the_cluster(l: &Layout) -> [Expr; 4] {
+    [
+        load_addr(l, l.daddr_offset, b(l)),
+        lookup(CLUSTER, b(l), true),
+        Expr::FibDaddrType { dreg: c(l) },
+        cmp(c(l), NFT_CMP_EQ, RTN_UNICAST.to_ne_bytes().to_vec()),
+    ]
+}
+
+/// `saddr != @cluster`: a client outside the cluster (or another LB IP).
+fn from_outside(l: &Layout) -> [Expr; 2] {
+    [
+        load_addr(l, l.saddr_offset, b(l)),
+        lookup(CLUSTER, b(l), true),
+    ]
+}
+
+/// Rules rewriting the quoted address of an ICMP error through `via`
+/// (one rule per range of error types); `outer` are the conditions the
+/// outer rewrite has too.
+fn icmp_error_rules(
+    l: &Layout,
+    comment: &'static str,
+    source: bool,
+    via: &'static str,
+    outer: &[Expr],
+) -> Vec<RuleDef> {
+    l.icmp_errors
+        .iter()
+        .map(|(first, last)| {
+            let mut exprs = l4proto_is(l.icmp_proto).to_vec();
+            exprs.extend([
+                load(NFT_PAYLOAD_TRANSPORT_HEADER, 0, 1, A),
+                cmp(A, NFT_CMP_GTE, vec![*first]),
+                cmp(A, NFT_CMP_LTE, vec![*last]),
+                load(
+                    NFT_PAYLOAD_TRANSPORT_HEADER,
+                    l.inner_addr(source),
+                    l.addr_len,
+                    A,
+                ),
+                map(via, A, A),
+            ]);
+            exprs.extend(outer.iter().cloned());
+            exprs.push(store_inner_addr(l, source, A));
+            RuleDef { comment, exprs }
+        })
+        .collect()
+}
+
+fn egress_snat(l: &Layout) -> ChainDef {
+    let mut rules = vec![RuleDef {
+        comment: "anti-spoofing: a guarded source only from its own path",
         exprs: vec![
+            load_addr(l, l.saddr_offset, A),
+            lookup(GUARDED, A, false),
             Expr::Meta {
-                key: NFT_META_L4PROTO,
-                dreg: REG,
+                key: NFT_META_IIF,
+                dreg: b(l),
             },
-            Expr::Cmp {
-                sreg: REG,
-                op: NFT_CMP_EQ,
-                data: vec![l.icmp_proto],
-            },
-            Expr::Load {
-                base: NFT_PAYLOAD_TRANSPORT_HEADER,
-                offset: 0,
-                len: 1,
-                dreg: REG,
-            },
-            Expr::Cmp {
-                sreg: REG,
-                op: NFT_CMP_GTE,
-                data: vec![133],
-            },
-            Expr::Cmp {
-                sreg: REG,
-                op: NFT_CMP_LTE,
-                data: vec![137],
-            },
-            Expr::Verdict(NF_ACCEPT),
+            lookup(GUARD_PATHS, A, true),
+            Expr::Counter,
+            Expr::Verdict(NF_DROP),
         ],
-    })
+    }];
+    rules.extend(icmp_error_rules(
+        l,
+        "ICMP error from a pod: quoted pod -> LoadBalancer IP",
+        false,
+        POD_SVC,
+        &leaves_the_cluster(l),
+    ));
+    let mut snat = vec![load_addr(l, l.saddr_offset, A), map(POD_SVC, A, A)];
+    snat.extend(leaves_the_cluster(l));
+    snat.extend([store_addr(l, l.saddr_offset, A), Expr::Counter]);
+    rules.push(RuleDef {
+        comment: "pod source -> LoadBalancer IP, leaving the cluster",
+        exprs: snat,
+    });
+    ChainDef {
+        name: "egress_snat",
+        kind: "filter",
+        hook: NF_INET_PRE_ROUTING,
+        // Before conntrack (-200): the tracked tuple already carries the
+        // LB IP, so replies match it and the flow has one entry.
+        priority: PRIO_RAW,
+        rules,
+    }
+}
+
+fn ingress_dnat(l: &Layout) -> ChainDef {
+    let mut rules = icmp_error_rules(
+        l,
+        "ICMP error about a pod's flow: quoted LoadBalancer IP -> pod",
+        true,
+        SVC_POD,
+        &from_outside(l),
+    );
+    let mut dnat = vec![load_addr(l, l.daddr_offset, A), map(SVC_POD, A, A)];
+    dnat.extend(from_outside(l));
+    dnat.extend([store_addr(l, l.daddr_offset, A), Expr::Counter]);
+    rules.push(RuleDef {
+        comment: "LoadBalancer IP -> pod, from outside the cluster",
+        exprs: dnat,
+    });
+    rules.push(RuleDef {
+        comment: "unmapped LoadBalancer IP: drop, never route back out",
+        exprs: vec![
+            load_addr(l, l.daddr_offset, A),
+            lookup(UNMAPPED_LBS, A, false),
+            Expr::Counter,
+            Expr::Verdict(NF_DROP),
+        ],
+    });
+    ChainDef {
+        name: "ingress_dnat",
+        kind: "filter",
+        hook: NF_INET_PRE_ROUTING,
+        // After conntrack: replies to pod-initiated flows match the entry
+        // recorded with the LB IP as source.
+        priority: PRIO_MANGLE,
+        rules,
+    }
+}
+
+/// `dnat to daddr map @map` for the in-cluster clients (`from_cluster`) or
+/// all (the node's own sockets).
+fn client_dnat(
+    l: &Layout,
+    from_cluster: bool,
+    via: &'static str,
+    comment: &'static str,
+) -> RuleDef {
+    let mut exprs = Vec::new();
+    if from_cluster {
+        exprs.extend([
+            load_addr(l, l.saddr_offset, b(l)),
+            lookup(CLUSTER, b(l), false),
+        ]);
+    }
+    exprs.extend([
+        load_addr(l, l.daddr_offset, A),
+        map(via, A, A),
+        Expr::Dnat {
+            family: l.nfproto,
+            reg: A,
+        },
+    ]);
+    RuleDef { comment, exprs }
+}
+
+fn port_filter(l: &Layout) -> ChainDef {
+    ChainDef {
+        name: "port_filter",
+        kind: "filter",
+        hook: NF_INET_PRE_ROUTING,
+        priority: PRIO_FILTER,
+        rules: vec![
+            RuleDef {
+                comment: "replies and related traffic of known flows",
+                exprs: vec![
+                    Expr::Ct {
+                        key: NFT_CT_STATE,
+                        dreg: A,
+                        original: false,
+                    },
+                    Expr::Bitwise {
+                        reg: A,
+                        mask: (CT_STATE_ESTABLISHED | CT_STATE_RELATED)
+                            .to_ne_bytes()
+                            .to_vec(),
+                        xor: vec![0; 4],
+                    },
+                    cmp(A, NFT_CMP_NEQ, vec![0; 4]),
+                    Expr::Verdict(NF_ACCEPT),
+                ],
+            },
+            RuleDef {
+                comment: "loadBalancerSourceRanges: other sources through the LB IP",
+                exprs: vec![
+                    Expr::Ct {
+                        key: l.ct_daddr,
+                        dreg: A,
+                        original: true,
+                    },
+                    lookup(RANGED_LBS, A, false),
+                    load_addr(l, l.saddr_offset, b(l)),
+                    lookup(SOURCE_RANGES, A, true),
+                    Expr::Counter,
+                    Expr::Verdict(NF_DROP),
+                ],
+            },
+            RuleDef {
+                comment: "ICMP to pods with allowICMP",
+                exprs: vec![
+                    load_addr(l, l.daddr_offset, A),
+                    lookup(ICMP_ALLOWED_PODS, A, false),
+                    Expr::Meta {
+                        key: NFT_META_L4PROTO,
+                        dreg: A,
+                    },
+                    cmp(A, NFT_CMP_EQ, vec![l.icmp_proto]),
+                    Expr::Verdict(NF_ACCEPT),
+                ],
+            },
+            RuleDef {
+                comment: "filtered pod: listed protocol and port",
+                exprs: vec![
+                    load_addr(l, l.daddr_offset, A),
+                    Expr::Meta {
+                        key: NFT_META_L4PROTO,
+                        dreg: b(l),
+                    },
+                    load(NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, b(l) + 1),
+                    lookup(ALLOWED_PORTS, A, false),
+                    Expr::Verdict(NF_ACCEPT),
+                ],
+            },
+            // Fails closed: whatever the rules above could not read (a port
+            // past the end, a later fragment) ends here.
+            RuleDef {
+                comment: "filtered pod: everything else",
+                exprs: vec![
+                    load_addr(l, l.daddr_offset, A),
+                    lookup(FILTERED_PODS, A, false),
+                    Expr::Counter,
+                    Expr::Verdict(NF_DROP),
+                ],
+            },
+        ],
+    }
 }
 
 pub fn chains(l: &Layout) -> Vec<ChainDef> {
-    let l4proto = |dreg| Expr::Meta {
-        key: NFT_META_L4PROTO,
-        dreg,
-    };
-    // Registers of the concatenated key address . protocol . port.
-    let proto_reg = REG + l.addr_len / 4;
-    let port_reg = proto_reg + 1;
     vec![
+        egress_snat(l),
+        ingress_dnat(l),
         ChainDef {
-            name: "egress_snat",
-            // Before conntrack (-200): the tracked tuple already carries the
-            // LB IP, so replies match it and the flow has one entry.
-            priority: PRIO_RAW,
-            rules: ndp_exempt(l)
-                .into_iter()
-                .chain([RuleDef {
-                    comment: "pod source -> LoadBalancer IP",
-                    exprs: rewrite(l, l.saddr_offset, POD_SVC),
-                }])
-                .collect(),
-        },
-        ChainDef {
-            name: "ingress_dnat",
-            // After conntrack: replies to pod-initiated flows match the entry
-            // recorded with the LB IP as source.
-            priority: PRIO_MANGLE,
-            rules: ndp_exempt(l)
-                .into_iter()
-                .chain([
-                    RuleDef {
-                        comment: "LoadBalancer IP -> pod",
-                        exprs: rewrite(l, l.daddr_offset, SVC_POD),
-                    },
-                    RuleDef {
-                        comment: "unmapped LoadBalancer IP: drop, never route back out",
-                        exprs: vec![
-                            load_addr(l, l.daddr_offset, REG),
-                            lookup(UNMAPPED_LBS, REG),
-                            Expr::Counter,
-                            Expr::Verdict(NF_DROP),
-                        ],
-                    },
-                ])
-                .collect(),
-        },
-        ChainDef {
-            name: "port_filter",
-            priority: PRIO_FILTER,
+            name: "cluster_dnat",
+            kind: "nat",
+            hook: NF_INET_PRE_ROUTING,
+            priority: PRIO_DSTNAT,
             rules: vec![
-                RuleDef {
-                    comment: "replies and related traffic of known flows",
-                    exprs: vec![
-                        Expr::Ct {
-                            key: NFT_CT_STATE,
-                            dreg: REG,
-                        },
-                        Expr::Bitwise {
-                            reg: REG,
-                            mask: (CT_STATE_ESTABLISHED | CT_STATE_RELATED)
-                                .to_ne_bytes()
-                                .to_vec(),
-                            xor: vec![0; 4],
-                        },
-                        Expr::Cmp {
-                            sreg: REG,
-                            op: NFT_CMP_NEQ,
-                            data: vec![0; 4],
-                        },
-                        Expr::Verdict(NF_ACCEPT),
-                    ],
-                },
-                RuleDef {
-                    comment: "ICMP to pods with allowICMP",
-                    exprs: vec![
-                        load_addr(l, l.daddr_offset, REG),
-                        lookup(ICMP_ALLOWED_PODS, REG),
-                        l4proto(REG),
-                        Expr::Cmp {
-                            sreg: REG,
-                            op: NFT_CMP_EQ,
-                            data: vec![l.icmp_proto],
-                        },
-                        Expr::Verdict(NF_ACCEPT),
-                    ],
-                },
-                RuleDef {
-                    comment: "filtered pod: unlisted protocol or port",
-                    exprs: vec![
-                        load_addr(l, l.daddr_offset, REG),
-                        lookup(FILTERED_PODS, REG),
-                        l4proto(proto_reg),
-                        Expr::Load {
-                            base: NFT_PAYLOAD_TRANSPORT_HEADER,
-                            offset: 2,
-                            len: 2,
-                            dreg: port_reg,
-                        },
-                        Expr::Lookup {
-                            set: ALLOWED_PORTS,
-                            set_id: set_id(ALLOWED_PORTS),
-                            sreg: REG,
-                            dreg: None,
-                            invert: true,
-                        },
-                        Expr::Counter,
-                        Expr::Verdict(NF_DROP),
-                    ],
-                },
+                client_dnat(
+                    l,
+                    true,
+                    SVC_POD,
+                    "in-cluster client -> LoadBalancer IP here: its pod",
+                ),
+                client_dnat(
+                    l,
+                    true,
+                    REMOTE,
+                    "in-cluster client -> LoadBalancer IP elsewhere: its pod",
+                ),
             ],
         },
+        ChainDef {
+            name: "local_dnat",
+            kind: "nat",
+            hook: NF_INET_LOCAL_OUT,
+            priority: PRIO_DSTNAT,
+            rules: vec![
+                client_dnat(
+                    l,
+                    false,
+                    SVC_POD,
+                    "this node -> LoadBalancer IP here: its pod",
+                ),
+                client_dnat(
+                    l,
+                    false,
+                    REMOTE,
+                    "this node -> LoadBalancer IP elsewhere: its pod",
+                ),
+            ],
+        },
+        port_filter(l),
     ]
 }

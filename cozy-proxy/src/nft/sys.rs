@@ -10,6 +10,12 @@
 #![allow(dead_code)]
 
 // From libc.
+pub const NFT_CT_DST_IP: u32 = libc::NFT_CT_DST_IP as u32;
+pub const NFT_NAT_DNAT: u32 = libc::NFT_NAT_DNAT as u32;
+pub const NFT_SET_INTERVAL: u32 = libc::NFT_SET_INTERVAL as u32;
+pub const NFT_SET_ELEM_INTERVAL_END: u32 = libc::NFT_SET_ELEM_INTERVAL_END as u32;
+pub const NFT_META_IIF: u32 = libc::NFT_META_IIF as u32;
+pub const NF_INET_LOCAL_OUT: u32 = libc::NF_INET_LOCAL_OUT as u32;
 pub const NFNL_SUBSYS_NFTABLES: u16 = libc::NFNL_SUBSYS_NFTABLES as u16;
 pub const NFNL_MSG_BATCH_BEGIN: u16 = libc::NFNL_MSG_BATCH_BEGIN as u16;
 pub const NFNL_MSG_BATCH_END: u16 = libc::NFNL_MSG_BATCH_END as u16;
@@ -118,12 +124,32 @@ pub const NFTA_COUNTER_PACKETS: u16 = 2;
 pub const CT_STATE_ESTABLISHED: u32 = 2;
 pub const CT_STATE_RELATED: u32 = 4;
 
+pub const NFTA_CT_DIRECTION: u16 = 3;
+pub const NFT_CT_DST_IP6: u32 = 22;
+pub const NFTA_NAT_TYPE: u16 = 1;
+pub const NFTA_NAT_FAMILY: u16 = 2;
+pub const NFTA_NAT_REG_ADDR_MIN: u16 = 3;
+pub const NFTA_FIB_DREG: u16 = 1;
+pub const NFTA_FIB_RESULT: u16 = 2;
+pub const NFTA_FIB_FLAGS: u16 = 3;
+pub const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
+pub const NFTA_FIB_F_DADDR: u32 = 2;
+pub const NFT_SET_CONCAT: u32 = 0x80;
+pub const NFTA_SET_DESC: u16 = 9;
+pub const NFTA_SET_DESC_CONCAT: u16 = 2;
+pub const NFTA_SET_FIELD_LEN: u16 = 1;
+pub const NFTA_SET_ELEM_FLAGS: u16 = 3;
+pub const NFTA_SET_ELEM_KEY_END: u16 = 10;
+/// <linux/rtnetlink.h>: the address type `fib daddr type` yields.
+pub const RTN_UNICAST: u32 = 1;
+
 // User-space conventions of nftables (src/datatype.h) and libnftnl.
 /// nftables' own data type ids (nftables src/datatype.h), so that `nft list` can print our sets.
 pub const TYPE_IPADDR: u32 = 7;
 pub const TYPE_IP6ADDR: u32 = 8;
 pub const TYPE_INET_PROTOCOL: u32 = 12;
 pub const TYPE_INET_SERVICE: u32 = 13;
+pub const TYPE_IFINDEX: u32 = 20;
 /// Bits per type in a concatenated key type (nftables TYPE_BITS).
 pub const TYPE_BITS: u32 = 6;
 /// libnftnl's rule comment in NFTA_RULE_USERDATA (NFTNL_UDATA_RULE_COMMENT).

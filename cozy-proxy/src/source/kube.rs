@@ -1,23 +1,35 @@
-//! The Kubernetes source: reflectors (watch + cache) of Services and
-//! EndpointSlices, kept by kube-rs; every event only marks the state dirty.
+//! The Kubernetes source: reflectors (watch + cache) of Services,
+//! EndpointSlices, Nodes and ServiceCIDRs, kept by kube-rs; every event only
+//! marks the state dirty. Objects are trimmed as they arrive (managedFields,
+//! and a Node's images and conditions): the model never reads them, and
+//! every node caches every object of the cluster.
 use super::{Snapshot, Source};
 use crate::model::SERVICE_NAME_LABEL;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
+};
 use kube::{
+    api::ListParams,
     runtime::{
         reflector::{self, Store},
         watcher, WatchStreamExt,
     },
-    Api, Client, Resource,
+    Api, Client, Resource, ResourceExt,
 };
 use std::sync::Arc;
 use tokio::{sync::Notify, task::JoinHandle};
-use tracing::warn;
+use tracing::{info, warn};
 
 pub struct KubeSource {
     services: Store<Service>,
     slices: Store<EndpointSlice>,
+    nodes: Store<Node>,
+    /// `None` where the API server does not serve ServiceCIDRs (< 1.33) or
+    /// we may not read them.
+    service_cidrs: Option<Store<ServiceCIDR>>,
     dirty: Arc<Notify>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -45,37 +57,100 @@ where
     })
 }
 
+/// A reflector over `api`, its objects passed through `trim` as they arrive.
+fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+    dirty: &Arc<Notify>,
+    kind: &'static str,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Store<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, config).modify(trim)).default_backoff();
+    tasks.push(drive(stream, dirty.clone(), kind));
+    store
+}
+
+fn trim_meta<K: ResourceExt>(obj: &mut K) {
+    obj.managed_fields_mut().clear();
+}
+
+fn trim_node(n: &mut Node) {
+    trim_meta(n);
+    if let Some(status) = n.status.as_mut() {
+        // Kept: addresses. The rest (images, conditions, capacity, ...) is
+        // the bulk of a Node and the model never reads it.
+        *status = k8s_openapi::api::core::v1::NodeStatus {
+            addresses: status.addresses.take(),
+            ..Default::default()
+        };
+    }
+}
+
 impl KubeSource {
     /// Starts watching. Services: all (selection is a label OR an
     /// annotation, which no server-side selector can express);
-    /// EndpointSlices: those owned by a Service (`kubernetes.io/service-name`).
-    pub fn start(client: Client) -> Self {
+    /// EndpointSlices: those owned by a Service (`kubernetes.io/service-name`);
+    /// Nodes and ServiceCIDRs: all (the in-cluster ranges).
+    pub async fn start(client: Client) -> Self {
         let dirty = Arc::new(Notify::new());
-        let (services, svc_writer) = reflector::store();
-        let svc_stream = reflector::reflector(
-            svc_writer,
-            watcher(
-                Api::<Service>::all(client.clone()),
+        let mut tasks = Vec::new();
+        let services = reflect(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default(),
+            trim_meta,
+            &dirty,
+            "Service",
+            &mut tasks,
+        );
+        let slices = reflect(
+            Api::<EndpointSlice>::all(client.clone()),
+            watcher::Config::default().labels(SERVICE_NAME_LABEL),
+            trim_meta,
+            &dirty,
+            "EndpointSlice",
+            &mut tasks,
+        );
+        let nodes = reflect(
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default(),
+            trim_node,
+            &dirty,
+            "Node",
+            &mut tasks,
+        );
+        let cidr_api = Api::<ServiceCIDR>::all(client);
+        // Probed once: an API server before 1.33 does not serve them (404),
+        // and a watch that can never list would keep us from ever syncing.
+        let service_cidrs = match cidr_api.list(&ListParams::default().limit(1)).await {
+            Ok(_) => Some(reflect(
+                cidr_api,
                 watcher::Config::default(),
-            ),
-        )
-        .default_backoff();
-        let (slices, slice_writer) = reflector::store();
-        let slice_stream = reflector::reflector(
-            slice_writer,
-            watcher(
-                Api::<EndpointSlice>::all(client),
-                watcher::Config::default().labels(SERVICE_NAME_LABEL),
-            ),
-        )
-        .default_backoff();
-        let tasks = vec![
-            drive(svc_stream, dirty.clone(), "Service"),
-            drive(slice_stream, dirty.clone(), "EndpointSlice"),
-        ];
+                trim_meta,
+                &dirty,
+                "ServiceCIDR",
+                &mut tasks,
+            )),
+            Err(e) => {
+                info!(error = %e, "ServiceCIDRs cannot be listed; service networks come only from --cluster-cidrs");
+                None
+            }
+        };
         KubeSource {
             services,
             slices,
+            nodes,
+            service_cidrs,
             dirty,
             tasks,
         }
@@ -106,10 +181,18 @@ impl Drop for KubeSource {
     }
 }
 
+fn objects<K: Clone + Resource<DynamicType = ()>>(store: &Store<K>) -> Vec<K> {
+    store.state().iter().map(|o| (**o).clone()).collect()
+}
+
 impl Source for KubeSource {
     async fn ready(&mut self) {
         let _ = self.services.wait_until_ready().await;
         let _ = self.slices.wait_until_ready().await;
+        let _ = self.nodes.wait_until_ready().await;
+        if let Some(c) = &self.service_cidrs {
+            let _ = c.wait_until_ready().await;
+        }
     }
 
     async fn changed(&mut self) {
@@ -120,13 +203,10 @@ impl Source for KubeSource {
 
     fn snapshot(&mut self) -> Snapshot {
         Snapshot {
-            services: self
-                .services
-                .state()
-                .iter()
-                .map(|s| (**s).clone())
-                .collect(),
-            endpoint_slices: self.slices.state().iter().map(|s| (**s).clone()).collect(),
+            services: objects(&self.services),
+            endpoint_slices: objects(&self.slices),
+            nodes: objects(&self.nodes),
+            service_cidrs: self.service_cidrs.as_ref().map(objects).unwrap_or_default(),
         }
     }
 }

@@ -116,6 +116,15 @@ fn add_object(snapshot: &mut Snapshot, value: serde_yaml::Value) -> Result<(), S
                 serde_yaml::from_value(value).map_err(|e| format!("invalid EndpointSlice: {e}"))?;
             snapshot.endpoint_slices.push(slice);
         }
+        ("v1", "Node") => {
+            let node = serde_yaml::from_value(value).map_err(|e| format!("invalid Node: {e}"))?;
+            snapshot.nodes.push(node);
+        }
+        ("networking.k8s.io/v1", "ServiceCIDR") => {
+            let cidr =
+                serde_yaml::from_value(value).map_err(|e| format!("invalid ServiceCIDR: {e}"))?;
+            snapshot.service_cidrs.push(cidr);
+        }
         ("v1", "List") => {
             let items = value
                 .get("items")

@@ -4,7 +4,11 @@
 pub mod kube;
 pub mod manifests;
 
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
+};
 use std::{path::PathBuf, time::Duration};
 use tracing::warn;
 
@@ -13,6 +17,11 @@ use tracing::warn;
 pub struct Snapshot {
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
+    /// Every Node: their addresses (never translated, in-cluster) and pod
+    /// networks (in-cluster).
+    pub nodes: Vec<Node>,
+    /// The cluster's service networks (in-cluster).
+    pub service_cidrs: Vec<ServiceCIDR>,
 }
 
 /// A source of objects for the reconcile loop.

@@ -1,5 +1,5 @@
 //! Scenarios 7-11: port filter (wholeIP "false").
-use anyhow::{ensure, Result};
+use anyhow::{bail, ensure, Result};
 use cozy_proxy_testkit::scenario::WEB;
 use cozy_proxy_testkit::{
     manifests::Svc,
@@ -68,7 +68,7 @@ pub fn s10_replies_to_own_flows(env: &mut Env) -> Result<()> {
 }
 
 /// Scenario 11: ICMP errors about pod1's own flows (port unreachable from ext)
-/// reach pod1 when allowICMP is "true".
+/// reach pod1, and its socket: the quoted header names pod1 again.
 pub fn s11_icmp_errors_reach_pod(env: &mut Env) -> Result<()> {
     env.put_service(&filtered(env, Some("true")), &[env.pod_ip(1)])?;
     env.settle()?;
@@ -78,9 +78,19 @@ pub fn s11_icmp_errors_reach_pod(env: &mut Env) -> Result<()> {
         Fam::V6 => "icmp6 and ip6[40] == 1",
     };
     let cap = Capture::start(&env.pod_ns(1), "eth0", filter, env.scratch("cap"))?;
-    // Nothing listens on ext:7999: ext answers "port unreachable" to LB_IP.
-    let _ = udp_request(&env.pod_ns(1), env.net.ext, 7999);
+    // Nothing listens on ext:7999: ext answers "port unreachable" to LB_IP,
+    // quoting LB_IP. Translated back, it finds pod1's socket: the request
+    // fails at once with "Connection refused" instead of timing out.
+    let refused = match udp_request(&env.pod_ns(1), env.net.ext, 7999) {
+        Ok(answer) => bail!("ext:7999 answered {answer:?}"),
+        Err(e) => e.to_string().contains("refused"),
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
     let seen = cap.stop();
     ensure!(!seen.is_empty(), "the ICMP error did not reach pod1");
+    ensure!(
+        refused,
+        "the ICMP error reached pod1 but not its socket (quoted header not translated)"
+    );
     Ok(())
 }

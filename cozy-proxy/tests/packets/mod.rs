@@ -58,6 +58,8 @@ pub struct Spec {
     pub fragment: Option<(u32, u16, bool)>,
     /// IPv4 UDP sent without checksum (0).
     pub udp_no_checksum: bool,
+    /// TTL / hop limit.
+    pub hop_limit: u8,
 }
 
 impl Spec {
@@ -74,6 +76,7 @@ impl Spec {
             vlan: false,
             fragment: None,
             udp_no_checksum: false,
+            hop_limit: 64,
         }
     }
 
@@ -160,7 +163,7 @@ impl Spec {
                 let field = (offset / 8) | if more { 0x2000 } else { 0 };
                 ip[6..8].copy_from_slice(&field.to_be_bytes());
             }
-            ip[8] = 64;
+            ip[8] = self.hop_limit;
             ip[9] = self.proto;
             ip[12..16].copy_from_slice(&octets(&self.src));
             ip[16..20].copy_from_slice(&octets(&self.dst));
@@ -192,7 +195,7 @@ impl Spec {
             ip[0] = 0x60;
             ip[4..6].copy_from_slice(&((ext.len() + seg.len()) as u16).to_be_bytes());
             ip[6] = next;
-            ip[7] = 64;
+            ip[7] = self.hop_limit;
             ip[8..24].copy_from_slice(&octets(&self.src));
             ip[24..40].copy_from_slice(&octets(&self.dst));
             f.extend_from_slice(&ip);
@@ -214,6 +217,65 @@ pub struct Seen {
     pub l4_checksum_ok: Option<bool>,
     /// The raw L4 checksum field, if any.
     pub l4_checksum: Option<u16>,
+    /// An ICMP error's quoted packet (when the quote holds its IP header).
+    pub quoted: Option<Quoted>,
+}
+
+/// The packet an ICMP error quotes, as far as the quote goes.
+#[derive(Debug)]
+pub struct Quoted {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    /// The quoted IPv4 header's own checksum (true for IPv6: none).
+    pub ip_checksum_ok: bool,
+    /// The quoted TCP/UDP checksum over the quoted addresses, if the quote
+    /// holds the whole segment (a quote of a short datagram does).
+    pub l4_checksum_ok: Option<bool>,
+}
+
+/// The quoted packet of an ICMP(v6) error segment `seg`.
+fn quoted(seg: &[u8], v6: bool) -> Option<Quoted> {
+    let t = *seg.first()?;
+    let is_error = if v6 {
+        (1..=4).contains(&t)
+    } else {
+        matches!(t, 3..=5 | 11 | 12)
+    };
+    if !is_error {
+        return None;
+    }
+    let inner = seg.get(8..)?;
+    if !v6 {
+        let ihl = ((inner.first()? & 0x0f) as usize) * 4;
+        let ip = inner.get(..ihl)?;
+        let src = IpAddr::from(<[u8; 4]>::try_from(&ip[12..16]).ok()?);
+        let dst = IpAddr::from(<[u8; 4]>::try_from(&ip[16..20]).ok()?);
+        let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+        let l4 = &inner[ihl..];
+        let whole = total == inner.len();
+        Some(Quoted {
+            src,
+            dst,
+            ip_checksum_ok: fold(sum16(ip, 0)) == 0,
+            l4_checksum_ok: whole
+                .then(|| l4_check(ip[9], &src, &dst, l4, false).0)
+                .flatten(),
+        })
+    } else {
+        let ip = inner.get(..40)?;
+        let src = IpAddr::from(<[u8; 16]>::try_from(&ip[8..24]).ok()?);
+        let dst = IpAddr::from(<[u8; 16]>::try_from(&ip[24..40]).ok()?);
+        let l4 = &inner[40..];
+        let whole = u16::from_be_bytes([ip[4], ip[5]]) as usize == l4.len();
+        Some(Quoted {
+            src,
+            dst,
+            ip_checksum_ok: true,
+            l4_checksum_ok: whole
+                .then(|| l4_check(ip[6], &src, &dst, l4, false).0)
+                .flatten(),
+        })
+    }
 }
 
 pub fn inspect(f: &[u8]) -> Seen {
@@ -238,6 +300,9 @@ pub fn inspect(f: &[u8]) -> Seen {
             ip_checksum_ok: fold(sum16(ip, 0)) == 0,
             l4_checksum_ok: ok,
             l4_checksum: raw,
+            quoted: (proto == ICMP && !later)
+                .then(|| quoted(seg, false))
+                .flatten(),
         }
     } else {
         let ip = &f[l3..l3 + 40];
@@ -267,6 +332,9 @@ pub fn inspect(f: &[u8]) -> Seen {
             ip_checksum_ok: true,
             l4_checksum_ok: ok,
             l4_checksum: raw,
+            quoted: (next == ICMPV6 && !later)
+                .then(|| quoted(&f[off..], true))
+                .flatten(),
         }
     }
 }
@@ -287,7 +355,10 @@ fn l4_check(
         ICMP | ICMPV6 => 2,
         _ => return (None, None),
     };
-    let raw = u16::from_be_bytes([seg[at], seg[at + 1]]);
+    let Some(b) = seg.get(at..at + 2) else {
+        return (None, None);
+    };
+    let raw = u16::from_be_bytes([b[0], b[1]]);
     if proto == UDP && src.is_ipv4() && raw == 0 {
         return (None, Some(0));
     }

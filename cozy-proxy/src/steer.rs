@@ -1,0 +1,144 @@
+//! Kernel plumbing both backends share: the kernel's own paths toward the
+//! mapped pods (which interface a guarded address may arrive on, where an
+//! LB IP is steered), and the LB IPs' host routes (`proto 249`).
+use crate::datapath::{Change, NextHop, Path};
+use crate::netlink::{
+    route::{self, Via},
+    NetlinkError, NlSocket,
+};
+use cozy_proxy_common::ROUTE_PROTO;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+use tracing::warn;
+
+pub struct Steering {
+    rtnl: NlSocket,
+    /// Link and route notifications: a pod's path may have changed.
+    events: NlSocket,
+    /// Paths resolved since the last change the kernel announced (`None`:
+    /// the pod has no specific route).
+    cache: BTreeMap<IpAddr, Option<Path>>,
+}
+
+impl Steering {
+    pub fn open() -> Result<Self, NetlinkError> {
+        let groups = libc::RTMGRP_LINK | libc::RTMGRP_IPV4_ROUTE | libc::RTMGRP_IPV6_ROUTE;
+        Ok(Steering {
+            rtnl: NlSocket::open(libc::NETLINK_ROUTE)?,
+            events: NlSocket::subscribe(libc::NETLINK_ROUTE, groups as u32)?,
+            cache: BTreeMap::new(),
+        })
+    }
+
+    pub fn socket(&self) -> &NlSocket {
+        &self.rtnl
+    }
+
+    /// The paths toward `pods`. Only a specific route counts: a pod reached
+    /// only through the default route has no path here (steering its LB IP
+    /// there would send it back where it came from).
+    pub fn paths(
+        &mut self,
+        pods: &BTreeSet<IpAddr>,
+    ) -> Result<BTreeMap<IpAddr, Path>, NetlinkError> {
+        let mut out = BTreeMap::new();
+        for pod in pods {
+            let path = match self.cache.get(pod) {
+                Some(p) => *p,
+                None => {
+                    let p = self.resolve(pod)?;
+                    self.cache.insert(*pod, p);
+                    p
+                }
+            };
+            if let Some(p) = path {
+                out.insert(*pod, p);
+            }
+        }
+        self.cache.retain(|pod, _| pods.contains(pod));
+        Ok(out)
+    }
+
+    fn resolve(&self, pod: &IpAddr) -> Result<Option<Path>, NetlinkError> {
+        let found = match route::lookup(&self.rtnl, pod) {
+            Ok(l) => l,
+            // No route at all (ENETUNREACH, EHOSTUNREACH): no path.
+            Err(NetlinkError::Refused { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if found.prefix_len == 0 || found.via.unreachable || found.via.oif == 0 {
+            warn!(pod = %pod, "no specific route to this pod: its LB IP is not steered here (unreachable)");
+            return Ok(None);
+        }
+        Ok(Some(Path {
+            oif: found.via.oif,
+            gateway: found.via.gateway,
+            onlink: found.via.onlink,
+        }))
+    }
+
+    /// Forgets every resolved path (a resync reads them all again).
+    pub fn forget(&mut self) {
+        self.cache.clear();
+    }
+
+    /// Drains the kernel's link and route notifications; true (and the
+    /// cache dropped) if any may have changed a path. Our own host routes
+    /// are not news.
+    pub fn changed(&mut self) -> Result<bool, NetlinkError> {
+        let news = self.events.pending_events(|msg_type, payload| {
+            route::notification_protocol(msg_type, payload) != Some(ROUTE_PROTO)
+        })?;
+        if news > 0 {
+            self.cache.clear();
+        }
+        Ok(news > 0)
+    }
+
+    /// Our host routes as they are in the kernel.
+    pub fn routes(&self) -> Result<BTreeMap<IpAddr, NextHop>, NetlinkError> {
+        Ok(route::host_routes(&self.rtnl, ROUTE_PROTO)?
+            .into_iter()
+            .map(|(dst, via)| (dst, next_hop(&via)))
+            .collect())
+    }
+
+    /// Applies a change of our routes: removals first (in one request),
+    /// then additions and replacements (in another).
+    pub fn apply(&self, change: &Change<(IpAddr, NextHop)>) -> Result<(), NetlinkError> {
+        let gone: Vec<IpAddr> = change
+            .remove
+            .iter()
+            .filter(|(dst, _)| !change.add.iter().any(|(d, _)| d == dst))
+            .map(|(dst, _)| *dst)
+            .collect();
+        route::delete_host_routes(&self.rtnl, ROUTE_PROTO, &gone)?;
+        let set: Vec<(IpAddr, Via)> = change.add.iter().map(|(d, h)| (*d, via(h))).collect();
+        route::set_host_routes(&self.rtnl, ROUTE_PROTO, &set)
+    }
+
+    /// Removes every route of ours.
+    pub fn remove_all(&self) -> Result<(), NetlinkError> {
+        let all: Vec<IpAddr> = self.routes()?.into_keys().collect();
+        route::delete_host_routes(&self.rtnl, ROUTE_PROTO, &all)
+    }
+}
+
+fn next_hop(v: &Via) -> NextHop {
+    NextHop {
+        gateway: v.gateway,
+        oif: v.oif,
+        onlink: v.onlink,
+    }
+}
+
+fn via(h: &NextHop) -> Via {
+    Via {
+        gateway: h.gateway,
+        oif: h.oif,
+        onlink: h.onlink,
+        unreachable: h.oif == 0,
+    }
+}
