@@ -5,7 +5,11 @@
 //! - Services: list and watch (the reflector in `source::kube`); get for
 //!   completeness of a cache refresh.
 //! - EndpointSlices (discovery.k8s.io): list and watch (same).
-//! - Nodes: get (this node's backend label, read at start in `main.rs`).
+//! - Nodes: get (this node's backend label, read at start), list and watch
+//!   (their podCIDRs and addresses are in-cluster ranges, and never
+//!   translated).
+//! - ServiceCIDRs (networking.k8s.io): list and watch (service networks are
+//!   in-cluster ranges); optional: without them, only `--cluster-cidrs`.
 //! - Events (events.k8s.io): create and patch (`events.rs`; a repeated
 //!   Event is patched into a series).
 //! - In its own namespace, its own DaemonSet: get (`main.rs`, at shutdown:
@@ -33,7 +37,12 @@ pub const RULES: &[Rule] = &[
     Rule {
         api_group: "",
         resources: &["nodes"],
-        verbs: &["get"],
+        verbs: &["get", "list", "watch"],
+    },
+    Rule {
+        api_group: "networking.k8s.io",
+        resources: &["servicecidrs"],
+        verbs: &["list", "watch"],
     },
     Rule {
         api_group: "events.k8s.io",

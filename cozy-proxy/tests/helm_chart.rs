@@ -187,6 +187,35 @@ fn values_show_up_where_they_belong() {
 }
 
 #[test]
+fn cluster_cidrs_reach_the_arguments() {
+    let docs = render(&[
+        "clusterCIDRs={10.244.0.0/16,fd00:10:244::/56}",
+        "deriveClusterCIDRs=false",
+    ]);
+    let args =
+        strings(&find(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"]);
+    assert!(
+        args.contains(&"--cluster-cidrs=10.244.0.0/16,fd00:10:244::/56".to_string()),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--derive-cluster-cidrs=false".to_string()),
+        "{args:?}"
+    );
+    let defaults = render(&[]);
+    let args =
+        strings(&find(&defaults, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"]);
+    assert!(
+        !args.iter().any(|a| a.starts_with("--cluster-cidrs")),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--derive-cluster-cidrs=true".to_string()),
+        "{args:?}"
+    );
+}
+
+#[test]
 fn bad_values_are_refused_by_the_schema() {
     let chart = chart();
     for bad in [
@@ -198,6 +227,8 @@ fn bad_values_are_refused_by_the_schema() {
         "resync=soon",
         "bpfPinDir=/tmp/x",
         "backnd=nft",
+        "clusterCIDRs={10.0.0.0/8;reboot}",
+        "deriveClusterCIDRs=maybe",
     ] {
         let (ok, _, err) = helm(&["template", "cozy", &chart, "--set", bad]);
         assert!(!ok, "{bad} was accepted");
