@@ -1,7 +1,9 @@
-//! Building and checking raw Ethernet frames for BPF_PROG_TEST_RUN: headers
-//! with correct checksums in, an independent checksum check out.
-#![allow(dead_code)]
-use std::net::IpAddr;
+//! Building and checking raw Ethernet frames: headers with correct
+//! checksums in, an independent checksum check out. The packet tests run
+//! them through BPF_PROG_TEST_RUN; the scenarios send them into the
+//! namespaces ([`send`]).
+use anyhow::{bail, Context, Result};
+use std::{net::IpAddr, os::fd::AsRawFd};
 
 pub const TCP: u8 = 6;
 pub const UDP: u8 = 17;
@@ -60,6 +62,11 @@ pub struct Spec {
     pub udp_no_checksum: bool,
     /// TTL / hop limit.
     pub hop_limit: u8,
+    /// Ethernet destination and source.
+    pub macs: ([u8; 6], [u8; 6]),
+    /// The transport segment as is (no header built, no checksum): for
+    /// truncated and malformed headers.
+    pub raw_l4: Option<Vec<u8>>,
 }
 
 impl Spec {
@@ -77,6 +84,8 @@ impl Spec {
             fragment: None,
             udp_no_checksum: false,
             hop_limit: 64,
+            macs: ([0x02, 0, 0, 0, 0, 1], [0x02, 0, 0, 0, 0, 2]),
+            raw_l4: None,
         }
     }
 
@@ -92,6 +101,9 @@ impl Spec {
 
     /// The upper-layer segment, checksummed over the real addresses.
     fn l4(&self) -> Vec<u8> {
+        if let Some(raw) = &self.raw_l4 {
+            return raw.clone();
+        }
         let mut seg = match self.proto {
             TCP => {
                 let mut h = vec![0u8; 20];
@@ -148,7 +160,8 @@ impl Spec {
                 seg = self.payload.clone();
             }
         }
-        let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
+        let mut f = self.macs.0.to_vec();
+        f.extend_from_slice(&self.macs.1);
         if self.vlan {
             f.extend_from_slice(&[0x81, 0x00, 0x00, 0x64]);
         }
@@ -368,4 +381,64 @@ fn l4_check(
         sum16(seg, pseudo(src, dst, proto, seg.len()))
     };
     (Some(fold(acc) == 0), Some(raw))
+}
+
+/// The MAC address of `dev` in namespace `ns`.
+pub fn mac(ns: &str, dev: &str) -> Result<[u8; 6]> {
+    let out = crate::sh::ok_in(ns, &["cat", &format!("/sys/class/net/{dev}/address")])?;
+    let bytes: Vec<u8> = out
+        .trim()
+        .split(':')
+        .map(|h| u8::from_str_radix(h, 16))
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("MAC of {dev} in {ns}: {out:?}"))?;
+    bytes
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("MAC of {dev} in {ns}: {out:?}"))
+}
+
+/// Sends `frame` as is out of `dev` in namespace `ns` (an AF_PACKET raw
+/// socket: any source, any header, as a forger would).
+pub fn send(ns: &str, dev: &str, frame: &[u8]) -> Result<()> {
+    let ns_file = std::fs::File::open(format!("/var/run/netns/{ns}"))?;
+    let dev = std::ffi::CString::new(dev)?;
+    let frame = frame.to_vec();
+    std::thread::spawn(move || -> Result<()> {
+        // SAFETY: setns on this short-lived thread only.
+        if unsafe { libc::setns(ns_file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            bail!("setns: {}", std::io::Error::last_os_error());
+        }
+        // SAFETY: plain syscalls on a socket we own and close.
+        unsafe {
+            let index = libc::if_nametoindex(dev.as_ptr());
+            if index == 0 {
+                bail!("no interface {dev:?}");
+            }
+            let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
+            if fd < 0 {
+                bail!("AF_PACKET socket: {}", std::io::Error::last_os_error());
+            }
+            let mut addr: libc::sockaddr_ll = std::mem::zeroed();
+            addr.sll_family = libc::AF_PACKET as u16;
+            addr.sll_ifindex = index as i32;
+            addr.sll_halen = 6;
+            addr.sll_addr[..6].copy_from_slice(&frame[..6]);
+            let n = libc::sendto(
+                fd,
+                frame.as_ptr() as *const libc::c_void,
+                frame.len(),
+                0,
+                &addr as *const _ as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            );
+            let err = std::io::Error::last_os_error();
+            libc::close(fd);
+            if n < 0 {
+                bail!("sendto: {err}");
+            }
+        }
+        Ok(())
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("sender thread panicked"))?
 }

@@ -4,6 +4,8 @@
 //! `cozy-proxy dump` and real traffic), and the Kubernetes API stand-in.
 //! The tests, the demo and the benchmarks share it.
 
+pub mod cluster;
+pub mod frames;
 pub mod manifests;
 pub mod net;
 pub mod scenario;
@@ -164,6 +166,8 @@ impl StandIn {
 pub struct Controller {
     proc: Option<Proc>,
     ns: String,
+    /// `--node-name`.
+    pub node: String,
     backend: Backend,
     /// `--manifests DIR` or `--kubeconfig FILE`.
     source_args: Vec<String>,
@@ -175,8 +179,9 @@ pub struct Controller {
 }
 
 impl Controller {
-    fn start(
+    pub fn start(
         ns: &str,
+        node: &str,
         backend: Backend,
         source_args: Vec<String>,
         pin_dir: PathBuf,
@@ -185,6 +190,7 @@ impl Controller {
         let mut c = Controller {
             proc: None,
             ns: ns.into(),
+            node: node.into(),
             backend,
             source_args,
             extra_args: Vec::new(),
@@ -201,6 +207,7 @@ impl Controller {
             .append(true)
             .open(&self.log)?;
         let pins = self.pin_dir.display().to_string();
+        let node = self.node.clone();
         let bin = bin();
         let mut args: Vec<&str> = vec![
             &bin,
@@ -218,7 +225,7 @@ impl Controller {
             "--bpf-pin-dir",
             &pins,
             "--node-name",
-            "node1",
+            &node,
         ];
         args.extend(self.source_args.iter().map(String::as_str));
         args.extend(self.extra_args.iter().map(String::as_str));
@@ -318,7 +325,7 @@ impl Env {
                 (Some(s), args)
             }
         };
-        let ctl = Controller::start(&topo.node(), backend, source_args, pin_dir, log)?;
+        let ctl = Controller::start(&topo.node(), "node1", backend, source_args, pin_dir, log)?;
         Ok(Env {
             ctl,
             standin,

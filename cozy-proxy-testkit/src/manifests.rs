@@ -20,6 +20,8 @@ pub struct Svc {
     pub lb_ips: Vec<String>,
     pub hostname: Option<String>,
     pub created: Option<String>,
+    /// `spec.loadBalancerSourceRanges`, as written.
+    pub source_ranges: Vec<String>,
 }
 
 impl Svc {
@@ -34,6 +36,7 @@ impl Svc {
             lb_ips: vec![lb.to_string()],
             hostname: None,
             created: None,
+            source_ranges: vec![],
         }
     }
 
@@ -71,6 +74,12 @@ impl Svc {
             y += &ann.concat();
         }
         y += "spec:\n  type: LoadBalancer\n";
+        if !self.source_ranges.is_empty() {
+            y += "  loadBalancerSourceRanges:\n";
+            for r in &self.source_ranges {
+                y += &format!("  - \"{r}\"\n");
+            }
+        }
         if !self.ports.is_empty() {
             y += "  ports:\n";
             for (proto, port) in &self.ports {

@@ -7,6 +7,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+/// A prefix for namespaces and files unique to this process and call.
+pub fn unique_prefix(kind: &str) -> String {
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{kind}{}x{id}", std::process::id())
+}
+
 /// Pods every topology starts with.
 pub const POD_COUNT: usize = 3;
 
@@ -17,7 +23,7 @@ pub struct Topology {
 }
 
 /// Runs a command given as one line (words split on spaces) in `ns`.
-fn cmd(ns: &str, line: &str) -> Result<()> {
+pub fn cmd(ns: &str, line: &str) -> Result<()> {
     let words: Vec<&str> = line.split_whitespace().collect();
     ok_in(ns, &words).map(|_| ())
 }
@@ -26,7 +32,7 @@ fn cmd(ns: &str, line: &str) -> Result<()> {
 /// duplicate address detection (addresses usable at once), no reverse-path
 /// filter (a mapped pod's packets arrive carrying the LB IP as source, which
 /// a strict or loose check drops).
-fn new_ns(ns: &str) -> Result<()> {
+pub fn new_ns(ns: &str) -> Result<()> {
     ok(&["ip", "netns", "add", ns])?;
     cmd(ns, "ip link set lo up")?;
     cmd(
@@ -38,12 +44,12 @@ fn new_ns(ns: &str) -> Result<()> {
 
 /// With transmit checksum offload on, veth passes packets with a partial
 /// checksum and a missing L4 fix-up would go unnoticed.
-fn no_offload(ns: &str, dev: &str) -> Result<()> {
+pub fn no_offload(ns: &str, dev: &str) -> Result<()> {
     cmd(ns, &format!("ethtool -K {dev} tx off"))
 }
 
 /// A veth pair `a` (in `ns_a`) <-> `b` (in `ns_b`).
-fn veth(a: &str, ns_a: &str, b: &str, ns_b: &str) -> Result<()> {
+pub fn veth(a: &str, ns_a: &str, b: &str, ns_b: &str) -> Result<()> {
     ok(&[
         "ip", "link", "add", a, "netns", ns_a, "type", "veth", "peer", b, "netns", ns_b,
     ])
@@ -84,9 +90,8 @@ impl Topology {
     }
 
     pub fn new() -> Result<Topology> {
-        let id = NEXT.fetch_add(1, Ordering::Relaxed);
         let mut t = Topology {
-            prefix: format!("cpt{}x{id}", std::process::id()),
+            prefix: unique_prefix("cpt"),
             pods: 0,
         };
         let (ext, node) = (t.ext(), t.node());
@@ -168,20 +173,25 @@ impl Topology {
     }
 }
 
+/// Kills what runs in the namespaces and removes them.
+pub fn remove_namespaces(all: &[String]) {
+    for ns in all {
+        if let Ok(out) = ok(&["ip", "netns", "pids", ns]) {
+            for pid in out.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+                // SAFETY: kill(2) on processes left in our own namespace.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
+        let _ = ok(&["ip", "netns", "del", ns]);
+    }
+}
+
 impl Drop for Topology {
     fn drop(&mut self) {
         let mut all = vec![self.ext(), self.node()];
         all.extend((1..=self.pods).map(|i| self.pod(i)));
-        for ns in &all {
-            if let Ok(out) = ok(&["ip", "netns", "pids", ns]) {
-                for pid in out.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
-                    // SAFETY: kill(2) on processes left in our own namespace.
-                    unsafe {
-                        libc::kill(pid, libc::SIGKILL);
-                    }
-                }
-            }
-            let _ = ok(&["ip", "netns", "del", ns]);
-        }
+        remove_namespaces(&all);
     }
 }

@@ -95,6 +95,39 @@ pub fn tcp_request(ns: &str, dst: IpAddr, port: u16) -> Result<String> {
     Ok(normalize(&stdout))
 }
 
+/// One TCP exchange from `ns` bound to `src:sport` (a chosen source
+/// address and port).
+pub fn tcp_request_from(
+    ns: &str,
+    src: IpAddr,
+    sport: u16,
+    dst: IpAddr,
+    port: u16,
+) -> Result<String> {
+    let bind = match src {
+        IpAddr::V4(a) => format!("{a}:{sport}"),
+        IpAddr::V6(a) => format!("[{a}]:{sport}"),
+    };
+    let target = format!(
+        "{},connect-timeout=1,bind={bind},reuseaddr",
+        socat_addr("TCP", &dst, port)
+    );
+    let out = feed_in(
+        ns,
+        &["socat", "-T2", "-t2", "STDIO", &target],
+        b"hello\n",
+        4,
+    )?;
+    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || stdout.is_empty() {
+        bail!(
+            "TCP {bind} -> {dst}:{port} from {ns}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(normalize(&stdout))
+}
+
 /// One UDP exchange (waits 1 s for the answer).
 pub fn udp_request(ns: &str, dst: IpAddr, port: u16) -> Result<String> {
     let target = socat_addr("UDP", &dst, port);

@@ -6,8 +6,6 @@
 //! ranges, truncated and malformed frames). The maps are filled by the
 //! production code (`EbpfKernel::apply`) from a `DatapathState`; checksums
 //! of the output are verified independently. Needs root.
-mod packets;
-
 use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions},
     Ebpf, EbpfLoader,
@@ -18,7 +16,7 @@ use cozy_proxy::{
     model::{merge_ranges, Cidr},
 };
 use cozy_proxy_common::maps as names;
-use packets::{inspect, Spec, GRE, ICMP, ICMPV6, TCP, UDP};
+use cozy_proxy_testkit::frames::{inspect, Spec, GRE, ICMP, ICMPV6, TCP, UDP};
 use std::{fs::File, net::IpAddr, os::fd::AsRawFd, process::Command, sync::Mutex};
 
 const PASS: u32 = u32::MAX; // TC_ACT_UNSPEC (-1)

@@ -73,7 +73,10 @@ fn bpftool_shows_readable_maps_and_tcx_links() -> Result<()> {
         .with_context(|| format!("no entry for the LB IP: {dump}"))?;
     let (key, value) = (&entry["formatted"]["key"], &entry["formatted"]["value"]);
     ensure!(key["family"] == 4, "key: {entry}");
-    ensure!(v4(&value["peer"]) == octets([192, 0, 2, 11]), "value: {value}");
+    ensure!(
+        v4(&value["peer"]) == octets([192, 0, 2, 11]),
+        "value: {value}"
+    );
     // LB | LOCAL | FILTERED (cozy_proxy_common::addr).
     ensure!(value["flags"] == 2 | 4 | 16, "flags: {value}");
     let ports = bpftool(&[

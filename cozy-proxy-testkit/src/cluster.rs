@@ -1,0 +1,521 @@
+//! A two-node cluster in network namespaces (scenarios 21-28 of
+//! ../shared/reference/scenarios.md):
+//!
+//! ```text
+//!   far ── (MTU 1400 on ext's side) ── ext ═══ br0 ═══ node1 ── pod1 pod2 pod3
+//!                                              ╚══════ node2 ── pod1 pod2 pod3
+//! ```
+//!
+//! `ext` is the outside world and the LAN's router: a bridge joins it and
+//! both nodes' uplinks (node-to-node traffic crosses it, as on a real LAN);
+//! behind it `far`, across a hop whose MTU is 1400. The nodes route each
+//! other's pod networks natively (as a CNI in routed mode), masquerade pod
+//! traffic leaving the cluster (as CNIs do), and each runs its own
+//! `cozy-proxy run --node-name nodeN` on the same manifests (Nodes with
+//! podCIDRs and addresses, Services, EndpointSlices with nodeName).
+use crate::manifests::{ManifestDir, Svc};
+use crate::net::Fam;
+use crate::sh::{feed_in, ok_in};
+use crate::topology::{cmd, new_ns, no_offload, remove_namespaces, unique_prefix, veth};
+use crate::traffic::{answer, eventually, tcp_request, udp_request, Server, SETTLE};
+use crate::{bin, expected_state, test_bpffs, Backend, Controller};
+use anyhow::{bail, ensure, Context, Result};
+use cozy_proxy::datapath::DatapathState;
+use std::{fs, net::IpAddr, path::PathBuf, time::Duration};
+
+/// Pods every node starts with.
+pub const PODS: usize = 3;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("test constant")
+}
+
+/// A pod: its node (1 or 2) and its index on that node (1..=3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pod {
+    pub node: usize,
+    pub index: usize,
+}
+
+pub const fn pod(node: usize, index: usize) -> Pod {
+    Pod { node, index }
+}
+
+/// The addresses of the cluster, per family.
+#[derive(Clone, Debug)]
+pub struct ClusterNet {
+    pub fam: Fam,
+}
+
+impl ClusterNet {
+    pub fn ext(&self) -> IpAddr {
+        match self.fam {
+            Fam::V4 => ip("198.51.100.1"),
+            Fam::V6 => ip("2001:db8:100::1"),
+        }
+    }
+
+    /// Behind ext, across the MTU-1400 hop.
+    pub fn far(&self) -> IpAddr {
+        match self.fam {
+            Fam::V4 => ip("198.51.100.130"),
+            Fam::V6 => ip("2001:db8:200::2"),
+        }
+    }
+
+    /// Node `k`'s uplink address.
+    pub fn node(&self, k: usize) -> IpAddr {
+        match self.fam {
+            Fam::V4 => format!("198.51.100.{}", 1 + k).parse().expect("v4"),
+            Fam::V6 => format!("2001:db8:100::{}", 1 + k).parse().expect("v6"),
+        }
+    }
+
+    pub fn pod(&self, p: Pod) -> IpAddr {
+        match self.fam {
+            Fam::V4 => format!("192.0.2.{}", 64 * (p.node - 1) + 10 + p.index)
+                .parse()
+                .expect("v4"),
+            Fam::V6 => format!("2001:db8:2::{:x}", 0x100 * (p.node - 1) + 0x10 + p.index)
+                .parse()
+                .expect("v6"),
+        }
+    }
+
+    /// The node side of every pod's veth on node `k` (the pods' gateway).
+    pub fn gateway(&self, k: usize) -> IpAddr {
+        match self.fam {
+            Fam::V4 => format!("192.0.2.{}", 64 * (k - 1) + 1).parse().expect("v4"),
+            Fam::V6 => format!("2001:db8:2::{:x}", 0x100 * (k - 1) + 1)
+                .parse()
+                .expect("v6"),
+        }
+    }
+
+    pub fn lb(&self, i: usize) -> IpAddr {
+        match self.fam {
+            Fam::V4 => format!("203.0.113.{}", 10 * (i + 1)).parse().expect("v4"),
+            Fam::V6 => format!("2001:db8:203::{}", 10 * (i + 1))
+                .parse()
+                .expect("v6"),
+        }
+    }
+
+    pub fn address_type(&self) -> &'static str {
+        match self.fam {
+            Fam::V4 => "IPv4",
+            Fam::V6 => "IPv6",
+        }
+    }
+}
+
+fn pod_cidr_v4(k: usize) -> String {
+    format!("192.0.2.{}/26", 64 * (k - 1))
+}
+
+fn pod_cidr_v6(k: usize) -> String {
+    format!("2001:db8:2::{:x}/120", 0x100 * (k - 1))
+}
+
+/// The namespaces of a two-node cluster.
+pub struct ClusterTopology {
+    pub prefix: String,
+}
+
+impl ClusterTopology {
+    pub fn ns(&self, role: &str) -> String {
+        format!("{}-{role}", self.prefix)
+    }
+
+    pub fn ext(&self) -> String {
+        self.ns("ext")
+    }
+
+    pub fn far(&self) -> String {
+        self.ns("far")
+    }
+
+    pub fn node(&self, k: usize) -> String {
+        self.ns(&format!("n{k}"))
+    }
+
+    pub fn pod(&self, p: Pod) -> String {
+        self.ns(&format!("n{}p{}", p.node, p.index))
+    }
+
+    fn all(&self) -> Vec<String> {
+        let mut all = vec![self.ext(), self.far()];
+        for k in 1..=2 {
+            all.push(self.node(k));
+            all.extend((1..=PODS).map(|i| self.pod(pod(k, i))));
+        }
+        all
+    }
+
+    pub fn new() -> Result<ClusterTopology> {
+        let t = ClusterTopology {
+            prefix: unique_prefix("cpc"),
+        };
+        if let Err(e) = t.build() {
+            remove_namespaces(&t.all());
+            return Err(e);
+        }
+        Ok(t)
+    }
+
+    fn build(&self) -> Result<()> {
+        let (ext, far) = (self.ext(), self.far());
+        new_ns(&ext)?;
+        new_ns(&far)?;
+        // The LAN: a bridge in ext, its own address on it.
+        cmd(&ext, "ip link add br0 type bridge")?;
+        cmd(&ext, "ip addr add 198.51.100.1/25 dev br0")?;
+        cmd(&ext, "ip addr add 2001:db8:100::1/64 dev br0 nodad")?;
+        cmd(&ext, "ip link set br0 up")?;
+        cmd(
+            &ext,
+            "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
+        )?;
+        // far, across a hop whose MTU is 1400 on ext's side.
+        veth("to-far", &ext, "uplink", &far)?;
+        cmd(&ext, "ip addr add 198.51.100.129/25 dev to-far")?;
+        cmd(&ext, "ip addr add 2001:db8:200::1/64 dev to-far nodad")?;
+        cmd(&ext, "ip link set to-far mtu 1400")?;
+        cmd(&far, "ip addr add 198.51.100.130/25 dev uplink")?;
+        cmd(&far, "ip addr add 2001:db8:200::2/64 dev uplink nodad")?;
+        for (ns, dev) in [(&ext, "to-far"), (&far, "uplink")] {
+            no_offload(ns, dev)?;
+            cmd(ns, &format!("ip link set {dev} up"))?;
+        }
+        cmd(&far, "ip route add default via 198.51.100.129")?;
+        cmd(&far, "ip -6 route add default via 2001:db8:200::1")?;
+        for k in 1..=2 {
+            self.build_node(k)?;
+        }
+        // ext routes the LB range to node1 (a test may move an LB IP to
+        // node2), and each node's pod network to that node.
+        cmd(&ext, "ip route add 203.0.113.0/24 via 198.51.100.2")?;
+        cmd(
+            &ext,
+            "ip -6 route add 2001:db8:203::/64 via 2001:db8:100::2",
+        )?;
+        for k in 1..=2 {
+            cmd(
+                &ext,
+                &format!("ip route add {} via 198.51.100.{}", pod_cidr_v4(k), 1 + k),
+            )?;
+            cmd(
+                &ext,
+                &format!(
+                    "ip -6 route add {} via 2001:db8:100::{}",
+                    pod_cidr_v6(k),
+                    1 + k
+                ),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn build_node(&self, k: usize) -> Result<()> {
+        let (ext, node) = (self.ext(), self.node(k));
+        new_ns(&node)?;
+        let port = format!("to-n{k}");
+        veth(&port, &ext, "uplink", &node)?;
+        cmd(&ext, &format!("ip link set {port} master br0"))?;
+        cmd(
+            &node,
+            &format!("ip addr add 198.51.100.{}/25 dev uplink", 1 + k),
+        )?;
+        cmd(
+            &node,
+            &format!("ip addr add 2001:db8:100::{}/64 dev uplink nodad", 1 + k),
+        )?;
+        for (ns, dev) in [(&ext, port.as_str()), (&node, "uplink")] {
+            no_offload(ns, dev)?;
+            cmd(ns, &format!("ip link set {dev} up"))?;
+        }
+        cmd(&node, "ip route add default via 198.51.100.1")?;
+        cmd(&node, "ip -6 route add default via 2001:db8:100::1")?;
+        // Native routing toward the other node's pods.
+        let other = 3 - k;
+        cmd(
+            &node,
+            &format!(
+                "ip route add {} via 198.51.100.{}",
+                pod_cidr_v4(other),
+                1 + other
+            ),
+        )?;
+        cmd(
+            &node,
+            &format!(
+                "ip -6 route add {} via 2001:db8:100::{}",
+                pod_cidr_v6(other),
+                1 + other
+            ),
+        )?;
+        cmd(
+            &node,
+            "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
+        )?;
+        let (v4, v6) = (ClusterNet { fam: Fam::V4 }, ClusterNet { fam: Fam::V6 });
+        for i in 1..=PODS {
+            let p = pod(k, i);
+            let pns = self.pod(p);
+            new_ns(&pns)?;
+            let host_if = format!("pod{i}");
+            veth(&host_if, &node, "eth0", &pns)?;
+            cmd(
+                &node,
+                &format!("ip addr add {}/32 dev {host_if}", v4.gateway(k)),
+            )?;
+            cmd(
+                &node,
+                &format!("ip addr add {}/128 dev {host_if} nodad", v6.gateway(k)),
+            )?;
+            cmd(&pns, &format!("ip addr add {}/32 dev eth0", v4.pod(p)))?;
+            cmd(
+                &pns,
+                &format!("ip addr add {}/128 dev eth0 nodad", v6.pod(p)),
+            )?;
+            for (ns, dev) in [(&node, host_if.as_str()), (&pns, "eth0")] {
+                no_offload(ns, dev)?;
+                cmd(ns, &format!("ip link set {dev} up"))?;
+            }
+            cmd(
+                &node,
+                &format!("ip route add {}/32 dev {host_if}", v4.pod(p)),
+            )?;
+            cmd(
+                &node,
+                &format!("ip -6 route add {}/128 dev {host_if}", v6.pod(p)),
+            )?;
+            cmd(&pns, &format!("ip route add {} dev eth0", v4.gateway(k)))?;
+            cmd(&pns, &format!("ip route add default via {}", v4.gateway(k)))?;
+            cmd(&pns, &format!("ip -6 route add {} dev eth0", v6.gateway(k)))?;
+            cmd(
+                &pns,
+                &format!("ip -6 route add default via {}", v6.gateway(k)),
+            )?;
+        }
+        // The CNI's masquerade for pod traffic leaving the cluster.
+        let rules = "table ip cni {\n  chain post {\n    type nat hook postrouting priority srcnat;\n    \
+             ip saddr 192.0.2.0/24 ip daddr != 192.0.2.0/24 oifname \"uplink\" masquerade\n  }\n}\n\
+             table ip6 cni {\n  chain post {\n    type nat hook postrouting priority srcnat;\n    \
+             ip6 saddr 2001:db8:2::/64 ip6 daddr != 2001:db8:2::/64 oifname \"uplink\" masquerade\n  }\n}\n";
+        let out = feed_in(&node, &["nft", "-f", "-"], rules.as_bytes(), 5)?;
+        if !out.status.success() {
+            bail!("masquerade rules: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ClusterTopology {
+    fn drop(&mut self) {
+        remove_namespaces(&self.all());
+    }
+}
+
+/// Node manifests: addresses and pod networks, as the API publishes them.
+fn node_yaml(k: usize) -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: node{k}\nspec:\n  podCIDRs: [\"{}\", \"{}\"]\n\
+         status:\n  addresses:\n  - {{type: InternalIP, address: \"198.51.100.{}\"}}\n  - {{type: InternalIP, address: \"2001:db8:100::{}\"}}\n",
+        pod_cidr_v4(k),
+        pod_cidr_v6(k),
+        1 + k,
+        1 + k
+    )
+}
+
+/// A cluster with one controller per node, all reading one directory.
+pub struct Cluster {
+    pub ctls: Vec<Controller>,
+    pub dir: ManifestDir,
+    pub topo: ClusterTopology,
+    pub net: ClusterNet,
+    pub backend: Backend,
+}
+
+impl Cluster {
+    pub fn new(backend: Backend, fam: Fam) -> Result<Cluster> {
+        let topo = ClusterTopology::new()?;
+        let dir = ManifestDir::new(&topo.prefix)?;
+        for k in 1..=2 {
+            dir.put(&format!("node{k}"), &node_yaml(k))?;
+        }
+        let mut ctls = Vec::new();
+        for k in 1..=2 {
+            let log = std::env::temp_dir().join(format!("{}-n{k}-controller.log", topo.prefix));
+            let _ = fs::remove_file(&log);
+            let pin_dir = match backend {
+                Backend::Ebpf => test_bpffs()?.join(format!("{}-n{k}", topo.prefix)),
+                Backend::Nft => std::env::temp_dir().join(format!("{}-unused-pins", topo.prefix)),
+            };
+            let source = vec!["--manifests".into(), dir.path.display().to_string()];
+            ctls.push(Controller::start(
+                &topo.node(k),
+                &format!("node{k}"),
+                backend,
+                source,
+                pin_dir,
+                log,
+            )?);
+        }
+        Ok(Cluster {
+            ctls,
+            dir,
+            topo,
+            net: ClusterNet { fam },
+            backend,
+        })
+    }
+
+    pub fn fam(&self) -> Fam {
+        self.net.fam
+    }
+
+    pub fn ctl(&mut self, k: usize) -> &mut Controller {
+        &mut self.ctls[k - 1]
+    }
+
+    pub fn pod_ns(&self, p: Pod) -> String {
+        self.topo.pod(p)
+    }
+
+    pub fn pod_ip(&self, p: Pod) -> IpAddr {
+        self.net.pod(p)
+    }
+
+    pub fn lb(&self, i: usize) -> IpAddr {
+        self.net.lb(i)
+    }
+
+    /// Writes a Service and its EndpointSlice: `p` ready, with its node.
+    pub fn put_service(&self, svc: &Svc, p: Pod) -> Result<()> {
+        self.dir.put(&svc.name, &svc.yaml())?;
+        let slice = format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-e\n  namespace: default\n  labels:\n    kubernetes.io/service-name: {name}\n\
+             addressType: {}\nendpoints:\n- addresses: [\"{}\"]\n  nodeName: node{}\n",
+            self.net.address_type(),
+            self.pod_ip(p),
+            p.node,
+            name = svc.name
+        );
+        self.dir.put(&format!("{}-endpoints", svc.name), &slice)
+    }
+
+    pub fn delete_service(&self, name: &str) -> Result<()> {
+        self.dir.remove(name)?;
+        self.dir.remove(&format!("{name}-endpoints"))
+    }
+
+    /// Node `k`'s datapath, read back by `cozy-proxy dump`.
+    pub fn dump(&self, k: usize) -> Result<DatapathState> {
+        let out = ok_in(
+            &self.topo.node(k),
+            &[
+                &bin(),
+                "dump",
+                "--backend",
+                self.backend.arg(),
+                "-o",
+                "json",
+                "--bpf-pin-dir",
+                &self.ctls[k - 1].pin_dir.display().to_string(),
+            ],
+        )?;
+        let v: serde_json::Value = serde_json::from_str(&out).context("dump output")?;
+        Ok(serde_json::from_value(v["state"].clone())?)
+    }
+
+    /// Waits until both nodes hold what the manifests ask of each.
+    pub fn settle(&mut self) -> Result<()> {
+        for k in 1..=2 {
+            let node = format!("node{k}");
+            let want = expected_state(self.dir.path(), &self.topo.node(k), Some(&node), &[])?;
+            let got = eventually(Duration::from_secs(5), || {
+                let got = self.dump(k)?;
+                if got != want {
+                    bail!("node{k}: datapath not yet as expected:\n got {got:?}\nwant {want:?}");
+                }
+                Ok(())
+            });
+            if let Err(e) = got {
+                bail!(
+                    "{e:#}\n--- node{k} log ---\n{}",
+                    self.ctls[k - 1].log_text()
+                );
+            }
+            if !self.ctls[k - 1].alive() {
+                bail!(
+                    "node{k}'s controller died:\n{}",
+                    self.ctls[k - 1].log_text()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// A TCP and a UDP server in `ns` answering `"<ident> <peer>"`.
+    pub fn serve(&self, ns: &str, port: u16, ident: &str) -> Result<(Server, Server)> {
+        Ok((
+            Server::tcp(ns, self.fam(), port, ident)?,
+            Server::udp(ns, self.fam(), port, ident)?,
+        ))
+    }
+
+    /// From `from`, a TCP and a UDP exchange with `to:port` both answer
+    /// `"<ident> <seen>"`: the server identified itself, and saw `seen`
+    /// as the source.
+    pub fn exchange(
+        &self,
+        from: &str,
+        to: IpAddr,
+        port: u16,
+        ident: &str,
+        seen: IpAddr,
+    ) -> Result<()> {
+        let want = answer(ident, seen);
+        let got = eventually(SETTLE, || tcp_request(from, to, port))?;
+        ensure!(
+            got == want,
+            "TCP {from} -> {to}:{port}: answer {got:?}, expected {want:?}"
+        );
+        let got = eventually(SETTLE, || udp_request(from, to, port))?;
+        ensure!(
+            got == want,
+            "UDP {from} -> {to}:{port}: answer {got:?}, expected {want:?}"
+        );
+        Ok(())
+    }
+
+    /// A scratch file for this cluster.
+    pub fn scratch(&self, name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("{}-{name}", self.topo.prefix))
+    }
+
+    /// Both controllers' logs, for a failure report.
+    pub fn logs(&self) -> String {
+        self.ctls
+            .iter()
+            .map(|c| format!("--- {} ---\n{}", c.node, c.log_text()))
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in &mut self.ctls {
+            let _ = c.stop();
+            let pins = c.pin_dir.display().to_string();
+            let _ = crate::sh::run_in(
+                &self
+                    .topo
+                    .node(c.node.trim_start_matches("node").parse().unwrap_or(1)),
+                &[&bin(), "cleanup", "--bpf-pin-dir", &pins],
+            );
+        }
+    }
+}
