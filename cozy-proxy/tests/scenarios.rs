@@ -1,4 +1,5 @@
-//! The datapath scenario suite (../shared/reference/scenarios.md): real
+//! The datapath scenario suite (../shared/reference/scenarios.md, 1-20 and
+//! 29-31; 21-28 are in cluster.rs): real
 //! packets through the real kernel in network namespaces, with the real
 //! `cozy-proxy` binary as controller. One list of scenarios; each backend
 //! runs it for IPv4 and IPv6. Needs root and the tools `cargo xtask setup`
@@ -40,7 +41,9 @@ macro_rules! suite {
                 changes::s14_removal_restores_plain, changes::s15_no_ready_endpoint,
                 changes::s16_restart_loses_nothing,
                 bad_input::s17_invalid_annotation, bad_input::s18_several_endpoints,
-                bad_input::s19_conflicts, bad_input::s20_hostname_and_invalid_ip);
+                bad_input::s19_conflicts, bad_input::s20_hostname_and_invalid_ip,
+                security::s29_forged_sources_open_nothing, security::s30_source_ranges,
+                security::s31_fail_closed_and_neighbour_discovery);
         }
     };
     (@tests $backend:expr, $source:expr, $fam:expr; $($module:ident :: $name:ident),*) => {

@@ -198,6 +198,7 @@ fn a_first_sync_creates_both_tables_and_their_elements_in_one_batch() {
         "add rule ip ingress_dnat: meta cmp payload cmp cmp payload lookup payload lookup payload",
         "add rule ip ingress_dnat: meta cmp payload cmp cmp payload lookup payload lookup payload",
         "add rule ip ingress_dnat: payload lookup payload lookup payload counter",
+        "add rule ip ingress_dnat: payload lookup payload lookup counter immediate",
         "add rule ip ingress_dnat: payload lookup counter immediate",
         "add chain ip cluster_dnat hook 0 priority -100 type nat",
         "flush chain ip cluster_dnat",

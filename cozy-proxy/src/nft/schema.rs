@@ -13,7 +13,7 @@ pub const TABLE: &str = "cozy_proxy";
 /// Stored as the table's user data. Change it whenever the sets, chains or
 /// rules change: a table with another mark is replaced (atomically) at the
 /// first sync, one with this mark is adopted as it is.
-pub const SCHEMA_MARK: &[u8] = b"cozy-proxy nft schema 2";
+pub const SCHEMA_MARK: &[u8] = b"cozy-proxy nft schema 3";
 
 pub const POD_SVC: &str = "pod_svc";
 pub const SVC_POD: &str = "svc_pod";
@@ -453,6 +453,16 @@ fn ingress_dnat(l: &Layout) -> ChainDef {
     rules.push(RuleDef {
         comment: "LoadBalancer IP -> pod, from outside the cluster",
         exprs: dnat,
+    });
+    // Fails closed: the rewrite above gives up on a packet it cannot fix
+    // the checksum of (a transport header cut short); it must not go on
+    // toward the pod addressed to the LB IP.
+    let mut untranslated = vec![load_addr(l, l.daddr_offset, A), lookup(SVC_POD, A, false)];
+    untranslated.extend(from_outside(l));
+    untranslated.extend([Expr::Counter, Expr::Verdict(NF_DROP)]);
+    rules.push(RuleDef {
+        comment: "LoadBalancer IP left untranslated (unreadable header): drop",
+        exprs: untranslated,
     });
     rules.push(RuleDef {
         comment: "unmapped LoadBalancer IP: drop, never route back out",

@@ -4,3 +4,4 @@ pub mod bad_input;
 pub mod changes;
 pub mod filter;
 pub mod passthrough;
+pub mod security;

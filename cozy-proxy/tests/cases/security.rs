@@ -1,0 +1,282 @@
+//! Scenarios 29-31: edge security. Forged sources open nothing,
+//! loadBalancerSourceRanges, a port filter that fails closed, neighbour
+//! discovery exempt only as neighbour discovery.
+use anyhow::{bail, ensure, Context, Result};
+use cozy_proxy_testkit::{
+    frames::{mac, send, Spec, ICMPV6, TCP, UDP},
+    manifests::Svc,
+    net::Fam,
+    scenario::WEB,
+    sh::ok_in,
+    traffic::{conntrack, tcp_request_from, Capture},
+    Backend, Env,
+};
+use std::{net::IpAddr, time::Duration};
+
+/// A frame from `ns`'s `dev` to its peer `peer_ns`'s `peer_dev`.
+fn on_link(ns: &str, dev: &str, peer_ns: &str, peer_dev: &str, mut spec: Spec) -> Result<Vec<u8>> {
+    spec.macs = (mac(peer_ns, peer_dev)?, mac(ns, dev)?);
+    Ok(spec.build())
+}
+
+/// Drops the datapath counted for forged sources.
+fn spoof_drops(env: &Env) -> Result<u64> {
+    match env.backend {
+        Backend::Ebpf => {
+            let out = ok_in(
+                &env.topo.node(),
+                &[
+                    &cozy_proxy_testkit::bin(),
+                    "dump",
+                    "--backend",
+                    "ebpf",
+                    "-o",
+                    "json",
+                    "--bpf-pin-dir",
+                    &env.ctl.pin_dir.display().to_string(),
+                ],
+            )?;
+            let v: serde_json::Value = serde_json::from_str(&out)?;
+            Ok(v["counters"]["drops"]["spoofed_source"]["packets"]
+                .as_u64()
+                .unwrap_or(0))
+        }
+        Backend::Nft => {
+            let family = if env.fam() == Fam::V4 { "ip" } else { "ip6" };
+            let out = ok_in(
+                &env.topo.node(),
+                &[
+                    "nft",
+                    "-j",
+                    "list",
+                    "chain",
+                    family,
+                    "cozy_proxy",
+                    "egress_snat",
+                ],
+            )?;
+            let v: serde_json::Value = serde_json::from_str(&out)?;
+            let rule = v["nftables"]
+                .as_array()
+                .context("nft -j")?
+                .iter()
+                .find(|i| {
+                    i["rule"]["comment"]
+                        .as_str()
+                        .is_some_and(|c| c.starts_with("anti-spoofing"))
+                })
+                .context("anti-spoofing rule")?;
+            let counter = rule["rule"]["expr"]
+                .as_array()
+                .context("expr")?
+                .iter()
+                .find_map(|e| e["counter"]["packets"].as_u64());
+            Ok(counter.unwrap_or(0))
+        }
+    }
+}
+
+/// Scenario 29: packets forged with a mapped pod's IP or a managed LB IP as
+/// source, from another pod or from the outside, are not rewritten, create
+/// no state, and open nothing: the "replies" the forger then sends to an
+/// unlisted port of the filtered pod are still dropped.
+pub fn s29_forged_sources_open_nothing(env: &mut Env) -> Result<()> {
+    env.put_service(
+        &Svc::new("vm1", env.lb(0)).filter(&[("TCP", 22)]),
+        &[env.pod_ip(1)],
+    )?;
+    env.settle()?;
+    let _ssh = env.serve_tcp(1, 22)?;
+    let _web = env.serve_tcp(1, WEB)?;
+    env.tcp_reaches(env.lb(0), 22, 1)?;
+    let (node, ext, pod2) = (env.topo.node(), env.topo.ext(), env.pod_ns(2));
+    let (pod1_ip, lb, ext_ip) = (env.pod_ip(1), env.lb(0), env.net.ext);
+    let before = spoof_drops(env)?;
+    // From another pod of the node (raw socket): "pod1:8080 -> ext:4444".
+    let forged = on_link(
+        &pod2,
+        "eth0",
+        &node,
+        "pod2",
+        Spec::new(pod1_ip, ext_ip, TCP).ports(WEB, 4444),
+    )?;
+    send(&pod2, "eth0", &forged)?;
+    // From the outside: "pod1:8080 -> ext:4445" and "LB:8080 -> ext:4446".
+    for (src, port) in [(pod1_ip, 4445), (lb, 4446)] {
+        let forged = on_link(
+            &ext,
+            "uplink",
+            &node,
+            "uplink",
+            Spec::new(src, ext_ip, TCP).ports(WEB, port),
+        )?;
+        send(&ext, "uplink", &forged)?;
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for port in ["4444", "4445", "4446"] {
+        let entries = conntrack(&node, env.fam(), &["-p", "tcp", "--dport", port])?;
+        ensure!(
+            entries.is_empty(),
+            "a forged packet created state: {entries:#?}"
+        );
+    }
+    // The forger's "replies" to the unlisted port: no connection, no RST.
+    for port in [4444, 4445, 4446] {
+        if let Ok(got) = tcp_request_from(&ext, ext_ip, port, lb, WEB) {
+            bail!("ext:{port} -> LB:{WEB} got through the filter: {got:?}");
+        }
+    }
+    let after = spoof_drops(env)?;
+    ensure!(
+        after >= before + 3,
+        "forged packets not counted: {before} -> {after}"
+    );
+    Ok(())
+}
+
+/// The outside client's second address, outside the allowed range.
+fn outside_range(env: &Env) -> IpAddr {
+    match env.fam() {
+        Fam::V4 => "198.51.100.200".parse().expect("v4"),
+        Fam::V6 => "2001:db8:100::200".parse().expect("v6"),
+    }
+}
+
+/// Scenario 30: with loadBalancerSourceRanges, only listed sources reach
+/// the pod through the LB IP (in both modes); replies to the pod's own
+/// flows are unaffected; an invalid range fails closed.
+pub fn s30_source_ranges(env: &mut Env) -> Result<()> {
+    let ext = env.topo.ext();
+    let other = outside_range(env);
+    let (allowed, prefix) = match env.fam() {
+        Fam::V4 => ("198.51.100.0/25", "24"),
+        Fam::V6 => ("2001:db8:100::/120", "64"),
+    };
+    // Deprecated (preferred_lft 0) so that it is never picked as the
+    // default source of ext's other connections; bound explicitly below.
+    ok_in(
+        &ext,
+        &[
+            "ip",
+            "addr",
+            "add",
+            &format!("{other}/{prefix}"),
+            "dev",
+            "uplink",
+            "nodad",
+            "preferred_lft",
+            "0",
+        ],
+    )?;
+    let _web = env.serve_tcp(1, WEB)?;
+    let ext_server = cozy_proxy_testkit::traffic::Server::tcp(&ext, env.fam(), 7000, "ext")?;
+    for filtered in [false, true] {
+        let mut svc = Svc::new("vm1", env.lb(0));
+        if filtered {
+            svc = svc.filter(&[("TCP", WEB)]);
+        }
+        svc.source_ranges = vec![allowed.into()];
+        env.put_service(&svc, &[env.pod_ip(1)])?;
+        env.settle()?;
+        env.tcp_reaches(env.lb(0), WEB, 1)?;
+        if let Ok(got) = tcp_request_from(&ext, other, 40000, env.lb(0), WEB) {
+            bail!("a source outside {allowed} got through (filtered {filtered}): {got:?}");
+        }
+        // pod1's own flow to the unlisted address: its replies pass.
+        let got =
+            cozy_proxy_testkit::traffic::eventually(cozy_proxy_testkit::traffic::SETTLE, || {
+                cozy_proxy_testkit::traffic::tcp_request(&env.pod_ns(1), other, 7000)
+            })?;
+        ensure!(got.starts_with("ext "), "pod1's own flow: {got}");
+    }
+    // An invalid range: nothing reaches the pod through the LB IP.
+    let mut svc = Svc::new("vm1", env.lb(0));
+    svc.source_ranges = vec![allowed.into(), "not-a-range".into()];
+    env.put_service(&svc, &[env.pod_ip(1)])?;
+    env.settle()?;
+    env.wait_log("InvalidSourceRange")?;
+    env.tcp_dropped(env.lb(0), WEB)?;
+    drop(ext_server);
+    Ok(())
+}
+
+/// Scenario 31: the port filter fails closed (a packet toward a filtered
+/// pod whose port cannot be read is dropped, and so is a later fragment
+/// without its first); neighbour discovery is exempt only as neighbour
+/// discovery (an NS sent to an LB IP is translated like any packet, not
+/// left to loop).
+pub fn s31_fail_closed_and_neighbour_discovery(env: &mut Env) -> Result<()> {
+    env.put_service(
+        &Svc::new("vm1", env.lb(0)).filter(&[("TCP", 22), ("UDP", 53)]),
+        &[env.pod_ip(1)],
+    )?;
+    env.put_service(&Svc::new("vm2", env.lb(1)), &[env.pod_ip(3)])?;
+    env.settle()?;
+    let _ssh = env.serve_tcp(1, 22)?;
+    env.tcp_reaches(env.lb(0), 22, 1)?;
+    let (node, ext) = (env.topo.node(), env.topo.ext());
+    let cap = Capture::start(
+        &env.pod_ns(1),
+        "eth0",
+        &format!("host {}", env.net.ext),
+        env.scratch("cap"),
+    )?;
+    // A TCP "header" of two bytes (the source port only).
+    let mut cut = Spec::new(env.net.ext, env.lb(0), TCP);
+    cut.raw_l4 = Some(vec![0x00, 0x16]);
+    send(
+        &ext,
+        "uplink",
+        &on_link(&ext, "uplink", &node, "uplink", cut)?,
+    )?;
+    // A later fragment of a UDP datagram whose first fragment never came.
+    let mut later = Spec::new(env.net.ext, env.lb(0), UDP).ports(4000, 53);
+    later.fragment = Some((77, 64, false));
+    send(
+        &ext,
+        "uplink",
+        &on_link(&ext, "uplink", &node, "uplink", later)?,
+    )?;
+    std::thread::sleep(Duration::from_millis(500));
+    let seen = cap.stop();
+    ensure!(
+        seen.is_empty(),
+        "pod1 received what the filter could not read: {seen:#?}"
+    );
+    if env.fam() == Fam::V6 {
+        // A neighbour solicitation (hop limit 64) sent to a passthrough LB
+        // IP reaches its pod, translated; it does not come back out.
+        let pod3 = env.pod_ns(3);
+        let to_pod = Capture::start(
+            &pod3,
+            "eth0",
+            "icmp6 and ip6[40] == 135",
+            env.scratch("ns-pod"),
+        )?;
+        let back = Capture::start(
+            &ext,
+            "uplink",
+            "icmp6 and ip6[40] == 135",
+            env.scratch("ns-ext"),
+        )?;
+        let mut ns = Spec::new(env.net.ext, env.lb(1), ICMPV6);
+        ns.icmp_type = Some(135);
+        send(
+            &ext,
+            "uplink",
+            &on_link(&ext, "uplink", &node, "uplink", ns)?,
+        )?;
+        std::thread::sleep(Duration::from_millis(500));
+        let (at_pod, at_ext) = (to_pod.stop(), back.stop());
+        let pod_ip = env.pod_ip(3).to_string();
+        ensure!(
+            at_pod.iter().any(|l| l.contains(&pod_ip)),
+            "the solicitation to the LB IP did not reach its pod translated: {at_pod:#?}"
+        );
+        ensure!(
+            at_ext.is_empty(),
+            "the solicitation came back out: {at_ext:#?}"
+        );
+    }
+    Ok(())
+}
