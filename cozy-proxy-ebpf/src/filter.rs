@@ -97,6 +97,9 @@ fn known_flow(pod: &IpKey, k: &FlowKey) -> bool {
     // SAFETY: a value of the map; only its fields are written.
     unsafe {
         if t.wrapping_sub((*s).last_seen_ns) > flow::timeout_ns((*s).state) {
+            // Expired: forgotten now, so that its room serves a new flow
+            // (the controller's sweep frees the ones nobody asks about).
+            let _ = flows.remove(k);
             return false;
         }
         (*s).last_seen_ns = t;

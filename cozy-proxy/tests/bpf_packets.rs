@@ -7,6 +7,7 @@
 //! production code (`EbpfKernel::apply`) from a `DatapathState`; checksums
 //! of the output are verified independently. Needs root.
 use aya::{
+    maps::{HashMap as AyaHashMap, HashOfMaps, Map, MapData},
     programs::{SchedClassifier, TestRun, TestRunOptions},
     Ebpf, EbpfLoader,
 };
@@ -15,7 +16,7 @@ use cozy_proxy::{
     ebpf::{EbpfConfig, EbpfKernel, Interfaces, OBJECT},
     model::{merge_ranges, Cidr},
 };
-use cozy_proxy_common::maps as names;
+use cozy_proxy_common::{maps as names, FlowKey, FlowState, IpKey};
 use cozy_proxy_testkit::frames::{inspect, Spec, GRE, ICMP, ICMPV6, TCP, UDP};
 use std::{fs::File, net::IpAddr, os::fd::AsRawFd, process::Command, sync::Mutex};
 
@@ -281,18 +282,22 @@ fn skb_ctx(ingress_ifindex: u32, ifindex: u32) -> Vec<u8> {
 /// Runs a program on `frame` as seen on interface `dev`; returns (verdict,
 /// frame after).
 fn run_prog(prog: &str, frame: &[u8], ingress_ifindex: u32, dev: u32) -> (u32, Vec<u8>) {
-    with_world(|w| {
-        let p: &SchedClassifier = w.ebpf.program(prog).expect(prog).try_into().expect("tc");
-        let mut out = vec![0u8; frame.len() + 256];
-        let ctx = skb_ctx(ingress_ifindex, dev);
-        let mut opts = TestRunOptions::new();
-        opts.data_in = Some(frame);
-        opts.data_out = Some(&mut out);
-        opts.ctx_in = Some(&ctx);
-        let r = p.test_run(opts).expect("BPF_PROG_TEST_RUN");
-        out.truncate(r.data_size_out as usize);
-        (r.return_value, out)
-    })
+    with_world(|w| run_in(w, prog, frame, ingress_ifindex, dev))
+}
+
+/// [`run_prog`] for a test that holds the world (no other test runs
+/// meanwhile).
+fn run_in(w: &World, prog: &str, frame: &[u8], ingress_ifindex: u32, dev: u32) -> (u32, Vec<u8>) {
+    let p: &SchedClassifier = w.ebpf.program(prog).expect(prog).try_into().expect("tc");
+    let mut out = vec![0u8; frame.len() + 256];
+    let ctx = skb_ctx(ingress_ifindex, dev);
+    let mut opts = TestRunOptions::new();
+    opts.data_in = Some(frame);
+    opts.data_out = Some(&mut out);
+    opts.ctx_in = Some(&ctx);
+    let r = p.test_run(opts).expect("BPF_PROG_TEST_RUN");
+    out.truncate(r.data_size_out as usize);
+    (r.return_value, out)
 }
 
 /// Leaving toward a pod of this node (TC egress of its interface), as
@@ -601,6 +606,120 @@ fn replies_to_flows_the_filtered_pod_started_pass() {
             "echo reply to another id"
         );
     }
+}
+
+/// The programs' clock (`bpf_ktime_get_ns`).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The flow map of filtered pod `pod`, as the programs see it.
+fn flows_of(w: &World, pod: IpAddr) -> AyaHashMap<MapData, FlowKey, FlowState> {
+    let outer: HashOfMaps<&MapData, IpKey> =
+        HashOfMaps::try_from(w.ebpf.map(names::FLOWS).expect("flows")).expect("hash of maps");
+    let inner = outer.get(&IpKey::from(pod), 0).expect("the pod's flow map");
+    AyaHashMap::try_from(Map::HashMap(inner)).expect("flow map")
+}
+
+fn flow_key(peer: IpAddr, proto: u8, pod_port: u16, peer_port: u16) -> FlowKey {
+    FlowKey {
+        peer: IpKey::from(peer),
+        proto,
+        pod_port,
+        peer_port,
+        ..FlowKey::default()
+    }
+}
+
+#[test]
+fn flows_expire_and_each_pod_has_its_own_room() {
+    // Holds the world throughout: filling a pod's flow map must not race
+    // the other tests' flows.
+    with_world(|w| {
+        let i = w.ifs;
+        for n in nets() {
+            let out = |sport: u16, pod: IpAddr, dev: u32| {
+                let f = Spec::new(pod, n.ext, UDP).ports(sport, 5353).build();
+                assert_eq!(
+                    run_in(w, "cozy_ingress", &f, dev, dev).0,
+                    PASS,
+                    "pod's datagram out"
+                );
+            };
+            let reply = |lb: IpAddr, dport: u16, dev: u32| {
+                let f = Spec::new(n.ext, lb, UDP).ports(5353, dport).build();
+                run_in(w, "cozy_egress", &f, i.up, dev).0
+            };
+            // A flow, its reply, then the flow left quiet past its timeout
+            // (a replied UDP flow: 120 s): the next reply is dropped and
+            // the program forgets the flow.
+            out(42000, n.fpod, i.fpod);
+            assert_eq!(reply(n.flb, 42000, i.fpod), PASS, "reply to a live flow");
+            let mut flows = flows_of(w, n.fpod);
+            let k = flow_key(n.ext, UDP, 42000, 5353);
+            let mut st = flows.get(&k, 0).expect("flow remembered");
+            assert_eq!(st.state, cozy_proxy_common::flow::UDP_REPLIED);
+            st.last_seen_ns = monotonic_ns() - 121_000_000_000;
+            flows.insert(k, st, 0).expect("age the flow");
+            assert_eq!(
+                reply(n.flb, 42000, i.fpod),
+                DROP,
+                "reply to an expired flow"
+            );
+            assert!(flows.get(&k, 0).is_err(), "the expired flow is forgotten");
+
+            // One pod fills its own map (with flows long expired): its new
+            // flows are not remembered, another pod's are.
+            let stale = FlowState {
+                last_seen_ns: 0,
+                state: cozy_proxy_common::flow::UDP,
+                _pad: [0; 7],
+            };
+            let mut filled = 0;
+            for port in 0..=u16::MAX {
+                if flows
+                    .insert(flow_key(n.unmapped, UDP, 1, port), stale, 0)
+                    .is_err()
+                {
+                    break;
+                }
+                filled += 1;
+            }
+            assert_eq!(
+                filled,
+                cozy_proxy_common::limits::FLOWS_PER_POD,
+                "a pod's room"
+            );
+            out(42001, n.fpod, i.fpod);
+            assert_eq!(
+                reply(n.flb, 42001, i.fpod),
+                DROP,
+                "a full map remembers nothing new"
+            );
+            out(42002, n.spod, i.pod);
+            assert_eq!(
+                reply(n.slb, 42002, i.pod),
+                PASS,
+                "another pod is unaffected"
+            );
+            // The controller's sweep frees the room.
+            let swept = w.kernel.expire_flows().expect("sweep");
+            assert!(swept >= filled, "swept {swept} of {filled}");
+            assert_eq!(flows.keys().count(), 0, "every stale flow swept");
+            out(42001, n.fpod, i.fpod);
+            assert_eq!(
+                reply(n.flb, 42001, i.fpod),
+                PASS,
+                "room again after the sweep"
+            );
+        }
+    })
 }
 
 /// An ICMP error from `from` to `to` quoting the UDP datagram

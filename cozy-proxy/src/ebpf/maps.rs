@@ -7,7 +7,7 @@ use aya::maps::{
     lpm_trie::Key, Array, HashMap, HashOfMaps, LpmTrie, Map, MapData, MapError, PerCpuArray,
 };
 use cozy_proxy_common::{
-    addr, limits, maps as names, AddrInfo, Config, Counter, DropReason, FlowKey, FlowState,
+    addr, flow, limits, maps as names, AddrInfo, Config, Counter, DropReason, FlowKey, FlowState,
     FragKey, IpKey, LbSource, PortKey, RevKey, RevValue, ServiceCounters, FAMILY_BITS, IP_KEY_BITS,
 };
 use std::{
@@ -455,6 +455,41 @@ impl Maps {
                 .map_err(named(names::FLOWS))?;
         }
         Ok(())
+    }
+
+    /// Forgets the flows that have been quiet longer than their timeout
+    /// (`now_ns` on the programs' clock, CLOCK_MONOTONIC), as conntrack's
+    /// garbage collection does; returns how many were forgotten. The
+    /// programs forget an expired flow when they meet it; this frees the
+    /// room of those nobody asks about again.
+    pub fn expire_flows(&self, now_ns: u64) -> Result<usize, EbpfError> {
+        let pods: Vec<IpKey> = self
+            .flows
+            .keys()
+            .collect::<Result<_, _>>()
+            .map_err(named(names::FLOWS))?;
+        let mut forgotten = 0;
+        for pod in pods {
+            let inner = match self.flows.get(&pod, 0) {
+                Ok(inner) => inner,
+                // Removed since the keys were read: nothing to expire.
+                Err(MapError::KeyNotFound) => continue,
+                Err(e) => return Err(named(names::FLOWS)(e)),
+            };
+            let mut flows: HashMap<MapData, FlowKey, FlowState> =
+                HashMap::try_from(Map::HashMap(inner)).map_err(named(names::FLOWS))?;
+            let expired: Vec<FlowKey> = flows
+                .iter()
+                .filter_map(Result::ok)
+                .filter(|(_, s)| now_ns.saturating_sub(s.last_seen_ns) > flow::timeout_ns(s.state))
+                .map(|(k, _)| k)
+                .collect();
+            for k in &expired {
+                absent_ok(flows.remove(k)).map_err(named(names::FLOWS))?;
+            }
+            forgotten += expired.len();
+        }
+        Ok(forgotten)
     }
 
     /// Tells the programs whether to take the fast path.

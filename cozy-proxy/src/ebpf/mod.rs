@@ -18,8 +18,9 @@ use std::{
     fs,
     net::IpAddr,
     path::{Path, PathBuf},
+    time::{Duration, Instant},
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// The object built from `cozy-proxy-ebpf` by build.rs (empty when the
 /// crate was built without the eBPF toolchain: see build.rs).
@@ -122,6 +123,23 @@ pub struct EbpfKernel {
     maps: Option<Maps>,
     rtnl: NlSocket,
     steering: Steering,
+    /// When expired flows were last swept (see [`EbpfKernel::expire_flows`]).
+    last_sweep: Instant,
+}
+
+/// How often the upkeep sweeps expired flows out of the pods' flow maps
+/// (conntrack's garbage collection runs on a similar scale).
+const FLOW_SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// The programs' clock (`bpf_ktime_get_ns`): CLOCK_MONOTONIC.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC cannot fail.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> EbpfError + '_ {
@@ -146,6 +164,7 @@ impl EbpfKernel {
             maps,
             rtnl: NlSocket::open(libc::NETLINK_ROUTE)?,
             steering: Steering::open()?,
+            last_sweep: Instant::now(),
         })
     }
 
@@ -183,6 +202,7 @@ impl EbpfKernel {
             }),
             rtnl: NlSocket::open(libc::NETLINK_ROUTE)?,
             steering: Steering::open()?,
+            last_sweep: Instant::now(),
         })
     }
 
@@ -236,6 +256,16 @@ impl EbpfKernel {
 
     fn maps(&self) -> Result<&Maps, EbpfError> {
         self.maps.as_ref().ok_or_else(|| self.no_pins())
+    }
+
+    /// Forgets the flows quiet for longer than their timeout; returns how
+    /// many. Runs from the upkeep every [`FLOW_SWEEP_EVERY`].
+    pub fn expire_flows(&self) -> Result<usize, EbpfError> {
+        let forgotten = self.maps()?.expire_flows(monotonic_ns())?;
+        if forgotten > 0 {
+            debug!(forgotten, "expired flows swept");
+        }
+        Ok(forgotten)
     }
 }
 
@@ -295,6 +325,10 @@ impl Kernel for EbpfKernel {
         };
         if links_changed {
             self.follow_interfaces()?;
+        }
+        if self.maps.is_some() && self.last_sweep.elapsed() >= FLOW_SWEEP_EVERY {
+            self.last_sweep = Instant::now();
+            self.expire_flows()?;
         }
         Ok(self.steering.changed()?)
     }

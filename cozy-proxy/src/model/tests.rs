@@ -435,6 +435,142 @@ fn bad_addresses_hostnames_and_extra_ips() {
     );
 }
 
+/// A Node named `name` with these addresses.
+fn node(name: &str, addresses: &[&str]) -> k8s_openapi::api::core::v1::Node {
+    use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        status: Some(NodeStatus {
+            addresses: Some(
+                addresses
+                    .iter()
+                    .map(|a| NodeAddress {
+                        address: a.to_string(),
+                        type_: "InternalIP".into(),
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn forbidden_addresses_are_refused_and_never_mapped() {
+    let nodes = [node("node1", &["198.51.100.2", "2001:db8:100::2"])];
+    // As an LB IP: each is refused, with the reason, and nothing is mapped.
+    for (bad, why) in [
+        ("0.0.0.0", "unspecified"),
+        ("::", "unspecified"),
+        ("127.0.0.1", "loopback"),
+        ("::1", "loopback"),
+        ("224.0.0.1", "multicast"),
+        ("255.255.255.255", "broadcast"),
+        ("ff02::1", "multicast"),
+        ("169.254.1.1", "link-local"),
+        ("fe80::1", "link-local"),
+        ("198.51.100.2", "node's own"),
+        ("2001:db8:100::2", "node's own"),
+    ] {
+        let svc = service(SvcSpec {
+            lb: &[bad],
+            ..Default::default()
+        });
+        let family = if bad.contains(':') { "IPv6" } else { "IPv4" };
+        let pod = if bad.contains(':') {
+            "2001:db8:2::11"
+        } else {
+            "192.0.2.11"
+        };
+        let o = compute_plan(&[svc], &[slice("vm", family, &[(pod, None)])], &nodes);
+        assert!(o.plan.mappings.is_empty(), "LB IP {bad} mapped");
+        assert_eq!(
+            kinds(&o),
+            vec![WarningKind::ForbiddenAddress],
+            "LB IP {bad}"
+        );
+        assert!(
+            o.warnings[0].message.contains(why),
+            "{bad}: {}",
+            o.warnings[0].message
+        );
+    }
+    // As an endpoint address: the same, and the LB IP stays unmapped.
+    for bad in ["127.0.0.1", "169.254.1.1", "198.51.100.2", "0.0.0.0"] {
+        let o = compute_plan(
+            &[service(SvcSpec::default())],
+            &[slice("vm", "IPv4", &[(bad, None)])],
+            &nodes,
+        );
+        assert!(o.plan.mappings.is_empty(), "endpoint {bad} mapped");
+        assert!(
+            kinds(&o).contains(&WarningKind::ForbiddenAddress),
+            "endpoint {bad}"
+        );
+    }
+    // A valid neighbour is mapped: the refusal is not blanket.
+    let o = compute_plan(
+        &[service(SvcSpec::default())],
+        &[slice("vm", "IPv4", &[("192.0.2.11", None)])],
+        &nodes,
+    );
+    assert_eq!(o.plan.mappings.len(), 1);
+    assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+}
+
+#[test]
+fn source_ranges_are_read_and_an_invalid_one_fails_closed() {
+    let with_ranges = |ranges: &[&str]| {
+        let mut svc = service(SvcSpec::default());
+        if let Some(spec) = svc.spec.as_mut() {
+            spec.load_balancer_source_ranges = Some(ranges.iter().map(|r| r.to_string()).collect());
+        }
+        compute_plan(&[svc], &[slice("vm", "IPv4", &[("192.0.2.11", None)])], &[])
+    };
+    let cidr = |s: &str| s.parse::<Cidr>().expect("test constant");
+    let o = with_ranges(&["198.51.100.0/25", "2001:db8:100::/120"]);
+    assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    // Each family's mapping holds its family's ranges.
+    assert_eq!(
+        o.plan.mappings[0].source_ranges,
+        Some([cidr("198.51.100.0/25")].into())
+    );
+    // A list of IPv6 ranges only lets no IPv4 client in (as Kubernetes
+    // reads the list: it names who may connect).
+    assert_eq!(
+        with_ranges(&["2001:db8:100::/120"]).plan.mappings[0].source_ranges,
+        Some(Default::default())
+    );
+    // A bare address is read as a single-host range (the API server
+    // rejects it; a manifest source may not).
+    assert_eq!(
+        with_ranges(&["198.51.100.7"]).plan.mappings[0].source_ranges,
+        Some([cidr("198.51.100.7/32")].into())
+    );
+    // An empty list means no restriction, as in Kubernetes.
+    assert_eq!(with_ranges(&[]).plan.mappings[0].source_ranges, None);
+    // One bad entry: a warning, and the mapping keeps an empty allow list
+    // (nothing reaches the pod through the LB IP), not "no restriction".
+    for bad in [
+        "not-a-range",
+        "198.51.100.0/33",
+        "198.51.100.0/",
+        "2001:db8::/129",
+    ] {
+        let o = with_ranges(&["198.51.100.0/25", bad]);
+        assert_eq!(kinds(&o), vec![WarningKind::InvalidSourceRange], "{bad}");
+        assert_eq!(
+            o.plan.mappings[0].source_ranges,
+            Some(Default::default()),
+            "{bad}"
+        );
+    }
+}
+
 #[test]
 fn a_broken_object_without_name_or_status_does_not_panic() {
     let empty = Service {
