@@ -224,6 +224,17 @@ impl Spec {
 pub struct Seen {
     pub src: IpAddr,
     pub dst: IpAddr,
+    /// The upper-layer protocol (after IPv6 extension headers).
+    pub proto: u8,
+    /// Part of a fragmented datagram (first or later fragment): its
+    /// identification and whether it is a later fragment.
+    pub fragment: bool,
+    pub frag_id: u32,
+    pub later_fragment: bool,
+    /// TCP/UDP ports, when the (first) segment holds them.
+    pub ports: Option<(u16, u16)>,
+    /// ICMP/ICMPv6 type.
+    pub icmp_type: Option<u8>,
     pub ip_checksum_ok: bool,
     /// None where the packet has no L4 checksum to check (later fragment,
     /// protocol without one, IPv4 UDP without checksum).
@@ -239,6 +250,9 @@ pub struct Seen {
 pub struct Quoted {
     pub src: IpAddr,
     pub dst: IpAddr,
+    pub proto: u8,
+    /// TCP/UDP ports, when the quote holds them.
+    pub ports: Option<(u16, u16)>,
     /// The quoted IPv4 header's own checksum (true for IPv6: none).
     pub ip_checksum_ok: bool,
     /// The quoted TCP/UDP checksum over the quoted addresses, if the quote
@@ -260,6 +274,9 @@ fn quoted(seg: &[u8], v6: bool) -> Option<Quoted> {
     let inner = seg.get(8..)?;
     if !v6 {
         let ihl = ((inner.first()? & 0x0f) as usize) * 4;
+        if ihl < 20 {
+            return None;
+        }
         let ip = inner.get(..ihl)?;
         let src = IpAddr::from(<[u8; 4]>::try_from(&ip[12..16]).ok()?);
         let dst = IpAddr::from(<[u8; 4]>::try_from(&ip[16..20]).ok()?);
@@ -269,6 +286,8 @@ fn quoted(seg: &[u8], v6: bool) -> Option<Quoted> {
         Some(Quoted {
             src,
             dst,
+            proto: ip[9],
+            ports: ports(ip[9], l4, false),
             ip_checksum_ok: fold(sum16(ip, 0)) == 0,
             l4_checksum_ok: whole
                 .then(|| l4_check(ip[9], &src, &dst, l4, false).0)
@@ -283,6 +302,8 @@ fn quoted(seg: &[u8], v6: bool) -> Option<Quoted> {
         Some(Quoted {
             src,
             dst,
+            proto: ip[6],
+            ports: ports(ip[6], l4, false),
             ip_checksum_ok: true,
             l4_checksum_ok: whole
                 .then(|| l4_check(ip[6], &src, &dst, l4, false).0)
@@ -291,65 +312,140 @@ fn quoted(seg: &[u8], v6: bool) -> Option<Quoted> {
     }
 }
 
+/// Parses a frame built by [`Spec`] (or one the programs rewrote).
+/// Panics on a frame it cannot read: for tests that built it.
 pub fn inspect(f: &[u8]) -> Seen {
+    parse(f).expect("a readable IPv4 or IPv6 frame")
+}
+
+/// Parses any frame, `None` where it is not a readable IPv4/IPv6 packet
+/// (for the fuzzer, which feeds the programs anything).
+pub fn parse(f: &[u8]) -> Option<Seen> {
     let mut l3 = 14;
-    if f[12..14] == [0x81, 0x00] {
+    if f.get(12..14)? == [0x81, 0x00] {
         l3 += 4;
     }
-    let ether = u16::from_be_bytes([f[l3 - 2], f[l3 - 1]]);
+    let ether = u16::from_be_bytes([*f.get(l3 - 2)?, *f.get(l3 - 1)?]);
     if ether == 0x0800 {
-        let ihl = ((f[l3] & 0x0f) as usize) * 4;
-        let ip = &f[l3..l3 + ihl];
-        let src = IpAddr::from(<[u8; 4]>::try_from(&ip[12..16]).expect("4"));
-        let dst = IpAddr::from(<[u8; 4]>::try_from(&ip[16..20]).expect("4"));
+        let ihl = ((f.get(l3)? & 0x0f) as usize) * 4;
+        if ihl < 20 || f[l3] >> 4 != 4 {
+            return None;
+        }
+        let ip = f.get(l3..l3 + ihl)?;
+        let src = IpAddr::from(<[u8; 4]>::try_from(&ip[12..16]).ok()?);
+        let dst = IpAddr::from(<[u8; 4]>::try_from(&ip[16..20]).ok()?);
         let frag = u16::from_be_bytes([ip[6], ip[7]]);
         let later = frag & 0x1fff != 0;
         let proto = ip[9];
         let seg = &f[l3 + ihl..];
         let (ok, raw) = l4_check(proto, &src, &dst, seg, later);
-        Seen {
+        Some(Seen {
             src,
             dst,
+            proto,
+            fragment: frag & 0x3fff != 0,
+            frag_id: u16::from_be_bytes([ip[4], ip[5]]) as u32,
+            later_fragment: later,
+            ports: ports(proto, seg, later),
+            icmp_type: icmp_type(proto, seg, later),
             ip_checksum_ok: fold(sum16(ip, 0)) == 0,
             l4_checksum_ok: ok,
             l4_checksum: raw,
             quoted: (proto == ICMP && !later)
                 .then(|| quoted(seg, false))
                 .flatten(),
+        })
+    } else if ether == 0x86dd {
+        let ip = f.get(l3..l3 + 40)?;
+        if ip[0] >> 4 != 6 {
+            return None;
         }
-    } else {
-        let ip = &f[l3..l3 + 40];
-        let src = IpAddr::from(<[u8; 16]>::try_from(&ip[8..24]).expect("16"));
-        let dst = IpAddr::from(<[u8; 16]>::try_from(&ip[24..40]).expect("16"));
+        let src = IpAddr::from(<[u8; 16]>::try_from(&ip[8..24]).ok()?);
+        let dst = IpAddr::from(<[u8; 16]>::try_from(&ip[24..40]).ok()?);
         let mut next = ip[6];
         let mut off = l3 + 40;
-        let mut later = false;
+        let (mut later, mut fragment, mut frag_id) = (false, false, 0);
         loop {
             match next {
                 0 | 43 | 60 => {
-                    next = f[off];
-                    off += (f[off + 1] as usize + 1) * 8;
+                    next = *f.get(off)?;
+                    off += (*f.get(off + 1)? as usize + 1) * 8;
                 }
                 44 => {
-                    later = u16::from_be_bytes([f[off + 2], f[off + 3]]) & 0xfff8 != 0;
-                    next = f[off];
+                    let field = u16::from_be_bytes([*f.get(off + 2)?, *f.get(off + 3)?]);
+                    later = field & 0xfff8 != 0;
+                    fragment = true;
+                    let id = f.get(off + 4..off + 8)?;
+                    frag_id = u32::from_be_bytes([id[0], id[1], id[2], id[3]]);
+                    next = *f.get(off)?;
                     off += 8;
                 }
                 _ => break,
             }
         }
-        let (ok, raw) = l4_check(next, &src, &dst, &f[off..], later);
-        Seen {
+        let seg = f.get(off..)?;
+        let (ok, raw) = l4_check(next, &src, &dst, seg, later);
+        Some(Seen {
             src,
             dst,
+            proto: next,
+            fragment,
+            frag_id,
+            later_fragment: later,
+            ports: ports(next, seg, later),
+            icmp_type: icmp_type(next, seg, later),
             ip_checksum_ok: true,
             l4_checksum_ok: ok,
             l4_checksum: raw,
             quoted: (next == ICMPV6 && !later)
-                .then(|| quoted(&f[off..], true))
+                .then(|| quoted(seg, true))
                 .flatten(),
-        }
+        })
+    } else {
+        None
     }
+}
+
+/// The source and destination addresses a frame's fixed IP header holds,
+/// as far as the frame goes (whatever the rest of it).
+pub fn addresses(f: &[u8]) -> Vec<IpAddr> {
+    let l3 = if f.get(12..14) == Some(&[0x81, 0x00][..]) {
+        18
+    } else {
+        14
+    };
+    let (at, len) = match f.get(l3 - 2..l3) {
+        Some([0x08, 0x00]) => (l3 + 12, 4),
+        Some([0x86, 0xdd]) => (l3 + 8, 16),
+        _ => return Vec::new(),
+    };
+    [at, at + len]
+        .iter()
+        .filter_map(|&a| f.get(a..a + len))
+        .filter_map(|b| match len {
+            4 => <[u8; 4]>::try_from(b).ok().map(IpAddr::from),
+            _ => <[u8; 16]>::try_from(b).ok().map(IpAddr::from),
+        })
+        .collect()
+}
+
+/// TCP/UDP (source, destination) ports, where the segment holds them.
+fn ports(proto: u8, seg: &[u8], later: bool) -> Option<(u16, u16)> {
+    if later || !matches!(proto, TCP | UDP) {
+        return None;
+    }
+    let p = seg.get(..4)?;
+    Some((
+        u16::from_be_bytes([p[0], p[1]]),
+        u16::from_be_bytes([p[2], p[3]]),
+    ))
+}
+
+fn icmp_type(proto: u8, seg: &[u8], later: bool) -> Option<u8> {
+    if later || !matches!(proto, ICMP | ICMPV6) {
+        return None;
+    }
+    seg.first().copied()
 }
 
 fn l4_check(
@@ -362,10 +458,13 @@ fn l4_check(
     if later {
         return (None, None);
     }
+    // ICMP belongs to IPv4 and ICMPv6 to IPv6: either in the other family
+    // is an unknown protocol, with nothing a translator must keep.
     let at = match proto {
         TCP => 16,
         UDP => 6,
-        ICMP | ICMPV6 => 2,
+        ICMP if src.is_ipv4() => 2,
+        ICMPV6 if src.is_ipv6() => 2,
         _ => return (None, None),
     };
     let Some(b) = seg.get(at..at + 2) else {
@@ -400,10 +499,17 @@ pub fn mac(ns: &str, dev: &str) -> Result<[u8; 6]> {
 /// Sends `frame` as is out of `dev` in namespace `ns` (an AF_PACKET raw
 /// socket: any source, any header, as a forger would).
 pub fn send(ns: &str, dev: &str, frame: &[u8]) -> Result<()> {
+    send_all(ns, dev, &[frame.to_vec()]).map(|_| ())
+}
+
+/// Sends every frame of `frames` out of `dev` in `ns`, through one socket;
+/// returns how many the kernel took (a frame it refuses, such as one
+/// shorter than an Ethernet header, is skipped, not an error).
+pub fn send_all(ns: &str, dev: &str, frames: &[Vec<u8>]) -> Result<usize> {
     let ns_file = std::fs::File::open(format!("/var/run/netns/{ns}"))?;
     let dev = std::ffi::CString::new(dev)?;
-    let frame = frame.to_vec();
-    std::thread::spawn(move || -> Result<()> {
+    let frames = frames.to_vec();
+    std::thread::spawn(move || -> Result<usize> {
         // SAFETY: setns on this short-lived thread only.
         if unsafe { libc::setns(ns_file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
             bail!("setns: {}", std::io::Error::last_os_error());
@@ -418,27 +524,65 @@ pub fn send(ns: &str, dev: &str, frame: &[u8]) -> Result<()> {
             if fd < 0 {
                 bail!("AF_PACKET socket: {}", std::io::Error::last_os_error());
             }
-            let mut addr: libc::sockaddr_ll = std::mem::zeroed();
-            addr.sll_family = libc::AF_PACKET as u16;
-            addr.sll_ifindex = index as i32;
-            addr.sll_halen = 6;
-            addr.sll_addr[..6].copy_from_slice(&frame[..6]);
-            let n = libc::sendto(
-                fd,
-                frame.as_ptr() as *const libc::c_void,
-                frame.len(),
-                0,
-                &addr as *const _ as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            );
-            let err = std::io::Error::last_os_error();
+            let mut sent = 0;
+            let mut last_err = None;
+            for frame in frames.iter().filter(|f| f.len() >= 14) {
+                let mut addr: libc::sockaddr_ll = std::mem::zeroed();
+                addr.sll_family = libc::AF_PACKET as u16;
+                addr.sll_ifindex = index as i32;
+                addr.sll_halen = 6;
+                addr.sll_addr[..6].copy_from_slice(&frame[..6]);
+                let n = libc::sendto(
+                    fd,
+                    frame.as_ptr() as *const libc::c_void,
+                    frame.len(),
+                    0,
+                    &addr as *const _ as *const libc::sockaddr,
+                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                );
+                if n < 0 {
+                    last_err = Some(std::io::Error::last_os_error());
+                } else {
+                    sent += 1;
+                }
+            }
             libc::close(fd);
-            if n < 0 {
-                bail!("sendto: {err}");
+            match last_err {
+                Some(e) if sent == 0 => bail!("sendto: {e}"),
+                _ => Ok(sent),
             }
         }
-        Ok(())
     })
     .join()
     .map_err(|_| anyhow::anyhow!("sender thread panicked"))?
+}
+
+/// The frames of a pcap file (as `tcpdump -w` writes it, Ethernet).
+pub fn read_pcap(path: &std::path::Path) -> Result<Vec<Vec<u8>>> {
+    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let magic = data.get(..4).context("pcap: no header")?;
+    let swap = match magic {
+        [0xd4, 0xc3, 0xb2, 0xa1] | [0x4d, 0x3c, 0xb2, 0xa1] => false,
+        [0xa1, 0xb2, 0xc3, 0xd4] | [0xa1, 0xb2, 0x3c, 0x4d] => true,
+        _ => bail!("{}: not a pcap file", path.display()),
+    };
+    let u32_at = |at: usize| -> Option<u32> {
+        let b: [u8; 4] = data.get(at..at + 4)?.try_into().ok()?;
+        Some(if swap {
+            u32::from_be_bytes(b)
+        } else {
+            u32::from_le_bytes(b)
+        })
+    };
+    let mut frames = Vec::new();
+    let mut at = 24;
+    while at + 16 <= data.len() {
+        let captured = u32_at(at + 8).context("pcap record")? as usize;
+        let frame = data
+            .get(at + 16..at + 16 + captured)
+            .context("pcap: record cut")?;
+        frames.push(frame.to_vec());
+        at += 16 + captured;
+    }
+    Ok(frames)
 }

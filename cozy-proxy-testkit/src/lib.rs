@@ -6,6 +6,7 @@
 
 pub mod cluster;
 pub mod frames;
+pub mod fuzz;
 pub mod manifests;
 pub mod net;
 pub mod scenario;

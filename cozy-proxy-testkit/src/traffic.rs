@@ -284,6 +284,37 @@ impl Capture {
         Ok(Capture { proc, out })
     }
 
+    /// A capture written as pcap to `out` (whole frames, for
+    /// [`crate::frames::read_pcap`]).
+    pub fn start_pcap(ns: &str, dev: &str, filter: &str, out: PathBuf) -> Result<Capture> {
+        let err = out.with_extension("err");
+        let file = out.display().to_string();
+        let proc = Proc::spawn_in(
+            ns,
+            &[
+                "tcpdump", "-n", "-U", "-s", "0", "-Q", "in", "-i", dev, "-w", &file, filter,
+            ],
+            Stdio::null(),
+            Stdio::from(fs::File::create(&err)?),
+        )?;
+        eventually(Duration::from_secs(3), || {
+            let text = fs::read_to_string(&err).unwrap_or_default();
+            if text.contains("listening on") {
+                Ok(())
+            } else {
+                bail!("tcpdump in {ns} not ready: {text}")
+            }
+        })?;
+        Ok(Capture { proc, out })
+    }
+
+    /// Stops a pcap capture; the frames it saw.
+    pub fn stop_frames(mut self) -> Result<Vec<Vec<u8>>> {
+        self.proc.kill(libc::SIGINT);
+        let _ = self.proc.child.wait();
+        crate::frames::read_pcap(&self.out)
+    }
+
     /// Stops the capture; the packet lines it printed.
     pub fn stop(mut self) -> Vec<String> {
         self.proc.kill(libc::SIGINT);

@@ -288,6 +288,17 @@ fn run_prog(prog: &str, frame: &[u8], ingress_ifindex: u32, dev: u32) -> (u32, V
 /// [`run_prog`] for a test that holds the world (no other test runs
 /// meanwhile).
 fn run_in(w: &World, prog: &str, frame: &[u8], ingress_ifindex: u32, dev: u32) -> (u32, Vec<u8>) {
+    run_once(w, prog, frame, ingress_ifindex, dev).expect("BPF_PROG_TEST_RUN")
+}
+
+/// One BPF_PROG_TEST_RUN; the runner's own error as is.
+fn run_once(
+    w: &World,
+    prog: &str,
+    frame: &[u8],
+    ingress_ifindex: u32,
+    dev: u32,
+) -> std::io::Result<(u32, Vec<u8>)> {
     let p: &SchedClassifier = w.ebpf.program(prog).expect(prog).try_into().expect("tc");
     let mut out = vec![0u8; frame.len() + 256];
     let ctx = skb_ctx(ingress_ifindex, dev);
@@ -295,9 +306,12 @@ fn run_in(w: &World, prog: &str, frame: &[u8], ingress_ifindex: u32, dev: u32) -
     opts.data_in = Some(frame);
     opts.data_out = Some(&mut out);
     opts.ctx_in = Some(&ctx);
-    let r = p.test_run(opts).expect("BPF_PROG_TEST_RUN");
+    let r = p.test_run(opts).map_err(|e| match e {
+        aya::programs::ProgramError::SyscallError(s) => s.io_error,
+        other => std::io::Error::other(other.to_string()),
+    })?;
     out.truncate(r.data_size_out as usize);
-    (r.return_value, out)
+    Ok((r.return_value, out))
 }
 
 /// Leaving toward a pod of this node (TC egress of its interface), as
@@ -635,6 +649,27 @@ fn flow_key(peer: IpAddr, proto: u8, pod_port: u16, peer_port: u16) -> FlowKey {
         peer_port,
         ..FlowKey::default()
     }
+}
+
+#[path = "bpf_packets/fuzz.rs"]
+mod fuzz;
+
+/// A bounded fuzz run (200 000 frames by default; `cargo xtask fuzz` runs
+/// longer): see fuzz.rs for the invariants.
+#[test]
+fn fuzzed_frames_keep_the_invariants() {
+    let report = with_world(fuzz::run);
+    assert!(
+        report.failures.is_empty(),
+        "{} failures:\n{}",
+        report.failures.len(),
+        report.failures.join("\n")
+    );
+    assert!(report.runs >= 1000, "too few runs: {report:?}");
+    assert!(
+        report.rewritten > 0 && report.dropped > 0 && report.reached_filtered > 0,
+        "the fuzz missed a branch: {report:?}"
+    );
 }
 
 #[test]

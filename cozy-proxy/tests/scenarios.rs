@@ -1,5 +1,5 @@
 //! The datapath scenario suite (../shared/reference/scenarios.md, 1-20 and
-//! 29-31; 21-28 are in cluster.rs): real
+//! 29-31, and 32: fuzzed frames; 21-28 are in cluster.rs): real
 //! packets through the real kernel in network namespaces, with the real
 //! `cozy-proxy` binary as controller. One list of scenarios; each backend
 //! runs it for IPv4 and IPv6. Needs root and the tools `cargo xtask setup`
@@ -43,7 +43,8 @@ macro_rules! suite {
                 bad_input::s17_invalid_annotation, bad_input::s18_several_endpoints,
                 bad_input::s19_conflicts, bad_input::s20_hostname_and_invalid_ip,
                 security::s29_forged_sources_open_nothing, security::s30_source_ranges,
-                security::s31_fail_closed_and_neighbour_discovery);
+                security::s31_fail_closed_and_neighbour_discovery,
+                fuzzed::s32_fuzzed_frames);
         }
     };
     (@tests $backend:expr, $source:expr, $fam:expr; $($module:ident :: $name:ident),*) => {

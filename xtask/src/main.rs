@@ -5,6 +5,7 @@
 //! - build: the release binary, with the eBPF object built and embedded.
 //! - test: setup, then format, lint and every test (unit, property, nft
 //!   ruleset, eBPF load, the datapath scenario suite).
+//! - fuzz [SECONDS]: a long fuzz run of the packet paths with a fresh seed.
 //! - demo: setup, then the local demo (network namespaces as node, pod and
 //!   outside client, with real traffic).
 mod plot;
@@ -66,8 +67,12 @@ fn main() -> Result<()> {
             setup()?;
             bench(&args[1..])
         }
+        Some("fuzz") => {
+            setup()?;
+            fuzz(args.get(1).map(String::as_str))
+        }
         _ => {
-            eprintln!("usage: cargo xtask <setup|build|test [cargo test args]|demo|image [TAG]|bench control-plane|datapath|render>");
+            eprintln!("usage: cargo xtask <setup|build|test [cargo test args]|demo|image [TAG]|bench control-plane|datapath|render|fuzz [SECONDS]>");
             std::process::exit(2);
         }
     }
@@ -261,6 +266,53 @@ fn test(extra: &[String]) -> Result<()> {
         bail!("cargo test failed: {status}");
     }
     Ok(())
+}
+
+/// A long fuzz run with a fresh seed: the TC programs through
+/// BPF_PROG_TEST_RUN for `seconds` (default 300), then the scenario-level
+/// fuzz (scenario 32) on both backends and families. Failures are kept in
+/// target/fuzz/failures/ (move them to cozy-proxy/tests/fuzz-corpus/ to
+/// keep them as regression cases).
+fn fuzz(seconds: Option<&str>) -> Result<()> {
+    let seconds: u64 = match seconds {
+        Some(s) => s.parse().context("cargo xtask fuzz [SECONDS]")?,
+        None => 300,
+    };
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    eprintln!("xtask: fuzzing for {seconds} s with seed {seed}");
+    let fuzz_env = |cmd: &mut Command| {
+        cmd.env("COZY_FUZZ_SEED", seed.to_string());
+    };
+    let mut programs = cargo();
+    programs
+        .args([
+            "test",
+            "-p",
+            "cozy-proxy",
+            "--test",
+            "bpf_packets",
+            "fuzzed_frames",
+        ])
+        .args(["--", "--nocapture"])
+        .env("COZY_FUZZ_SECONDS", seconds.to_string())
+        .env("COZY_FUZZ_CASES", u64::MAX.to_string());
+    fuzz_env(&mut programs);
+    run(&mut programs)?;
+    let mut scenarios = cargo();
+    scenarios
+        .args([
+            "test",
+            "-p",
+            "cozy-proxy",
+            "--test",
+            "scenarios",
+            "s32_fuzzed_frames",
+        ])
+        .args(["--", "--nocapture", "--test-threads", "1"]);
+    fuzz_env(&mut scenarios);
+    run(&mut scenarios)
 }
 
 /// `(passed, failed)` from a libtest line "test result: ok. 3 passed; 0 failed; ...".

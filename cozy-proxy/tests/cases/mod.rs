@@ -3,5 +3,6 @@
 pub mod bad_input;
 pub mod changes;
 pub mod filter;
+pub mod fuzzed;
 pub mod passthrough;
 pub mod security;
