@@ -26,15 +26,29 @@ pub struct IpKey {
 
 impl IpKey {
     pub const fn v4(octets: [u8; 4]) -> Self {
-        let mut addr = [0u8; 16];
-        addr[0] = octets[0];
-        addr[1] = octets[1];
-        addr[2] = octets[2];
-        addr[3] = octets[3];
+        IpKey::from_words(FAMILY_V4, [u32::from_ne_bytes(octets), 0, 0, 0])
+    }
+
+    /// An address from four words holding its bytes in memory order (as
+    /// the programs load them from a header): word-wide stores in BPF,
+    /// where building the byte array became a byte at a time (and zeroing
+    /// its tail a call of a byte loop, `memset`) on every packet.
+    #[inline(always)]
+    pub const fn from_words(family: u32, words: [u32; 4]) -> Self {
         IpKey {
-            family: FAMILY_V4,
-            addr,
+            family,
+            // SAFETY: same size; any bit pattern is valid for both.
+            addr: unsafe { core::mem::transmute::<[u32; 4], [u8; 16]>(words) },
         }
+    }
+
+    /// The address as four words (its bytes in memory order): copies,
+    /// comparisons and checksum arithmetic a word at a time. The array
+    /// sits 4 bytes into a 4-aligned struct, so the words are aligned.
+    #[inline(always)]
+    pub const fn words(&self) -> [u32; 4] {
+        // SAFETY: 16 bytes at an offset aligned for u32 (see above).
+        unsafe { core::ptr::read(self.addr.as_ptr() as *const [u32; 4]) }
     }
 
     pub const fn v6(octets: [u8; 16]) -> Self {
@@ -146,7 +160,11 @@ pub struct FlowKey {
 pub struct FlowState {
     pub last_seen_ns: u64,
     pub state: u8,
-    pub _pad: [u8; 7],
+    // Padding as integers, not byte arrays: zeroing an array became a
+    // call of a byte loop (`memset`) in BPF.
+    pub _pad: u8,
+    pub _pad2: u16,
+    pub _pad3: u32,
 }
 
 /// [`FlowState::state`] values, and how long each is remembered.
@@ -185,7 +203,8 @@ pub struct FragKey {
     pub dst: IpKey,
     pub id: u32,
     pub proto: u8,
-    pub _pad: [u8; 3],
+    pub _pad: u8,
+    pub _pad2: u16,
 }
 
 /// An in-cluster client's flow to an LB IP, translated to the pod (key of
@@ -210,7 +229,8 @@ pub struct RevValue {
     /// egress): the reply is translated back before conntrack, at TC
     /// ingress. Otherwise conntrack saw the pod: after it, at TC egress.
     pub before_conntrack: u8,
-    pub _pad: [u8; 3],
+    pub _pad: u8,
+    pub _pad2: u16,
 }
 
 #[repr(C)]
@@ -228,6 +248,80 @@ pub struct ServiceCounters {
     pub ingress: Counter,
     /// From the pod (source rewritten).
     pub egress: Counter,
+}
+
+/// The address prefilter (`prefilter`, one entry): one bit per hash of
+/// every address in `addrs`. A packet neither of whose addresses has its
+/// bit set is not ours, decided without a hash-map lookup (most traffic on
+/// a node). A set bit only means "look it up" (false positives are
+/// harmless); userspace sets an address's bit before the address enters
+/// `addrs` and clears it only after it left.
+///
+/// It also holds the in-cluster hint: one bit per IPv4 /16 and per hashed
+/// IPv6 /32 that holds in-cluster addresses (what the `cluster` trie
+/// holds). An address whose bit is clear is not in the cluster, decided
+/// without the trie lookup (most traffic from outside); userspace sets the
+/// bits of a range before the range enters the trie.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Prefilter {
+    pub words: [u64; prefilter::WORDS],
+    pub cluster: [u64; prefilter::CLUSTER_WORDS],
+    /// Non-zero when an IPv6 range is wider than /32: the hint cannot
+    /// exclude any IPv6 address.
+    pub cluster_v6_wide: u64,
+}
+
+pub mod prefilter {
+    /// 2^20 bits (128 KiB): about 0.1% false positives with 1 000
+    /// addresses, 10% with 100 000.
+    pub const BITS_LOG2: u32 = 20;
+    pub const WORDS: usize = 1 << (BITS_LOG2 - 6);
+
+    // An address folds to 32 bits (`IpKey::fold`): IPv4 its word, IPv6
+    // its four words xor-ed.
+
+    /// The in-cluster hint: 2^16 bits per family.
+    pub const CLUSTER_WORDS: usize = 2 * (1 << (16 - 6));
+
+    /// The hint's word and bit for an IPv4 address word (its bytes in
+    /// memory order): its /16.
+    #[inline(always)]
+    pub const fn cluster_slot_v4(w: u32) -> (usize, u64) {
+        let i = ((w & 0xff) << 8) | ((w >> 8) & 0xff);
+        ((i >> 6) as usize, 1u64 << (i & 63))
+    }
+
+    /// The hint's word and bit for an IPv6 address's first word: its /32,
+    /// hashed.
+    #[inline(always)]
+    pub const fn cluster_slot_v6(w0: u32) -> (usize, u64) {
+        let h = w0.wrapping_mul(0x9e37_79b1) >> 16;
+        (
+            CLUSTER_WORDS / 2 + ((h >> 6) as usize & (CLUSTER_WORDS / 2 - 1)),
+            1u64 << (h & 63),
+        )
+    }
+
+    /// The word and bit of a folded address (multiplicative hashing).
+    #[inline(always)]
+    pub const fn slot(fold: u32) -> (usize, u64) {
+        let h = fold.wrapping_mul(0x9e37_79b1) >> (32 - BITS_LOG2);
+        ((h >> 6) as usize & (WORDS - 1), 1u64 << (h & 63))
+    }
+}
+
+impl IpKey {
+    /// This address's fold for the [`Prefilter`].
+    #[inline(always)]
+    pub const fn fold(&self) -> u32 {
+        let w = self.words();
+        if self.family == FAMILY_V4 {
+            w[0]
+        } else {
+            w[0] ^ w[1] ^ w[2] ^ w[3]
+        }
+    }
 }
 
 /// Settings userspace gives the programs (`config`, one entry).
@@ -321,7 +415,8 @@ pub mod maps {
     pub const STATS: &str = "stats";
     pub const DROP_STATS: &str = "drop_stats";
     pub const CONFIG: &str = "config";
-    pub const ALL: [&str; 10] = [
+    pub const PREFILTER: &str = "prefilter";
+    pub const ALL: [&str; 11] = [
         ADDRS,
         ALLOWED_PORTS,
         CLUSTER,
@@ -332,6 +427,7 @@ pub mod maps {
         STATS,
         DROP_STATS,
         CONFIG,
+        PREFILTER,
     ];
 }
 
@@ -358,6 +454,8 @@ mod layout {
     const _: () = assert!(size_of::<Counter>() == 16);
     const _: () = assert!(size_of::<ServiceCounters>() == 32);
     const _: () = assert!(size_of::<Config>() == 4);
+    const _: () =
+        assert!(size_of::<Prefilter>() == 8 * (prefilter::WORDS + prefilter::CLUSTER_WORDS + 1));
     const _: () = assert!(limits::MAPPINGS <= u16::MAX as usize + 1);
 }
 
@@ -376,4 +474,5 @@ mod user {
     unsafe impl aya::Pod for super::Counter {}
     unsafe impl aya::Pod for super::ServiceCounters {}
     unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::Prefilter {}
 }

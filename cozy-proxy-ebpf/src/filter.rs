@@ -78,7 +78,9 @@ pub fn remember_outbound(ctx: &TcContext, p: &Packet) {
     let state = FlowState {
         last_seen_ns: now(),
         state: state_of(ctx, p, previous),
-        _pad: [0; 7],
+        _pad: 0,
+        _pad2: 0,
+        _pad3: 0,
     };
     let _ = flows.insert(&k, &state, 0);
 }
@@ -159,7 +161,8 @@ fn frag_key(p: &Packet) -> FragKey {
         dst: p.dst,
         id: p.frag_id,
         proto: p.proto,
-        _pad: [0; 3],
+        _pad: 0,
+        _pad2: 0,
     }
 }
 

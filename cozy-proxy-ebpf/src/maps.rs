@@ -4,7 +4,7 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use cozy_proxy_common::{
-    limits, AddrInfo, Config, Counter, FlowKey, FlowState, FragKey, IpKey, LbSource, PortKey,
+    limits, AddrInfo, Config, Counter, Prefilter, FlowKey, FlowState, FragKey, IpKey, LbSource, PortKey,
     RevKey, RevValue, ServiceCounters, DROP_REASONS,
 };
 
@@ -52,6 +52,11 @@ pub static STATS: PerCpuArray<ServiceCounters, { limits::MAPPINGS }> = PerCpuArr
 /// Drops by reason (index: `DropReason`).
 #[btf_map(name = "drop_stats")]
 pub static DROP_STATS: PerCpuArray<Counter, { DROP_REASONS as usize }> = PerCpuArray::new();
+
+/// One bit per hash of every address in `addrs`: "not ours" without a
+/// hash lookup.
+#[btf_map(name = "prefilter")]
+pub static PREFILTER: Array<Prefilter, 1> = Array::new();
 
 /// Settings from userspace.
 #[btf_map(name = "config")]

@@ -2,10 +2,11 @@
 //! L4 checksum over the pseudo-header (TCP, UDP, ICMPv6); and, in an ICMP
 //! error, the quoted packet's address with every checksum it touches.
 use crate::hdr::*;
-use crate::parse::{be16, byte, is_icmp, is_icmp_error, Packet, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};
+use crate::parse::{
+    be16, byte, is_icmp, is_icmp_error, load_words, put_words, Packet, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
+};
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
-    helpers::bpf_csum_diff,
     programs::TcContext,
 };
 use cozy_proxy_common::IpKey;
@@ -16,32 +17,71 @@ pub enum Field {
     Dst,
 }
 
-/// The checksum difference between two addresses, as `bpf_csum_diff` folds
-/// it (for 16-byte IPv6 addresses; IPv4 ones go to the helpers directly).
+/// The checksum difference between two IPv6 addresses (a 32-bit
+/// one's-complement sum, as `bpf_csum_diff` would return it), computed
+/// here rather than by a helper call.
 #[inline(always)]
 fn addr_diff(old: &IpKey, new: &IpKey) -> Result<u64, i64> {
-    let mut from = old.addr;
-    let mut to = new.addr;
-    // SAFETY: both buffers are 16 bytes on our stack, as passed.
-    let diff = unsafe {
-        bpf_csum_diff(
-            from.as_mut_ptr() as *mut u32,
-            16,
-            to.as_mut_ptr() as *mut u32,
-            16,
-            0,
-        )
-    };
-    if diff < 0 {
-        Err(diff)
-    } else {
-        Ok(diff as u64)
+    let (o, n) = (old.words(), new.words());
+    let mut sum: u32 = 0;
+    let mut i = 0;
+    while i < 4 {
+        sum += halves_neg(o[i]) + halves(n[i]);
+        i += 1;
     }
+    Ok(sum as u64)
+}
+
+/// The two 16-bit halves of a word, added (one's-complement terms).
+#[inline(always)]
+fn halves(w: u32) -> u32 {
+    (w & 0xffff) + (w >> 16)
+}
+
+/// The complements of the two halves, added.
+#[inline(always)]
+fn halves_neg(w: u32) -> u32 {
+    (!w & 0xffff) + (!w >> 16)
+}
+
+/// The one's-complement sum folded to 16 bits.
+#[inline(always)]
+fn fold(mut s: u32) -> u16 {
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    s as u16
+}
+
+/// An IPv4 header checksum after its 32-bit field `old` became `new`
+/// (RFC 1624, eqn. 3), computed here rather than by a helper call. Words
+/// in memory order on both sides: one's-complement sums do not depend on
+/// byte order.
+#[inline(always)]
+fn ip4_csum_replace(csum: u16, old: u32, new: u32) -> u16 {
+    let sum = (!csum as u32 & 0xffff) + halves_neg(old) + halves(new);
+    !fold(sum)
+}
+
+/// Rewrites the IPv4 address at `at` from `old` to `new` and the header
+/// checksum at `csum_at` with it; `Err` if either is out of the packet.
+#[inline(always)]
+fn rewrite_ip4(ctx: &TcContext, at: usize, csum_at: usize, old: u32, new: u32) -> Result<(), i64> {
+    let csum: u16 = load_words(ctx, csum_at).ok_or(-1i64)?;
+    let csum = ip4_csum_replace(csum, old, new);
+    put_words(ctx, at, new).ok_or(-1i64)?;
+    put_words(ctx, csum_at, csum).ok_or(-1i64)?;
+    Ok(())
+}
+
+/// An IPv4 address as its one word.
+#[inline(always)]
+fn word4(k: &IpKey) -> u32 {
+    k.words()[0]
 }
 
 #[inline(always)]
 fn v4(k: &IpKey) -> u64 {
-    u32::from_ne_bytes([k.addr[0], k.addr[1], k.addr[2], k.addr[3]]) as u64
+    word4(k) as u64
 }
 
 /// Where the L4 checksum the pseudo-header feeds sits, and its flags.
@@ -82,16 +122,14 @@ pub fn rewrite(ctx: &mut TcContext, p: &Packet, field: Field, old: &IpKey, new: 
     }
     if !p.v6 {
         let off = p.l3 + if matches!(field, Field::Src) { IP4_SADDR } else { IP4_DADDR };
-        let to = new.addr;
-        ctx.store(off, &[to[0], to[1], to[2], to[3]], 0)?;
-        ctx.l3_csum_replace(p.l3 + IP4_CSUM, v4(old), v4(new), 4)?;
+        rewrite_ip4(ctx, off, p.l3 + IP4_CSUM, word4(old), word4(new))?;
         if l4.off != 0 {
             ctx.l4_csum_replace(l4.off, v4(old), v4(new), l4.flags | BPF_F_PSEUDO_HDR as u64 | 4)?;
         }
         return Ok(());
     }
     let off = p.l3 + if matches!(field, Field::Src) { IP6_SADDR } else { IP6_DADDR };
-    ctx.store(off, &new.addr, 0)?;
+    put_words(ctx, off, new.words()).ok_or(-1i64)?;
     if l4.off != 0 {
         let diff = addr_diff(old, new)?;
         ctx.l4_csum_replace(l4.off, 0, diff, l4.flags | BPF_F_PSEUDO_HDR as u64)?;
@@ -124,41 +162,45 @@ pub fn rewrite_quoted(ctx: &mut TcContext, p: &Packet, field: Field, old: &IpKey
         };
         let ihl = ((ver_ihl & 0x0f) as usize) * 4;
         let at = inner + if matches!(field, Field::Src) { IP4_SADDR } else { IP4_DADDR };
-        let Some(found) = crate::parse::load::<[u8; 4]>(ctx, at) else {
+        let Some(found) = load_words::<u32>(ctx, at) else {
             return Ok(());
         };
-        if ver_ihl >> 4 != 4 || ihl < IP4_MIN_HLEN || found != [old.addr[0], old.addr[1], old.addr[2], old.addr[3]] {
+        if ver_ihl >> 4 != 4 || ihl < IP4_MIN_HLEN || found != word4(old) {
             return Ok(());
         }
         let Some(proto) = byte(ctx, inner + IP4_PROTO) else {
             return Ok(());
         };
-        let to = new.addr;
-        ctx.store(at, &[to[0], to[1], to[2], to[3]], 0)?;
-        ctx.l4_csum_replace(icmp_csum, v4(old), v4(new), 4)?;
-        // The quoted IPv4 header's checksum, and the ICMP checksum over
-        // that change.
+        // The quoted address and the quoted IPv4 header's checksum, then
+        // the ICMP checksum over both changes.
         let ip_csum = inner + IP4_CSUM;
-        if let Some(before) = be16(ctx, ip_csum) {
-            ctx.l3_csum_replace(ip_csum, v4(old), v4(new), 4)?;
-            if let Some(after) = be16(ctx, ip_csum) {
-                ctx.l4_csum_replace(icmp_csum, before.to_be() as u64, after.to_be() as u64, 2)?;
+        match be16(ctx, ip_csum) {
+            Some(before) => {
+                rewrite_ip4(ctx, at, ip_csum, word4(old), word4(new))?;
+                ctx.l4_csum_replace(icmp_csum, v4(old), v4(new), 4)?;
+                if let Some(after) = be16(ctx, ip_csum) {
+                    ctx.l4_csum_replace(icmp_csum, before.to_be() as u64, after.to_be() as u64, 2)?;
+                }
+            }
+            None => {
+                put_words(ctx, at, word4(new)).ok_or(-1i64)?;
+                ctx.l4_csum_replace(icmp_csum, v4(old), v4(new), 4)?;
             }
         }
         return quoted_l4(ctx, false, proto, inner + ihl, icmp_csum, v4(old), v4(new), 4);
     }
     let at = inner + if matches!(field, Field::Src) { IP6_SADDR } else { IP6_DADDR };
-    let Some(found) = crate::parse::load::<[u8; 16]>(ctx, at) else {
+    let Some(found) = load_words::<[u32; 4]>(ctx, at) else {
         return Ok(());
     };
-    if found != old.addr {
+    if found != old.words() {
         return Ok(());
     }
     let Some(proto) = byte(ctx, inner + IP6_NEXT) else {
         return Ok(());
     };
     let diff = addr_diff(old, new)?;
-    ctx.store(at, &new.addr, 0)?;
+    put_words(ctx, at, new.words()).ok_or(-1i64)?;
     ctx.l4_csum_replace(icmp_csum, 0, diff, 0)?;
     quoted_l4(ctx, true, proto, inner + IP6_HLEN, icmp_csum, 0, diff, 0)
 }

@@ -4,7 +4,7 @@
 use crate::hdr::*;
 use aya_ebpf::programs::TcContext;
 use core::mem::size_of;
-use cozy_proxy_common::IpKey;
+use cozy_proxy_common::{IpKey, FAMILY_V4, FAMILY_V6};
 
 pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;
@@ -51,6 +51,66 @@ pub fn load<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
     Some(unsafe { core::ptr::read_unaligned((start + off) as *const T) })
 }
 
+/// `size_of::<T>()` bytes at `off` read as whole 32-bit words (`T` is made
+/// of `u32`s): one load per word. `load` of a byte array costs a load per
+/// byte, as LLVM's BPF backend assumes no unaligned access; but packet
+/// data is read unaligned on the CPUs whose kernels let BPF do it (the
+/// verifier checks packet alignment only where the CPU needs it), as C
+/// programs do through `struct iphdr *`. BPF is little-endian here
+/// (bpfel): a word holds its bytes lowest first.
+#[inline(always)]
+pub fn load_words<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + off + size_of::<T>() > end {
+        return None;
+    }
+    // SAFETY: bounds checked against data_end just above; alignment: see
+    // above (the JIT emits plain loads, which the CPU allows unaligned).
+    Some(unsafe { core::ptr::read((start + off) as *const T) })
+}
+
+/// Byte `i` (0: lowest address) of a word read by [`load_words`].
+#[inline(always)]
+pub const fn byte_of(w: u32, i: u32) -> u8 {
+    (w >> (8 * i)) as u8
+}
+
+/// The big-endian 16-bit field at bytes `i`, `i + 1` of a word.
+#[inline(always)]
+pub const fn be16_of(w: u32, i: u32) -> u16 {
+    u16::from_be((w >> (8 * i)) as u16)
+}
+
+/// Writes `v` (made of `u32`s) at `off` with word-sized stores, if that
+/// is in the linear data (see [`load_words`] on alignment).
+#[inline(always)]
+pub fn put_words<T: Copy>(ctx: &TcContext, off: usize, v: T) -> Option<()> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + off + size_of::<T>() > end {
+        return None;
+    }
+    // SAFETY: bounds checked just above; alignment as in load_words.
+    unsafe { core::ptr::write((start + off) as *mut T, v) };
+    Some(())
+}
+
+/// Writes `v` at `off`, if that is in the linear data (direct packet
+/// access: no helper call).
+#[inline(always)]
+pub fn put<T: Copy>(ctx: &TcContext, off: usize, v: T) -> Option<()> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + off + size_of::<T>() > end {
+        return None;
+    }
+    // SAFETY: bounds checked against data_end just above; the verifier
+    // makes the skb writable (unclones it) for programs that write.
+    unsafe { core::ptr::write_unaligned((start + off) as *mut T, v) };
+    Some(())
+}
+
 #[inline(always)]
 pub fn byte(ctx: &TcContext, off: usize) -> Option<u8> {
     load::<u8>(ctx, off)
@@ -92,40 +152,42 @@ pub fn parse(ctx: &TcContext) -> Option<Packet> {
 
 #[inline(always)]
 fn parse_v4(ctx: &TcContext, l3: usize) -> Option<Packet> {
-    // The fixed header in one read: one bounds check.
-    let h: [u8; IP4_MIN_HLEN] = load(ctx, l3)?;
-    let ver_ihl = h[IP4_VER_IHL];
+    // The fixed header in one read (one bounds check), as five words:
+    // version/IHL, ..; identification, flags/offset; TTL, protocol, ..;
+    // source; destination.
+    let h: [u32; IP4_MIN_HLEN / 4] = load_words(ctx, l3)?;
+    let ver_ihl = byte_of(h[IP4_VER_IHL / 4], 0);
     let ihl = ((ver_ihl & 0x0f) as usize) * 4;
     if ver_ihl >> 4 != 4 || ihl < IP4_MIN_HLEN {
         return None;
     }
-    let frag = u16::from_be_bytes([h[IP4_FRAG], h[IP4_FRAG + 1]]);
+    let frag = be16_of(h[IP4_FRAG / 4], 2);
     let offset = frag & IP4_OFFSET;
-    let at = |o: usize| [h[o], h[o + 1], h[o + 2], h[o + 3]];
     Some(Packet {
         l3,
         v6: false,
-        proto: h[IP4_PROTO],
+        proto: byte_of(h[IP4_PROTO / 4], 1),
         l4: l3 + ihl,
         fragment: frag & IP4_MF != 0 || offset != 0,
         later_fragment: offset != 0,
-        frag_id: u16::from_be_bytes([h[IP4_ID], h[IP4_ID + 1]]) as u32,
-        src: IpKey::v4(at(IP4_SADDR)),
-        dst: IpKey::v4(at(IP4_DADDR)),
+        frag_id: be16_of(h[IP4_ID / 4], 0) as u32,
+        src: IpKey::from_words(FAMILY_V4, [h[IP4_SADDR / 4], 0, 0, 0]),
+        dst: IpKey::from_words(FAMILY_V4, [h[IP4_DADDR / 4], 0, 0, 0]),
     })
 }
 
 #[inline(always)]
 fn parse_v6(ctx: &TcContext, l3: usize) -> Option<Packet> {
-    let h: [u8; IP6_HLEN] = load(ctx, l3)?;
-    if h[0] >> 4 != 6 {
+    // Ten words: version/class/label; length, next header, hop limit;
+    // source (4); destination (4).
+    let h: [u32; IP6_HLEN / 4] = load_words(ctx, l3)?;
+    if byte_of(h[0], 0) >> 4 != 6 {
         return None;
     }
-    let mut src = [0u8; 16];
-    let mut dst = [0u8; 16];
-    src.copy_from_slice(&h[IP6_SADDR..IP6_SADDR + 16]);
-    dst.copy_from_slice(&h[IP6_DADDR..IP6_DADDR + 16]);
-    let mut next = h[IP6_NEXT];
+    let (s, d) = (IP6_SADDR / 4, IP6_DADDR / 4);
+    let src = [h[s], h[s + 1], h[s + 2], h[s + 3]];
+    let dst = [h[d], h[d + 1], h[d + 2], h[d + 3]];
+    let mut next = byte_of(h[IP6_NEXT / 4], 2);
     let mut off = l3 + IP6_HLEN;
     let mut fragment = false;
     let mut later_fragment = false;
@@ -164,8 +226,8 @@ fn parse_v6(ctx: &TcContext, l3: usize) -> Option<Packet> {
         fragment,
         later_fragment,
         frag_id,
-        src: IpKey::v6(src),
-        dst: IpKey::v6(dst),
+        src: IpKey::from_words(FAMILY_V6, src),
+        dst: IpKey::from_words(FAMILY_V6, dst),
     })
 }
 
@@ -176,11 +238,8 @@ pub fn ports(ctx: &TcContext, p: &Packet) -> Option<(u16, u16)> {
     if p.later_fragment || !has_ports(p.proto) {
         return None;
     }
-    let b: [u8; 4] = load(ctx, p.l4)?;
-    Some((
-        u16::from_be_bytes([b[L4_SPORT], b[L4_SPORT + 1]]),
-        u16::from_be_bytes([b[L4_DPORT], b[L4_DPORT + 1]]),
-    ))
+    let w: u32 = load_words(ctx, p.l4)?;
+    Some((be16_of(w, L4_SPORT as u32), be16_of(w, L4_DPORT as u32)))
 }
 
 #[inline(always)]
@@ -231,10 +290,11 @@ pub fn flow_ports(ctx: &TcContext, p: &Packet, request: bool) -> Option<(u16, u1
 /// to translate (neighbour discovery, DHCP, mDNS).
 #[inline(always)]
 pub fn is_link_scope(ip: &IpKey) -> bool {
-    let a = ip.addr;
+    let w = ip.words()[0];
+    let (a0, a1) = (byte_of(w, 0), byte_of(w, 1));
     if ip.family == cozy_proxy_common::FAMILY_V4 {
-        (a[0] & 0xf0) == 0xe0 || (a[0] == 169 && a[1] == 254) || a[..4] == [255, 255, 255, 255]
+        (a0 & 0xf0) == 0xe0 || (a0 == 169 && a1 == 254) || w == u32::MAX
     } else {
-        a[0] == 0xff || (a[0] == 0xfe && (a[1] & 0xc0) == 0x80)
+        a0 == 0xff || (a0 == 0xfe && (a1 & 0xc0) == 0x80)
     }
 }

@@ -6,22 +6,17 @@
 //! ranges, truncated and malformed frames). The maps are filled by the
 //! production code (`EbpfKernel::apply`) from a `DatapathState`; checksums
 //! of the output are verified independently. Needs root.
-use aya::{
-    maps::{HashMap as AyaHashMap, HashOfMaps, Map, MapData},
-    programs::{SchedClassifier, TestRun, TestRunOptions},
-    Ebpf, EbpfLoader,
-};
+use aya::maps::{HashMap as AyaHashMap, HashOfMaps, Map, MapData};
 use cozy_proxy::{
     datapath::{AllowedPort, DatapathState, Kernel},
-    ebpf::{EbpfConfig, EbpfKernel, Interfaces, OBJECT},
     model::{merge_ranges, Cidr},
 };
 use cozy_proxy_common::{maps as names, FlowKey, FlowState, IpKey};
-use cozy_proxy_testkit::frames::{inspect, Spec, GRE, ICMP, ICMPV6, TCP, UDP};
-use std::{fs::File, net::IpAddr, os::fd::AsRawFd, process::Command, sync::Mutex};
-
-const PASS: u32 = u32::MAX; // TC_ACT_UNSPEC (-1)
-const DROP: u32 = 2; // TC_ACT_SHOT
+use cozy_proxy_testkit::{
+    bpf::{Ifaces, World, DROP, PASS},
+    frames::{inspect, Spec, GRE, ICMP, ICMPV6, TCP, UDP},
+};
+use std::{net::IpAddr, sync::Mutex};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("test constant")
@@ -93,53 +88,7 @@ fn nets() -> [Net; 2] {
     ]
 }
 
-/// Interfaces of the test network namespace.
-#[derive(Clone, Copy)]
-struct Ifaces {
-    up: u32,
-    pod: u32,
-    fpod: u32,
-    peer: u32,
-    client: u32,
-}
-
-/// The programs, loaded on the maps the kernel side keeps, in a network
-/// namespace of their own (real interfaces for the anti-spoofing checks).
-struct World {
-    kernel: EbpfKernel,
-    ebpf: Ebpf,
-    netns: File,
-    ifs: Ifaces,
-}
-
 static WORLD: Mutex<Option<World>> = Mutex::new(None);
-
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn ifindex(name: &str) -> u32 {
-    std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .or_else(|| {
-            let out = Command::new("ip")
-                .args(["-j", "link", "show", "dev", name])
-                .output()
-                .ok()?;
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-            v[0]["ifindex"].as_u64().map(|i| i as u32)
-        })
-        .expect("ifindex")
-}
 
 /// The state the programs run with: every kind of address of both nets.
 fn state(ifs: Ifaces) -> DatapathState {
@@ -183,100 +132,15 @@ fn state(ifs: Ifaces) -> DatapathState {
 fn with_world<T>(f: impl FnOnce(&mut World) -> T) -> T {
     let mut guard = WORLD.lock().unwrap_or_else(|e| e.into_inner());
     if guard.is_none() {
-        // SAFETY: unshare on this thread only; the namespace lives as long
-        // as the handle kept below (gone with the process: no leftovers).
-        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
-        let netns = File::open("/proc/thread-self/ns/net").expect("netns");
-        sh(&["ip", "link", "set", "lo", "up"]);
-        // (This kernel has no dummy driver: veth pairs, both ends here.)
-        for dev in ["uplink", "v-pod", "v-fpod", "v-peer", "v-client"] {
-            let end = format!("{dev}-end");
-            sh(&[
-                "ip", "link", "add", dev, "type", "veth", "peer", "name", &end,
-            ]);
-            sh(&["ip", "link", "set", dev, "up"]);
-            sh(&["ip", "link", "set", &end, "up"]);
-        }
-        sh(&["ip", "addr", "add", "198.51.100.2/24", "dev", "uplink"]);
-        sh(&[
-            "ip",
-            "addr",
-            "add",
-            "2001:db8:100::2/64",
-            "dev",
-            "uplink",
-            "nodad",
-        ]);
-        sh(&["ip", "route", "add", "default", "dev", "uplink"]);
-        sh(&["ip", "-6", "route", "add", "default", "dev", "uplink"]);
-        sh(&[
-            "sysctl",
-            "-qw",
-            "net.ipv4.ip_forward=1",
-            "net.ipv6.conf.all.forwarding=1",
-        ]);
-        let ifs = Ifaces {
-            up: ifindex("uplink"),
-            pod: ifindex("v-pod"),
-            fpod: ifindex("v-fpod"),
-            peer: ifindex("v-peer"),
-            client: ifindex("v-client"),
-        };
-        let pin_dir = cozy_proxy_testkit::test_bpffs()
-            .expect("bpffs")
-            .join(format!("packets-{}", std::process::id()));
-        let cfg = EbpfConfig {
-            pin_dir: pin_dir.clone(),
-            interfaces: Interfaces::Named(vec![]),
-        };
-        let mut kernel = EbpfKernel::start(cfg).expect("kernel");
-        let desired = state(ifs);
-        let diff = DatapathState::default().diff(&desired);
-        kernel.apply(&diff, &desired, Some(())).expect("fill maps");
-        let mut loader = EbpfLoader::new();
-        for name in names::ALL {
-            loader.map_pin_path(name, pin_dir.join(name));
-        }
-        let mut ebpf = loader.load(OBJECT).expect("load object");
-        for name in ["cozy_ingress", "cozy_egress"] {
-            let prog: &mut SchedClassifier =
-                ebpf.program_mut(name).expect(name).try_into().expect("tc");
-            prog.load().expect("verifier accepts");
-        }
-        // Both sides hold the maps now: unpinned, they go with the process.
-        for name in names::ALL {
-            let _ = std::fs::remove_file(pin_dir.join(name));
-        }
-        let _ = std::fs::remove_dir(pin_dir.join("links"));
-        let _ = std::fs::remove_dir(&pin_dir);
-        *guard = Some(World {
-            kernel,
-            ebpf,
-            netns,
-            ifs,
-        });
+        *guard = Some(World::new(state).expect("the packet-test world"));
     }
     let world = guard.as_mut().expect("world");
-    // SAFETY: setns on this thread, into the namespace we hold.
-    assert_eq!(
-        unsafe { libc::setns(world.netns.as_raw_fd(), libc::CLONE_NEWNET) },
-        0
-    );
+    world.enter().expect("setns");
     f(world)
 }
 
 fn ifs() -> Ifaces {
     with_world(|w| w.ifs)
-}
-
-/// `__sk_buff` up to `ifindex`: `ingress_ifindex` (offset 36) non-zero
-/// means received (forwarded), zero locally sent; `ifindex` (40) is the
-/// device the program runs on.
-fn skb_ctx(ingress_ifindex: u32, ifindex: u32) -> Vec<u8> {
-    let mut ctx = vec![0u8; 44];
-    ctx[36..40].copy_from_slice(&ingress_ifindex.to_ne_bytes());
-    ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
-    ctx
 }
 
 /// Runs a program on `frame` as seen on interface `dev`; returns (verdict,
@@ -288,30 +152,8 @@ fn run_prog(prog: &str, frame: &[u8], ingress_ifindex: u32, dev: u32) -> (u32, V
 /// [`run_prog`] for a test that holds the world (no other test runs
 /// meanwhile).
 fn run_in(w: &World, prog: &str, frame: &[u8], ingress_ifindex: u32, dev: u32) -> (u32, Vec<u8>) {
-    run_once(w, prog, frame, ingress_ifindex, dev).expect("BPF_PROG_TEST_RUN")
-}
-
-/// One BPF_PROG_TEST_RUN; the runner's own error as is.
-fn run_once(
-    w: &World,
-    prog: &str,
-    frame: &[u8],
-    ingress_ifindex: u32,
-    dev: u32,
-) -> std::io::Result<(u32, Vec<u8>)> {
-    let p: &SchedClassifier = w.ebpf.program(prog).expect(prog).try_into().expect("tc");
-    let mut out = vec![0u8; frame.len() + 256];
-    let ctx = skb_ctx(ingress_ifindex, dev);
-    let mut opts = TestRunOptions::new();
-    opts.data_in = Some(frame);
-    opts.data_out = Some(&mut out);
-    opts.ctx_in = Some(&ctx);
-    let r = p.test_run(opts).map_err(|e| match e {
-        aya::programs::ProgramError::SyscallError(s) => s.io_error,
-        other => std::io::Error::other(other.to_string()),
-    })?;
-    out.truncate(r.data_size_out as usize);
-    Ok((r.return_value, out))
+    w.run(prog, frame, ingress_ifindex, dev)
+        .expect("BPF_PROG_TEST_RUN")
 }
 
 /// Leaving toward a pod of this node (TC egress of its interface), as
@@ -714,7 +556,9 @@ fn flows_expire_and_each_pod_has_its_own_room() {
             let stale = FlowState {
                 last_seen_ns: 0,
                 state: cozy_proxy_common::flow::UDP,
-                _pad: [0; 7],
+                _pad: 0,
+                _pad2: 0,
+                _pad3: 0,
             };
             let mut filled = 0;
             for port in 0..=u16::MAX {

@@ -72,7 +72,7 @@ fn main() -> Result<()> {
             fuzz(args.get(1).map(String::as_str))
         }
         _ => {
-            eprintln!("usage: cargo xtask <setup|build|test [cargo test args]|demo|image [TAG]|bench control-plane|datapath|render|fuzz [SECONDS]>");
+            eprintln!("usage: cargo xtask <setup|build|test [cargo test args]|demo|image [TAG]|bench control-plane|datapath|per-packet|render|fuzz [SECONDS]>");
             std::process::exit(2);
         }
     }
@@ -334,8 +334,8 @@ fn bench(args: &[String]) -> Result<()> {
     let out_dir = root().join("target/bench");
     std::fs::create_dir_all(&out_dir)?;
     if kind != "render" {
-        if !matches!(kind, "control-plane" | "datapath") {
-            bail!("cargo xtask bench control-plane|datapath|render");
+        if !matches!(kind, "control-plane" | "datapath" | "per-packet") {
+            bail!("cargo xtask bench control-plane|datapath|per-packet|render");
         }
         run(cargo().args([
             "build",

@@ -7,8 +7,9 @@ use aya::maps::{
     lpm_trie::Key, Array, HashMap, HashOfMaps, LpmTrie, Map, MapData, MapError, PerCpuArray,
 };
 use cozy_proxy_common::{
-    addr, flow, limits, maps as names, AddrInfo, Config, Counter, DropReason, FlowKey, FlowState,
-    FragKey, IpKey, LbSource, PortKey, RevKey, RevValue, ServiceCounters, FAMILY_BITS, IP_KEY_BITS,
+    addr, flow, limits, maps as names, prefilter, AddrInfo, Config, Counter, DropReason, FlowKey,
+    FlowState, FragKey, IpKey, LbSource, PortKey, Prefilter, RevKey, RevValue, ServiceCounters,
+    FAMILY_BITS, IP_KEY_BITS,
 };
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -43,6 +44,13 @@ fn addr_bits(ip: &IpAddr) -> u32 {
         128
     }
 }
+
+/// Values of the `cluster` trie: a range of the plan, or one of this node's
+/// own addresses. The backend keeps the latter there itself, so that the
+/// programs tell "toward the node" from "leaving the cluster" with the one
+/// trie lookup they make anyway, not a route lookup per packet.
+const CLUSTER_RANGE: u8 = 1;
+const NODE_ADDRESS: u8 = 2;
 
 /// A prefix as an LPM key of the `cluster` trie.
 fn cluster_key(c: &Cidr) -> Key<IpKey> {
@@ -83,6 +91,7 @@ fn expected_sizes(name: &str) -> Option<(usize, usize)> {
         names::STATS => (4, size_of::<ServiceCounters>()),
         names::DROP_STATS => (4, size_of::<Counter>()),
         names::CONFIG => (4, size_of::<Config>()),
+        names::PREFILTER => (4, size_of::<Prefilter>()),
         _ => return None,
     })
 }
@@ -154,6 +163,11 @@ pub struct Maps {
     stats: PerCpuArray<MapData, ServiceCounters>,
     drop_stats: PerCpuArray<MapData, Counter>,
     config: Array<MapData, Config>,
+    prefilter: Array<MapData, Prefilter>,
+    /// The addresses in `addrs` as of our last apply (`None`: not known,
+    /// read them).
+    in_addrs: Option<BTreeSet<IpKey>>,
+    prefilter_written: bool,
 }
 
 /// A filtered pod's own flow map, as the programs' template declares it.
@@ -180,6 +194,9 @@ impl Maps {
             stats: typed!(dir, names::STATS),
             drop_stats: typed!(dir, names::DROP_STATS),
             config: typed!(dir, names::CONFIG),
+            prefilter: typed!(dir, names::PREFILTER),
+            in_addrs: None,
+            prefilter_written: false,
         })
     }
 
@@ -229,9 +246,11 @@ impl Maps {
             });
         }
         let mut cluster = Vec::new();
-        for k in self.cluster.keys() {
-            let k = k.map_err(named(names::CLUSTER))?;
-            cluster.extend(cidr_of(&k.data(), k.prefix_len(), 0));
+        for entry in self.cluster.iter() {
+            let (k, v) = entry.map_err(named(names::CLUSTER))?;
+            if v == CLUSTER_RANGE {
+                cluster.extend(cidr_of(&k.data(), k.prefix_len(), 0));
+            }
         }
         s.cluster = merge_ranges(cluster);
         let mut ranges: BTreeMap<IpAddr, Vec<Cidr>> = BTreeMap::new();
@@ -254,6 +273,22 @@ impl Maps {
     /// a filtered pod's flow map) are in place before the addresses that
     /// need them, and leave after.
     pub fn apply(&mut self, diff: &StateDiff, desired: &DatapathState) -> Result<(), EbpfError> {
+        // Every address about to be in `addrs` gets its prefilter bit
+        // first; bits of addresses that left are cleared at the end.
+        // So do the in-cluster ranges about to enter the trie.
+        let want = addresses_of(desired);
+        let mut both = match self.in_addrs.take() {
+            Some(known) => known,
+            None => self.addresses()?,
+        };
+        let adding: Vec<Cidr> = diff.cluster.add.iter().flat_map(IpRange::cidrs).collect();
+        let unchanged = both == want && diff.cluster.remove.is_empty() && adding.is_empty();
+        if !unchanged {
+            both.extend(want.iter().copied());
+            let mut cidrs = self.trie_cidrs()?;
+            cidrs.extend(adding);
+            self.write_prefilter(&both, &cidrs)?;
+        }
         for p in &diff.allowed_ports.add {
             self.allowed_ports
                 .insert(port_key(p), 1, 0)
@@ -281,7 +316,112 @@ impl Maps {
             absent_ok(self.allowed_ports.remove(&port_key(p)))
                 .map_err(named(names::ALLOWED_PORTS))?;
         }
+        // Rewritten in full at every sync that follows a read (startup,
+        // resync): a prefilter lost or stale is repaired there.
+        if !unchanged || !self.prefilter_written {
+            let cidrs = self.trie_cidrs()?;
+            self.write_prefilter(&want, &cidrs)?;
+            self.prefilter_written = true;
+        }
+        self.in_addrs = Some(want);
         Ok(())
+    }
+
+    /// Every prefix the `cluster` trie holds (ranges and node addresses).
+    fn trie_cidrs(&self) -> Result<BTreeSet<Cidr>, EbpfError> {
+        let mut out = BTreeSet::new();
+        for k in self.cluster.keys() {
+            let k = k.map_err(named(names::CLUSTER))?;
+            out.extend(cidr_of(&k.data(), k.prefix_len(), 0));
+        }
+        Ok(out)
+    }
+
+    /// Makes the `cluster` trie hold exactly `locals` as this node's own
+    /// addresses (besides the plan's ranges; an address that is also a
+    /// range of its own stays the range's).
+    pub fn sync_node_addresses(&mut self, locals: &BTreeSet<IpAddr>) -> Result<(), EbpfError> {
+        let mut have = BTreeSet::new();
+        let mut ranges = BTreeSet::new();
+        for entry in self.cluster.iter() {
+            let (k, v) = entry.map_err(named(names::CLUSTER))?;
+            let Some(c) = cidr_of(&k.data(), k.prefix_len(), 0) else {
+                continue;
+            };
+            if v == NODE_ADDRESS {
+                have.insert(c.addr());
+            } else if Cidr::host(c.addr()) == c {
+                ranges.insert(c.addr());
+            }
+        }
+        let adding: Vec<IpAddr> = locals
+            .difference(&have)
+            .filter(|a| !ranges.contains(a))
+            .copied()
+            .collect();
+        let removing: Vec<IpAddr> = have.difference(locals).copied().collect();
+        if adding.is_empty() && removing.is_empty() {
+            return Ok(());
+        }
+        let addrs = match &self.in_addrs {
+            Some(a) => a.clone(),
+            None => self.addresses()?,
+        };
+        // The hint covers an address before the trie holds it.
+        let mut cidrs = self.trie_cidrs()?;
+        cidrs.extend(adding.iter().map(|a| Cidr::host(*a)));
+        self.write_prefilter(&addrs, &cidrs)?;
+        for a in &adding {
+            self.cluster
+                .insert(&cluster_key(&Cidr::host(*a)), NODE_ADDRESS, 0)
+                .map_err(named(names::CLUSTER))?;
+        }
+        for a in &removing {
+            absent_ok(self.cluster.remove(&cluster_key(&Cidr::host(*a))))
+                .map_err(named(names::CLUSTER))?;
+        }
+        let cidrs = self.trie_cidrs()?;
+        self.write_prefilter(&addrs, &cidrs)
+    }
+
+    /// Forgets what this process believes the maps hold: the next apply
+    /// reads the kernel again (after a resync or a failure).
+    pub fn forget(&mut self) {
+        self.in_addrs = None;
+        self.prefilter_written = false;
+    }
+
+    /// The addresses `addrs` holds.
+    fn addresses(&self) -> Result<BTreeSet<IpKey>, EbpfError> {
+        self.addrs
+            .keys()
+            .collect::<Result<_, _>>()
+            .map_err(named(names::ADDRS))
+    }
+
+    /// Writes the prefilter with the bits of exactly `addresses`. A bit
+    /// set before and after is never cleared in between (the map update
+    /// copies the same word over itself).
+    fn write_prefilter(
+        &mut self,
+        addresses: &BTreeSet<IpKey>,
+        cluster: &BTreeSet<Cidr>,
+    ) -> Result<(), EbpfError> {
+        let mut bits = Box::new(Prefilter {
+            words: [0; prefilter::WORDS],
+            cluster: [0; prefilter::CLUSTER_WORDS],
+            cluster_v6_wide: 0,
+        });
+        for a in addresses {
+            let (word, bit) = prefilter::slot(a.fold());
+            bits.words[word] |= bit;
+        }
+        for c in cluster {
+            mark_cluster(&mut bits, c);
+        }
+        self.prefilter
+            .set(0, bits.as_ref(), 0)
+            .map_err(named(names::PREFILTER))
     }
 
     /// The cluster and source-range tries: what `diff` adds (`adding`) or
@@ -303,7 +443,7 @@ impl Maps {
         if adding {
             for c in diff.cluster.add.iter().flat_map(IpRange::cidrs) {
                 self.cluster
-                    .insert(&cluster_key(&c), 1, 0)
+                    .insert(&cluster_key(&c), CLUSTER_RANGE, 0)
                     .map_err(named(names::CLUSTER))?;
             }
             for (lb, r) in &diff.source_ranges.add {
@@ -533,6 +673,44 @@ impl Maps {
         }
         Ok(out)
     }
+}
+
+/// Sets the in-cluster hint bits of every address of `c`: its IPv4 /16s,
+/// or its IPv6 /32 (an IPv6 range wider than that sets the "wide" flag).
+fn mark_cluster(bits: &mut Prefilter, c: &Cidr) {
+    let first = key(&c.addr()).words()[0];
+    match c.addr() {
+        IpAddr::V4(_) if c.prefix() >= 16 => {
+            let (word, bit) = prefilter::cluster_slot_v4(first);
+            bits.cluster[word] |= bit;
+        }
+        IpAddr::V4(a) => {
+            let start = u32::from(a) >> 16;
+            let count = 1u32 << (16 - c.prefix());
+            for block in start..start + count {
+                let w = u32::from_ne_bytes((block << 16).to_be_bytes());
+                let (word, bit) = prefilter::cluster_slot_v4(w);
+                bits.cluster[word] |= bit;
+            }
+        }
+        IpAddr::V6(_) if c.prefix() >= 32 => {
+            let (word, bit) = prefilter::cluster_slot_v6(first);
+            bits.cluster[word] |= bit;
+        }
+        IpAddr::V6(_) => bits.cluster_v6_wide = 1,
+    }
+}
+
+/// The addresses `addrs` holds for `desired` (those [`entry`] describes).
+fn addresses_of(desired: &DatapathState) -> BTreeSet<IpKey> {
+    let mut out = BTreeSet::new();
+    for m in [&desired.svc_pod, &desired.pod_svc, &desired.remote] {
+        for (a, b) in m {
+            out.extend([key(a), key(b)]);
+        }
+    }
+    out.extend(desired.unmapped_lbs.iter().map(key));
+    out
 }
 
 /// The pods whose flows the programs remember: replies to them pass the

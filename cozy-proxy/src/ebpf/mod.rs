@@ -125,6 +125,9 @@ pub struct EbpfKernel {
     steering: Steering,
     /// When expired flows were last swept (see [`EbpfKernel::expire_flows`]).
     last_sweep: Instant,
+    /// This node's own addresses as last written to the `cluster` trie
+    /// (`None`: read them again).
+    node_addresses: Option<BTreeSet<IpAddr>>,
 }
 
 /// How often the upkeep sweeps expired flows out of the pods' flow maps
@@ -165,6 +168,7 @@ impl EbpfKernel {
             rtnl: NlSocket::open(libc::NETLINK_ROUTE)?,
             steering: Steering::open()?,
             last_sweep: Instant::now(),
+            node_addresses: None,
         })
     }
 
@@ -203,6 +207,7 @@ impl EbpfKernel {
             rtnl: NlSocket::open(libc::NETLINK_ROUTE)?,
             steering: Steering::open()?,
             last_sweep: Instant::now(),
+            node_addresses: None,
         })
     }
 
@@ -258,6 +263,22 @@ impl EbpfKernel {
         self.maps.as_ref().ok_or_else(|| self.no_pins())
     }
 
+    /// Keeps this node's own addresses in the `cluster` trie, where the
+    /// programs find them (a pod keeps its IP toward its node); read from
+    /// the local routing table when unknown or `refetch`.
+    fn follow_node_addresses(&mut self, refetch: bool) -> Result<(), EbpfError> {
+        let Some(maps) = self.maps.as_mut() else {
+            return Ok(());
+        };
+        let locals = match self.node_addresses.take() {
+            Some(known) if !refetch => known,
+            _ => route::local_addresses(&self.rtnl)?,
+        };
+        maps.sync_node_addresses(&locals)?;
+        self.node_addresses = Some(locals);
+        Ok(())
+    }
+
     /// Forgets the flows quiet for longer than their timeout; returns how
     /// many. Runs from the upkeep every [`FLOW_SWEEP_EVERY`].
     pub fn expire_flows(&self) -> Result<usize, EbpfError> {
@@ -281,7 +302,13 @@ impl Kernel for EbpfKernel {
         Ok(self.steering.paths(pods)?)
     }
 
+    /// A fresh read: what this process believed of the maps is forgotten
+    /// (the next apply rewrites the prefilter from the kernel's content).
     fn read(&mut self) -> Result<(DatapathState, ()), EbpfError> {
+        if let Some(m) = self.maps.as_mut() {
+            m.forget();
+        }
+        self.node_addresses = None;
         let mut state = self.maps()?.read_state()?;
         state.routes = self.steering.routes()?;
         Ok((state, ()))
@@ -303,6 +330,7 @@ impl Kernel for EbpfKernel {
         if found.is_some() {
             maps.sync_flow_maps(desired, &BTreeSet::new())?;
         }
+        self.follow_node_addresses(false)?;
         self.steering.apply(&diff.routes)?;
         let mut installed_schema = false;
         if let Some(p) = self.programs.as_mut().filter(|p| !p.live) {
@@ -330,7 +358,12 @@ impl Kernel for EbpfKernel {
             self.last_sweep = Instant::now();
             self.expire_flows()?;
         }
-        Ok(self.steering.changed()?)
+        let changed = self.steering.changed()?;
+        if changed {
+            // An address added or removed shows as a local route.
+            self.follow_node_addresses(true)?;
+        }
+        Ok(changed)
     }
 
     fn dump(&self) -> Result<Dump, EbpfError> {

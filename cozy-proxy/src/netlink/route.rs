@@ -5,7 +5,7 @@
 use super::socket::{next_seq, NetlinkError, NlSocket};
 use super::wire::{attr, attr_str, ip_bytes as bytes, Writer, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP};
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
@@ -153,6 +153,38 @@ pub fn host_routes(sock: &NlSocket, protocol: u8) -> Result<BTreeMap<IpAddr, Via
             if let Some(dst) = attr(body, RTA_DST).and_then(parse_ip) {
                 if a[1] == host_prefix(&dst) {
                     out.insert(dst, Via::from_answer(&a));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The node's own addresses: what the local table delivers here (local,
+/// broadcast and anycast host routes of both families).
+pub fn local_addresses(sock: &NlSocket) -> Result<BTreeSet<IpAddr>, NetlinkError> {
+    let mut out = BTreeSet::new();
+    for fam in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        let seq = next_seq();
+        let mut w = Writer::new();
+        w.message(RTM_GETROUTE, NLM_F_DUMP, seq, &rtmsg(fam, 0, 0, 0), |_| {});
+        for a in sock.dump(&w.into_bytes(), seq, "route dump")? {
+            if a.len() < RTMSG_LEN
+                || !matches!(
+                    a[7],
+                    libc::RTN_LOCAL | libc::RTN_BROADCAST | libc::RTN_ANYCAST
+                )
+            {
+                continue;
+            }
+            let body = &a[RTMSG_LEN..];
+            let table = u32_attr(body, RTA_TABLE).unwrap_or(a[4] as u32);
+            if table != libc::RT_TABLE_LOCAL as u32 {
+                continue;
+            }
+            if let Some(dst) = attr(body, RTA_DST).and_then(parse_ip) {
+                if a[1] == host_prefix(&dst) {
+                    out.insert(dst);
                 }
             }
         }

@@ -13,7 +13,7 @@
 //! written to `target/fuzz/failures/` in the same format, to be kept there.
 //! `COZY_FUZZ_CASES`, `COZY_FUZZ_SECONDS` and `COZY_FUZZ_SEED` size a run
 //! (`cargo xtask fuzz` runs a long one).
-use super::{nets, run_once, Ifaces, World, DROP, PASS};
+use super::{nets, Ifaces, World, DROP, PASS};
 use aya::maps::{HashMap as AyaHashMap, HashOfMaps, Map, MapData};
 use cozy_proxy_common::{maps as names, FlowKey, FlowState, FragKey, IpKey, RevKey, RevValue};
 use cozy_proxy_testkit::{
@@ -157,7 +157,7 @@ fn check(
 ) -> Result<(), String> {
     let ours = ours();
     let i = w.ifs;
-    let (verdict, out) = match run_once(w, ctx.prog, f, ctx.ingress, ctx.dev) {
+    let (verdict, out) = match w.run(ctx.prog, f, ctx.ingress, ctx.dev) {
         Ok(r) => r,
         // The runner reads the IP header itself and refuses a frame that
         // cuts it: not a run of the program.

@@ -1,0 +1,256 @@
+//! The per-packet benchmark (`cargo xtask bench per-packet`): each TC
+//! program run by the kernel through BPF_PROG_TEST_RUN with a large repeat
+//! count on fixed frames, reporting the kernel's mean time per run. Stable
+//! on a shared machine: no scheduling between runs, no traffic, no other
+//! process involved. An empty program (`cozy_pass`) on the same frame is
+//! the reference: the figures that matter are the costs above it.
+//!
+//! A repeated run sees the frame the previous run left, so a rewrite would
+//! only be measured once. The mapped cases therefore use a pair of
+//! addresses that map to each other (A -> B and B -> A, both local, both
+//! with the same policy): every run does the full rewrite, back and forth.
+use anyhow::{bail, Context, Result};
+use aya::maps::{HashMap as AyaHashMap, MapData};
+use cozy_proxy::datapath::{AllowedPort, DatapathState};
+use cozy_proxy_common::{addr, maps as names, AddrInfo, IpKey, PortKey};
+use cozy_proxy_testkit::{
+    bpf::{World, DROP, PASS, REDIRECT},
+    frames::{Spec, TCP, UDP},
+};
+use serde_json::{json, Value};
+use std::net::IpAddr;
+
+const REPEAT: u32 = 1_000_000;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("constant")
+}
+
+/// One family's addresses: a passthrough pair and a filtered pair.
+struct Addrs {
+    ext: IpAddr,
+    unrelated: IpAddr,
+    pair: (IpAddr, IpAddr),
+    filtered: (IpAddr, IpAddr),
+}
+
+fn families() -> [(&'static str, Addrs); 2] {
+    [
+        (
+            "ipv4",
+            Addrs {
+                // Outside the node's /16 (its uplink is 198.51.100.2): the
+                // in-cluster hint excludes it without a trie lookup. (Every
+                // IPv6 address here shares the documentation /32.)
+                ext: ip("203.0.113.200"),
+                unrelated: ip("203.0.113.201"),
+                pair: (ip("203.0.113.10"), ip("192.0.2.11")),
+                filtered: (ip("203.0.113.20"), ip("192.0.2.12")),
+            },
+        ),
+        (
+            "ipv6",
+            Addrs {
+                ext: ip("2001:db8:100::200"),
+                unrelated: ip("2001:db8:203::200"),
+                pair: (ip("2001:db8:203::10"), ip("2001:db8:2::11")),
+                filtered: (ip("2001:db8:203::20"), ip("2001:db8:2::12")),
+            },
+        ),
+    ]
+}
+
+/// The state the production code writes (creating every map, and the
+/// filtered pods' flow maps); the pairs are made symmetric afterwards.
+fn state() -> DatapathState {
+    let mut s = DatapathState::default();
+    for (_, a) in families() {
+        for (lb, pod) in [a.pair, a.filtered] {
+            s.svc_pod.insert(lb, pod);
+            s.pod_svc.insert(pod, lb);
+        }
+        s.filtered_pods.insert(a.filtered.1);
+        s.allowed_ports.insert(AllowedPort {
+            pod: a.filtered.1,
+            proto: TCP,
+            port: 22,
+        });
+    }
+    s
+}
+
+/// Makes each pair map to each other: both addresses local LB and pod.
+fn symmetric_pairs(w: &mut World) -> Result<()> {
+    let (pod_if, fpod_if) = (w.ifs.pod, w.ifs.fpod);
+    let mut addrs: AyaHashMap<&mut MapData, IpKey, AddrInfo> =
+        AyaHashMap::try_from(w.ebpf.map_mut(names::ADDRS).context("addrs")?)?;
+    for (_, a) in families() {
+        for ((x, y), dev, policy) in [(a.pair, pod_if, 0), (a.filtered, fpod_if, addr::FILTERED)] {
+            for (from, to) in [(x, y), (y, x)] {
+                let info = AddrInfo {
+                    peer: IpKey::from(to),
+                    src_ifindex: dev,
+                    path_ifindex: dev,
+                    flags: addr::LB | addr::POD | addr::LOCAL | policy,
+                    slot: 0,
+                };
+                addrs.insert(IpKey::from(from), info, 0)?;
+            }
+        }
+    }
+    let mut ports: AyaHashMap<&mut MapData, PortKey, u8> =
+        AyaHashMap::try_from(w.ebpf.map_mut(names::ALLOWED_PORTS).context("ports")?)?;
+    for (_, a) in families() {
+        let key = PortKey {
+            pod: IpKey::from(a.filtered.0),
+            proto: TCP,
+            _pad: 0,
+            port: 22,
+        };
+        ports.insert(key, 1, 0)?;
+    }
+    Ok(())
+}
+
+struct Case {
+    name: &'static str,
+    prog: &'static str,
+    frame: Vec<u8>,
+    ingress: u32,
+    dev: u32,
+    verdict: u32,
+}
+
+fn cases(w: &World, a: &Addrs) -> Vec<Case> {
+    let i = w.ifs;
+    let tcp = |src, dst, dport| Spec::new(src, dst, TCP).ports(40000, dport).build();
+    let case = |name, prog, frame, ingress, dev, verdict| Case {
+        name,
+        prog,
+        frame,
+        ingress,
+        dev,
+        verdict,
+    };
+    vec![
+        case(
+            "empty program",
+            "cozy_pass",
+            tcp(a.ext, a.unrelated, 80),
+            i.up,
+            i.up,
+            PASS,
+        ),
+        case(
+            "not ours, TC ingress",
+            "cozy_ingress",
+            tcp(a.ext, a.unrelated, 80),
+            i.up,
+            i.up,
+            PASS,
+        ),
+        case(
+            "not ours, TC egress",
+            "cozy_egress",
+            tcp(a.ext, a.unrelated, 80),
+            i.client,
+            i.up,
+            PASS,
+        ),
+        case(
+            "mapped, toward the pod (LB -> pod)",
+            "cozy_egress",
+            tcp(a.ext, a.pair.0, 80),
+            i.up,
+            i.pod,
+            PASS,
+        ),
+        case(
+            "mapped, from the pod (pod -> LB)",
+            "cozy_ingress",
+            tcp(a.pair.1, a.ext, 80),
+            i.pod,
+            i.pod,
+            PASS,
+        ),
+        case(
+            "filtered, listed port",
+            "cozy_egress",
+            tcp(a.ext, a.filtered.0, 22),
+            i.up,
+            i.fpod,
+            PASS,
+        ),
+        case(
+            "filtered, unlisted port",
+            "cozy_egress",
+            Spec::new(a.ext, a.filtered.0, UDP).ports(40000, 80).build(),
+            i.up,
+            i.fpod,
+            DROP,
+        ),
+    ]
+}
+
+fn summary(mut v: Vec<f64>) -> Value {
+    v.sort_by(|a, b| a.total_cmp(b));
+    json!({"min": v[0], "median": v[v.len() / 2], "max": v[v.len() - 1]})
+}
+
+fn main() -> Result<()> {
+    let rounds: usize = std::env::args()
+        .nth(1)
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(7);
+    let mut w = World::new(|_| state())?;
+    symmetric_pairs(&mut w)?;
+    // PER_PACKET_ONLY=<part of a case name>: only those cases (for a
+    // profiler attached meanwhile).
+    let only = std::env::var("PER_PACKET_ONLY").ok();
+    let mut out = serde_json::Map::new();
+    for (family, a) in families() {
+        let mut cases = cases(&w, &a);
+        if let Some(o) = &only {
+            cases.retain(|c| c.name.contains(o.as_str()) || c.prog == "cozy_pass");
+        }
+        // Interleaved rounds: a slow moment of the machine spreads over
+        // every case instead of landing on one.
+        let mut times: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+        for _ in 0..rounds {
+            for (c, t) in cases.iter().zip(times.iter_mut()) {
+                let (verdict, mean) = w.run_repeated(c.prog, &c.frame, c.ingress, c.dev, REPEAT)?;
+                if verdict != c.verdict && !(verdict == REDIRECT && c.verdict == PASS) {
+                    bail!(
+                        "{family} {}: verdict {verdict}, expected {}",
+                        c.name,
+                        c.verdict
+                    );
+                }
+                t.push(mean.as_nanos() as f64);
+            }
+        }
+        let empty = {
+            let mut e = times[0].clone();
+            e.sort_by(|a, b| a.total_cmp(b));
+            e[e.len() / 2]
+        };
+        let mut rows = Vec::new();
+        for (c, t) in cases.iter().zip(times) {
+            let s = summary(t);
+            let above = s["median"].as_f64().unwrap_or(f64::NAN) - empty;
+            eprintln!(
+                "per-packet {family} {}: {s} ({above:.0} ns above empty)",
+                c.name
+            );
+            rows.push(json!({"case": c.name, "program": c.prog, "ns": s, "above_empty_ns": above}));
+        }
+        out.insert(family.into(), Value::Array(rows));
+    }
+    println!(
+        "{}",
+        serde_json::to_string_pretty(
+            &json!({"per_packet": out, "repeat": REPEAT, "rounds": rounds})
+        )?
+    );
+    Ok(())
+}

@@ -1,0 +1,226 @@
+//! The TC programs loaded for `BPF_PROG_TEST_RUN`, on maps filled by the
+//! production code (`EbpfKernel::apply`), in a network namespace of their
+//! own with real interfaces (the anti-spoofing and route lookups need
+//! them): the packet tests, their fuzz and the per-packet benchmark.
+use anyhow::{bail, Context, Result};
+use aya::{
+    programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions},
+    Ebpf, EbpfLoader,
+};
+use cozy_proxy::{
+    datapath::{DatapathState, Kernel},
+    ebpf::{EbpfConfig, EbpfKernel, Interfaces, OBJECT},
+};
+use cozy_proxy_common::maps as names;
+use std::{fs::File, os::fd::AsRawFd, process::Command, time::Duration};
+
+/// TC verdicts as BPF_PROG_TEST_RUN reports them.
+pub const PASS: u32 = u32::MAX; // TC_ACT_UNSPEC (-1)
+pub const DROP: u32 = 2; // TC_ACT_SHOT
+pub const REDIRECT: u32 = 7; // TC_ACT_REDIRECT
+
+/// The programs of the object, and an empty one for reference.
+pub const PROGRAMS: [&str; 3] = ["cozy_ingress", "cozy_egress", "cozy_pass"];
+
+/// Interfaces of the namespace: an uplink, two pod interfaces, the path to
+/// another node, an unmanaged pod's interface.
+#[derive(Clone, Copy, Debug)]
+pub struct Ifaces {
+    pub up: u32,
+    pub pod: u32,
+    pub fpod: u32,
+    pub peer: u32,
+    pub client: u32,
+}
+
+pub struct World {
+    pub kernel: EbpfKernel,
+    pub ebpf: Ebpf,
+    netns: File,
+    pub ifs: Ifaces,
+}
+
+fn sh(args: &[&str]) -> Result<()> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .with_context(|| format!("{args:?}"))?;
+    if !out.status.success() {
+        bail!("{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+fn ifindex(name: &str) -> Result<u32> {
+    let text = std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"));
+    if let Some(i) = text.ok().and_then(|s| s.trim().parse().ok()) {
+        return Ok(i);
+    }
+    // /sys shows the namespace that mounted it: ask ip instead.
+    let out = Command::new("ip")
+        .args(["-j", "link", "show", "dev", name])
+        .output()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    v[0]["ifindex"]
+        .as_u64()
+        .map(|i| i as u32)
+        .with_context(|| format!("ifindex of {name}"))
+}
+
+/// `__sk_buff` up to `ifindex`: `ingress_ifindex` (offset 36) non-zero
+/// means received (forwarded), zero locally sent; `ifindex` (40) is the
+/// device the program runs on.
+pub fn skb_ctx(ingress_ifindex: u32, ifindex: u32) -> Vec<u8> {
+    let mut ctx = vec![0u8; 44];
+    ctx[36..40].copy_from_slice(&ingress_ifindex.to_ne_bytes());
+    ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+    ctx
+}
+
+fn io_error(e: ProgramError) -> std::io::Error {
+    match e {
+        ProgramError::SyscallError(s) => s.io_error,
+        other => std::io::Error::other(other.to_string()),
+    }
+}
+
+impl World {
+    /// Moves this thread into a new network namespace, creates the
+    /// interfaces, fills the maps with `state(interfaces)` through the
+    /// production code and loads the programs on them. The maps are
+    /// unpinned afterwards: they go with the process.
+    pub fn new(state: impl FnOnce(Ifaces) -> DatapathState) -> Result<World> {
+        // SAFETY: unshare on this thread only; the namespace lives as long
+        // as the handle kept below.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            bail!("unshare: {}", std::io::Error::last_os_error());
+        }
+        let netns = File::open("/proc/thread-self/ns/net")?;
+        sh(&["ip", "link", "set", "lo", "up"])?;
+        // (This kernel has no dummy driver: veth pairs, both ends here.)
+        for dev in ["uplink", "v-pod", "v-fpod", "v-peer", "v-client"] {
+            let end = format!("{dev}-end");
+            sh(&[
+                "ip", "link", "add", dev, "type", "veth", "peer", "name", &end,
+            ])?;
+            sh(&["ip", "link", "set", dev, "up"])?;
+            sh(&["ip", "link", "set", &end, "up"])?;
+        }
+        sh(&["ip", "addr", "add", "198.51.100.2/24", "dev", "uplink"])?;
+        sh(&[
+            "ip",
+            "addr",
+            "add",
+            "2001:db8:100::2/64",
+            "dev",
+            "uplink",
+            "nodad",
+        ])?;
+        sh(&["ip", "route", "add", "default", "dev", "uplink"])?;
+        sh(&["ip", "-6", "route", "add", "default", "dev", "uplink"])?;
+        sh(&[
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+            "net.ipv6.conf.all.forwarding=1",
+        ])?;
+        let ifs = Ifaces {
+            up: ifindex("uplink")?,
+            pod: ifindex("v-pod")?,
+            fpod: ifindex("v-fpod")?,
+            peer: ifindex("v-peer")?,
+            client: ifindex("v-client")?,
+        };
+        let pin_dir = crate::test_bpffs()?.join(format!("packets-{}", std::process::id()));
+        let cfg = EbpfConfig {
+            pin_dir: pin_dir.clone(),
+            interfaces: Interfaces::Named(vec![]),
+        };
+        let mut kernel = EbpfKernel::start(cfg)?;
+        let desired = state(ifs);
+        let diff = DatapathState::default().diff(&desired);
+        kernel.apply(&diff, &desired, Some(()))?;
+        let mut loader = EbpfLoader::new();
+        for name in names::ALL {
+            loader.map_pin_path(name, pin_dir.join(name));
+        }
+        let mut ebpf = loader.load(OBJECT)?;
+        for name in PROGRAMS {
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .with_context(|| format!("no program {name}"))?
+                .try_into()?;
+            prog.load()?;
+        }
+        // Both sides hold the maps now: unpinned, they go with the process.
+        for name in names::ALL {
+            let _ = std::fs::remove_file(pin_dir.join(name));
+        }
+        let _ = std::fs::remove_dir(pin_dir.join("links"));
+        let _ = std::fs::remove_dir(&pin_dir);
+        Ok(World {
+            kernel,
+            ebpf,
+            netns,
+            ifs,
+        })
+    }
+
+    /// Moves this thread into the world's namespace.
+    pub fn enter(&self) -> Result<()> {
+        // SAFETY: setns on this thread, into the namespace we hold.
+        if unsafe { libc::setns(self.netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            bail!("setns: {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn program(&self, prog: &str) -> std::io::Result<&SchedClassifier> {
+        let p = self
+            .ebpf
+            .program(prog)
+            .ok_or_else(|| std::io::Error::other(format!("no program {prog}")))?;
+        p.try_into().map_err(io_error)
+    }
+
+    /// One run of `prog` on `frame` as seen on interface `dev`, received on
+    /// `ingress_ifindex` (0: sent by the node): the verdict and the frame
+    /// after. The runner's own error as is.
+    pub fn run(
+        &self,
+        prog: &str,
+        frame: &[u8],
+        ingress_ifindex: u32,
+        dev: u32,
+    ) -> std::io::Result<(u32, Vec<u8>)> {
+        let mut out = vec![0u8; frame.len() + 256];
+        let ctx = skb_ctx(ingress_ifindex, dev);
+        let mut opts = TestRunOptions::new();
+        opts.data_in = Some(frame);
+        opts.data_out = Some(&mut out);
+        opts.ctx_in = Some(&ctx);
+        let r = self.program(prog)?.test_run(opts).map_err(io_error)?;
+        out.truncate(r.data_size_out as usize);
+        Ok((r.return_value, out))
+    }
+
+    /// `repeat` runs of `prog` on `frame` in the kernel (each on the frame
+    /// the previous run left): the last verdict and the kernel's mean time
+    /// per run.
+    pub fn run_repeated(
+        &self,
+        prog: &str,
+        frame: &[u8],
+        ingress_ifindex: u32,
+        dev: u32,
+        repeat: u32,
+    ) -> std::io::Result<(u32, Duration)> {
+        let ctx = skb_ctx(ingress_ifindex, dev);
+        let mut opts = TestRunOptions::new();
+        opts.data_in = Some(frame);
+        opts.ctx_in = Some(&ctx);
+        opts.repeat = repeat;
+        let r = self.program(prog)?.test_run(opts).map_err(io_error)?;
+        Ok((r.return_value, r.duration))
+    }
+}
