@@ -96,6 +96,9 @@ pub mod addr {
     pub const ICMP_ALLOWED: u16 = 1 << 5;
     /// The LB IP is restricted by loadBalancerSourceRanges (on the LB IP).
     pub const RANGED: u16 = 1 << 6;
+    /// `path_ifindex` is a veth (or netkit) whose peer is the pod's end in
+    /// another namespace: the fast path hands packets to it directly.
+    pub const PATH_PEER: u16 = 1 << 7;
 }
 
 #[repr(C)]

@@ -6,6 +6,8 @@
 
 /// Ethernet: destination, source, EtherType.
 pub const ETH_HLEN: usize = 14;
+pub const ETH_DST: usize = 0;
+pub const ETH_SRC: usize = 6;
 pub const ETH_TYPE: usize = 12;
 /// An 802.1Q/802.1ad tag: 4 bytes after the addresses; the inner EtherType
 /// follows its TCI.
@@ -21,6 +23,7 @@ pub const ETH_P_8021AD: u16 = 0x88a8;
 pub const IP4_VER_IHL: usize = 0;
 pub const IP4_ID: usize = 4;
 pub const IP4_FRAG: usize = 6;
+pub const IP4_TTL: usize = 8;
 pub const IP4_PROTO: usize = 9;
 pub const IP4_CSUM: usize = 10;
 pub const IP4_SADDR: usize = 12;
@@ -32,6 +35,7 @@ pub const IP4_OFFSET: u16 = 0x1fff;
 
 /// IPv6 header fields.
 pub const IP6_NEXT: usize = 6;
+pub const IP6_HOP_LIMIT: usize = 7;
 pub const IP6_SADDR: usize = 8;
 pub const IP6_DADDR: usize = 24;
 pub const IP6_HLEN: usize = 40;

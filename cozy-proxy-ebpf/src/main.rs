@@ -17,6 +17,7 @@
 #![no_std]
 #![no_main]
 
+mod fast;
 mod filter;
 mod hdr;
 mod maps;
@@ -39,7 +40,7 @@ use parse::{flow_ports, parse, Packet};
 
 /// Let the packet continue (next TC program, or the stack).
 const PASS: i32 = TC_ACT_UNSPEC;
-const DROP: i32 = TC_ACT_SHOT as i32;
+pub(crate) const DROP: i32 = TC_ACT_SHOT as i32;
 
 #[inline(always)]
 fn drop(ctx: &TcContext, reason: DropReason) -> i32 {
@@ -229,6 +230,10 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
     if d.flags & addr::UNMAPPED != 0 {
         return drop(&ctx, DropReason::UnmappedLb);
     }
+    // From outside to a mapping here: straight to the pod, if enabled.
+    if d.flags & addr::LOCAL != 0 && fast::enabled() && !in_cluster(&p.src) {
+        return fast_to_pod(&mut ctx, &mut p, &d);
+    }
     // An in-cluster client of a mapping on another node: translated here,
     // so that it leaves addressed to the pod (no masquerade; the pod sees
     // the client) and conntrack here sees client <-> pod. Mappings of this
@@ -244,6 +249,37 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
         record_rev(&ctx, &p, &d.peer, &lb, false);
     }
     PASS
+}
+
+/// The fast path toward a local pod (see fast.rs): the same translation,
+/// source ranges and filter as at TC egress, then handed to the pod. The
+/// stack path, untouched, wherever the FIB cannot say where the pod is.
+#[inline(always)]
+fn fast_to_pod(ctx: &mut TcContext, p: &mut Packet, d: &AddrInfo) -> i32 {
+    let Some(hop) = fast::next_hop(ctx, p, &p.src, &d.peer) else {
+        return PASS;
+    };
+    if !fast::forwardable(ctx, p) {
+        return PASS;
+    }
+    let lb = p.dst;
+    let listed = d.flags & addr::RANGED == 0 || source_allowed(&lb, &p.src);
+    if let Err(verdict) = translate(ctx, p, Field::Dst, &lb, &d.peer) {
+        return verdict;
+    }
+    if !listed && !filter::reply_to_own_flow(ctx, p) {
+        return drop(ctx, DropReason::SourceRange);
+    }
+    if d.flags & addr::FILTERED != 0 {
+        if let Err(reason) = filter::admit(ctx, p, d.flags & addr::ICMP_ALLOWED != 0) {
+            return drop(ctx, reason);
+        }
+    }
+    count(ctx, d, true);
+    // Into the pod's namespace only through the interface userspace found
+    // to be the pod's veth; otherwise out of whatever the FIB said.
+    let peer = d.flags & addr::PATH_PEER != 0 && hop.ifindex == d.path_ifindex;
+    fast::forward(ctx, p, &hop, peer).unwrap_or_else(|| drop(ctx, DropReason::RewriteFailed))
 }
 
 /// A packet from a pod of this node or another, from its own path.
@@ -262,9 +298,21 @@ fn from_pod(ctx: &mut TcContext, p: &mut Packet, s: &AddrInfo) -> Result<(), i32
         // everything else.
         let stays = parse::is_link_scope(&p.dst) || in_cluster(&p.dst);
         if !stays {
+            // The fast path: out of the interface toward the destination,
+            // if the FIB knows it (routed as if from the LB IP).
+            let hop = if fast::enabled() && fast::forwardable(ctx, p) {
+                fast::next_hop(ctx, p, &s.peer, &p.dst)
+            } else {
+                None
+            };
             let pod = p.src;
             translate(ctx, p, Field::Src, &pod, &s.peer)?;
             count(ctx, s, false);
+            if let Some(hop) = hop {
+                // (A verdict other than "continue" travels as `Err`.)
+                return Err(fast::forward(ctx, p, &hop, false)
+                    .unwrap_or_else(|| drop(ctx, DropReason::RewriteFailed)));
+            }
             return Ok(());
         }
     }

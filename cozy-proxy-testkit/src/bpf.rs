@@ -135,6 +135,7 @@ impl World {
         let cfg = EbpfConfig {
             pin_dir: pin_dir.clone(),
             interfaces: Interfaces::Named(vec![]),
+            fast_path: false,
         };
         let mut kernel = EbpfKernel::start(cfg)?;
         let desired = state(ifs);
@@ -164,6 +165,12 @@ impl World {
             netns,
             ifs,
         })
+    }
+
+    /// Runs a command in the world's namespace (the calling thread must be
+    /// in it: [`World::enter`]).
+    pub fn sh(&self, args: &[&str]) -> Result<()> {
+        sh(args)
     }
 
     /// Moves this thread into the world's namespace.

@@ -350,7 +350,9 @@ impl Cluster {
             let log = std::env::temp_dir().join(format!("{}-n{k}-controller.log", topo.prefix));
             let _ = fs::remove_file(&log);
             let pin_dir = match backend {
-                Backend::Ebpf => test_bpffs()?.join(format!("{}-n{k}", topo.prefix)),
+                Backend::Ebpf | Backend::EbpfFast => {
+                    test_bpffs()?.join(format!("{}-n{k}", topo.prefix))
+                }
                 Backend::Nft => std::env::temp_dir().join(format!("{}-unused-pins", topo.prefix)),
             };
             let source = vec!["--manifests".into(), dir.path.display().to_string()];

@@ -49,14 +49,30 @@ pub fn bin() -> String {
 pub enum Backend {
     Nft,
     Ebpf,
+    /// The eBPF backend with its fast path on (`--fast-path=true`).
+    EbpfFast,
 }
 
 impl Backend {
+    /// The `--backend` argument.
     pub fn arg(self) -> &'static str {
         match self {
             Backend::Nft => "nft",
-            Backend::Ebpf => "ebpf",
+            Backend::Ebpf | Backend::EbpfFast => "ebpf",
         }
+    }
+
+    /// `cozy-proxy run` arguments beyond `--backend`.
+    pub fn run_args(self) -> &'static [&'static str] {
+        match self {
+            Backend::Nft => &[],
+            Backend::Ebpf => &["--fast-path=false"],
+            Backend::EbpfFast => &["--fast-path=true"],
+        }
+    }
+
+    pub fn is_ebpf(self) -> bool {
+        self != Backend::Nft
     }
 }
 
@@ -229,6 +245,7 @@ impl Controller {
             "--node-name",
             &node,
         ];
+        args.extend(self.backend.run_args());
         args.extend(self.source_args.iter().map(String::as_str));
         args.extend(self.extra_args.iter().map(String::as_str));
         const STARTED: &str = "waiting for the initial lists";
@@ -306,7 +323,7 @@ impl Env {
         let log = std::env::temp_dir().join(format!("{}-controller.log", topo.prefix));
         let _ = fs::remove_file(&log);
         let pin_dir = match backend {
-            Backend::Ebpf => test_bpffs()?.join(&topo.prefix),
+            Backend::Ebpf | Backend::EbpfFast => test_bpffs()?.join(&topo.prefix),
             Backend::Nft => std::env::temp_dir().join(format!("{}-unused-pins", topo.prefix)),
         };
         let (standin, source_args) = match source {

@@ -26,6 +26,12 @@ pub struct EbpfArgs {
     /// comma-separated list.
     #[arg(long, env = "COZY_PROXY_INTERFACES", default_value = "auto")]
     pub interfaces: Interfaces,
+    /// Traffic between the outside and a local LB IP skips the host's
+    /// stack: rewritten and handed to the pod (or to the uplink) by the
+    /// programs where the route and the neighbour are known; the node's
+    /// netfilter rules and conntrack do not see it (docs/ebpf-datapath.md).
+    #[arg(long, env = "COZY_PROXY_FAST_PATH", default_value_t = false, action = clap::ArgAction::Set)]
+    pub fast_path: bool,
 }
 
 impl EbpfArgs {
@@ -34,6 +40,7 @@ impl EbpfArgs {
             ebpf: EbpfConfig {
                 pin_dir: self.bpf_pin_dir.clone(),
                 interfaces: self.interfaces.clone(),
+                fast_path: self.fast_path,
             },
         }
     }

@@ -13,7 +13,7 @@ use cozy_proxy::{
 };
 use cozy_proxy_common::{maps as names, FlowKey, FlowState, IpKey};
 use cozy_proxy_testkit::{
-    bpf::{Ifaces, World, DROP, PASS},
+    bpf::{Ifaces, World, DROP, PASS, REDIRECT},
     frames::{inspect, Spec, GRE, ICMP, ICMPV6, TCP, UDP},
 };
 use std::{net::IpAddr, sync::Mutex};
@@ -203,6 +203,139 @@ fn toward_the_pod_every_protocol_is_rewritten() {
             }
         }
     }
+}
+
+/// An interface's MAC address, as `ip` shows it in the world's namespace.
+fn mac_of(dev: &str) -> [u8; 6] {
+    let out = std::process::Command::new("ip")
+        .args(["-j", "link", "show", "dev", dev])
+        .output()
+        .expect("ip link");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let text = v[0]["address"].as_str().expect("address");
+    let bytes: Vec<u8> = text
+        .split(':')
+        .map(|h| u8::from_str_radix(h, 16).expect("hex"))
+        .collect();
+    bytes.try_into().expect("6 bytes")
+}
+
+/// TTL or hop limit of a frame without VLAN tag.
+fn hop_limit(f: &[u8]) -> u8 {
+    if f[12..14] == [0x08, 0x00] {
+        f[14 + 8]
+    } else {
+        f[14 + 7]
+    }
+}
+
+#[test]
+fn fast_path_hands_packets_on_directly() {
+    with_world(|w| {
+        let i = w.ifs;
+        let (pod_mac, ext_mac) = ([0x02, 0, 0, 0, 0, 0x0b], [0x02, 0, 0, 0, 0, 0xc8]);
+        let mac = |m: [u8; 6]| {
+            m.iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(":")
+        };
+        let (up_mac, vpod_mac, vfpod_mac) = (mac_of("uplink"), mac_of("v-pod"), mac_of("v-fpod"));
+        w.kernel.set_fast_path(true).expect("fast path on");
+        for n in nets() {
+            // Routes and neighbours the FIB answers with (as a CNI and
+            // neighbour discovery would leave them).
+            for (addr, dev, m) in [
+                (n.pod, "v-pod", pod_mac),
+                (n.fpod, "v-fpod", pod_mac),
+                (n.ext, "uplink", ext_mac),
+            ] {
+                if dev != "uplink" {
+                    w.sh(&["ip", "route", "replace", &addr.to_string(), "dev", dev])
+                        .expect("route");
+                }
+                w.sh(&[
+                    "ip",
+                    "neigh",
+                    "replace",
+                    &addr.to_string(),
+                    "lladdr",
+                    &mac(m),
+                    "dev",
+                    dev,
+                    "nud",
+                    "permanent",
+                ])
+                .expect("neighbour");
+            }
+            let run = |prog: &str, f: &[u8], dev: u32| w.run(prog, f, dev, dev).expect("run");
+
+            // Outside -> LB: rewritten, TTL down by one, MACs of the hop
+            // toward the pod, handed on (redirect).
+            let inbound = Spec::new(n.ext, n.lb, TCP).ports(40000, 80).build();
+            let (verdict, out) = run("cozy_ingress", &inbound, i.up);
+            assert_eq!(verdict, REDIRECT, "{}: to the pod directly", n.lb);
+            assert_rewritten(&out, n.ext, n.pod, "fast path in");
+            assert_eq!(hop_limit(&out), hop_limit(&inbound) - 1, "TTL");
+            assert_eq!(
+                (&out[0..6], &out[6..12]),
+                (&pod_mac[..], &vpod_mac[..]),
+                "MACs"
+            );
+
+            // Pod -> outside: its LB IP, out of the uplink.
+            let outbound = Spec::new(n.pod, n.ext, UDP).ports(5000, 53).build();
+            let (verdict, out) = run("cozy_ingress", &outbound, i.pod);
+            assert_eq!(verdict, REDIRECT, "{}: out directly", n.pod);
+            assert_rewritten(&out, n.lb, n.ext, "fast path out");
+            assert_eq!(hop_limit(&out), hop_limit(&outbound) - 1, "TTL");
+            assert_eq!(
+                (&out[0..6], &out[6..12]),
+                (&ext_mac[..], &up_mac[..]),
+                "MACs"
+            );
+
+            // The filter holds on the fast path.
+            let listed = Spec::new(n.ext, n.flb, TCP).ports(40000, 22).build();
+            let (verdict, out) = run("cozy_ingress", &listed, i.up);
+            assert_eq!(verdict, REDIRECT, "listed port");
+            assert_eq!(&out[6..12], &vfpod_mac[..]);
+            let unlisted = Spec::new(n.ext, n.flb, TCP).ports(40000, 80).build();
+            assert_eq!(
+                run("cozy_ingress", &unlisted, i.up).0,
+                DROP,
+                "unlisted port"
+            );
+
+            // The stack path, untouched: a TTL that expires here, and a pod
+            // whose neighbour is unknown.
+            let mut last_hop = Spec::new(n.ext, n.lb, TCP);
+            last_hop.hop_limit = 1;
+            let f = last_hop.build();
+            assert_eq!(run("cozy_ingress", &f, i.up), (PASS, f.clone()), "TTL 1");
+            w.sh(&["ip", "neigh", "del", &n.pod.to_string(), "dev", "v-pod"])
+                .expect("neigh del");
+            assert_eq!(
+                run("cozy_ingress", &inbound, i.up),
+                (PASS, inbound.clone()),
+                "no neighbour"
+            );
+            // And everything in the cluster, as before.
+            let client = Spec::new(n.client, n.lb, TCP).build();
+            assert_eq!(
+                run("cozy_ingress", &client, i.client).0,
+                PASS,
+                "in-cluster client"
+            );
+
+            for (addr, dev) in [(n.pod, "v-pod"), (n.fpod, "v-fpod")] {
+                let _ = w.sh(&["ip", "route", "del", &addr.to_string(), "dev", dev]);
+                let _ = w.sh(&["ip", "neigh", "del", &addr.to_string(), "dev", dev]);
+            }
+            let _ = w.sh(&["ip", "neigh", "del", &n.ext.to_string(), "dev", "uplink"]);
+        }
+        w.kernel.set_fast_path(false).expect("fast path off");
+    })
 }
 
 #[test]

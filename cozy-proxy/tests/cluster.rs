@@ -45,3 +45,7 @@ mod nft {
 mod ebpf {
     suite!(Backend::Ebpf);
 }
+
+mod ebpf_fast {
+    suite!(Backend::EbpfFast);
+}

@@ -65,6 +65,12 @@ mod ebpf {
     suite!(Backend::Ebpf, SourceKind::Manifests);
 }
 
+/// The eBPF backend with its fast path on: the same scenarios, the same
+/// outcomes (LB traffic from and to the outside then skips the stack).
+mod ebpf_fast {
+    suite!(Backend::EbpfFast, SourceKind::Manifests);
+}
+
 /// The same scenarios through the Kubernetes source: the real kube-rs
 /// client against the API stand-in.
 mod kube_nft {

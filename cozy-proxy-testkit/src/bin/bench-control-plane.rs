@@ -328,6 +328,7 @@ fn control_plane(args: &[String]) -> Result<()> {
                     let cfg = EbpfConfig {
                         pin_dir: bpffs.join(&name),
                         interfaces: Interfaces::Named(vec![]),
+                        fast_path: false,
                     };
                     bench_backend(
                         Synced::new(EbpfKernel::start(cfg)?),

@@ -103,8 +103,8 @@ fn demo(backend: Backend) -> Result<()> {
             )?;
             print!("{table}");
         }
-        Backend::Ebpf => {
-            let map = env.ctl.pin_dir.join("svc_pod").display().to_string();
+        Backend::Ebpf | Backend::EbpfFast => {
+            let map = env.ctl.pin_dir.join("addrs").display().to_string();
             step(&format!("bpftool map dump pinned {map}"));
             print!(
                 "{}",

@@ -272,7 +272,15 @@ impl Maps {
     /// that never lets traffic through unfiltered: policies (ports, ranges,
     /// a filtered pod's flow map) are in place before the addresses that
     /// need them, and leave after.
-    pub fn apply(&mut self, diff: &StateDiff, desired: &DatapathState) -> Result<(), EbpfError> {
+    /// Makes the maps hold `desired` (`diff` from what they hold).
+    /// `peer_links`: interfaces whose peer is a pod's end (see
+    /// [`addr::PATH_PEER`]).
+    pub fn apply(
+        &mut self,
+        diff: &StateDiff,
+        desired: &DatapathState,
+        peer_links: &BTreeSet<u32>,
+    ) -> Result<(), EbpfError> {
         // Every address about to be in `addrs` gets its prefilter bit
         // first; bits of addresses that left are cleared at the end.
         // So do the in-cluster ranges about to enter the trie.
@@ -310,7 +318,7 @@ impl Maps {
                 diff.pod_svc.remove.iter().map(|(pod, _)| *pod).collect();
             self.sync_flow_maps(desired, &renewed)?;
         }
-        self.update_addrs(diff, desired)?;
+        self.update_addrs(diff, desired, peer_links)?;
         self.update_ranges(diff, desired, false)?;
         for p in &diff.allowed_ports.remove {
             absent_ok(self.allowed_ports.remove(&port_key(p)))
@@ -473,7 +481,12 @@ impl Maps {
 
     /// Rewrites the `addrs` entry of every address `diff` touches, from
     /// `desired`; an address `desired` no longer knows is removed.
-    fn update_addrs(&mut self, diff: &StateDiff, desired: &DatapathState) -> Result<(), EbpfError> {
+    fn update_addrs(
+        &mut self,
+        diff: &StateDiff,
+        desired: &DatapathState,
+        peer_links: &BTreeSet<u32>,
+    ) -> Result<(), EbpfError> {
         let mut touched: BTreeSet<IpAddr> = BTreeSet::new();
         for c in [&diff.pod_svc, &diff.svc_pod, &diff.remote] {
             for (a, b) in c.remove.iter().chain(&c.add) {
@@ -537,7 +550,7 @@ impl Maps {
         // Removals first: a slot freed here may serve a mapping added below.
         let mut writes = Vec::new();
         for a in &touched {
-            match entry(a, desired, &remote_pods) {
+            match entry(a, desired, &remote_pods, peer_links) {
                 None => {
                     if let Some(old) = current.get(a) {
                         slots.release(old, &mut self.stats)?;
@@ -734,6 +747,7 @@ fn entry(
     a: &IpAddr,
     desired: &DatapathState,
     remote_pods: &BTreeMap<IpAddr, IpAddr>,
+    peer_links: &BTreeSet<u32>,
 ) -> Option<AddrInfo> {
     let guard = desired.guard.get(a).copied().unwrap_or(0);
     let path = |lb: &IpAddr| desired.routes.get(lb).map_or(0, |h| h.oif);
@@ -754,11 +768,15 @@ fn entry(
             0
         }
     };
-    let info = |peer: &IpAddr, src_ifindex, path_ifindex, flags| AddrInfo {
+    let info = |peer: &IpAddr, src_ifindex, path_ifindex: u32, flags| AddrInfo {
         peer: key(peer),
         src_ifindex,
         path_ifindex,
-        flags,
+        flags: if peer_links.contains(&path_ifindex) {
+            flags | addr::PATH_PEER
+        } else {
+            flags
+        },
         slot: 0,
     };
     if let Some(pod) = desired.svc_pod.get(a) {

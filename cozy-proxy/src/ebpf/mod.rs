@@ -100,6 +100,9 @@ pub struct EbpfConfig {
     /// bpffs directory for the pinned maps and links.
     pub pin_dir: PathBuf,
     pub interfaces: Interfaces,
+    /// LB traffic from and to the outside skips the host stack where it
+    /// can (redirects).
+    pub fast_path: bool,
 }
 
 /// The loaded programs and where they are attached.
@@ -194,7 +197,9 @@ impl EbpfKernel {
                 })?;
         }
         let mut maps = Maps::open(&cfg.pin_dir)?;
-        maps.configure(cozy_proxy_common::Config { fast_path: 0 })?;
+        maps.configure(cozy_proxy_common::Config {
+            fast_path: cfg.fast_path as u32,
+        })?;
         Ok(EbpfKernel {
             maps: Some(maps),
             cfg,
@@ -263,6 +268,17 @@ impl EbpfKernel {
         self.maps.as_ref().ok_or_else(|| self.no_pins())
     }
 
+    /// Turns the fast path on or off (as `EbpfConfig::fast_path` at start).
+    pub fn set_fast_path(&mut self, on: bool) -> Result<(), EbpfError> {
+        self.cfg.fast_path = on;
+        match self.maps.as_mut() {
+            Some(m) => m.configure(cozy_proxy_common::Config {
+                fast_path: on as u32,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Keeps this node's own addresses in the `cluster` trie, where the
     /// programs find them (a pod keeps its IP toward its node); read from
     /// the local routing table when unknown or `refetch`.
@@ -326,7 +342,12 @@ impl Kernel for EbpfKernel {
         let Some(maps) = self.maps.as_mut() else {
             return Err(self.no_pins());
         };
-        maps.apply(diff, desired)?;
+        let peer_links: BTreeSet<u32> = route::links(&self.rtnl)?
+            .into_iter()
+            .filter(|l| l.peer_elsewhere)
+            .map(|l| l.index)
+            .collect();
+        maps.apply(diff, desired, &peer_links)?;
         if found.is_some() {
             maps.sync_flow_maps(desired, &BTreeSet::new())?;
         }

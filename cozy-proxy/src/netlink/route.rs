@@ -39,6 +39,10 @@ pub struct Link {
     pub name: String,
     /// ARPHRD_* link type.
     pub kind: u16,
+    /// A veth or netkit device whose peer is in another network namespace
+    /// (a pod's interface): BPF can hand a packet to that peer directly
+    /// (`bpf_redirect_peer`).
+    pub peer_elsewhere: bool,
 }
 
 pub fn links(sock: &NlSocket) -> Result<Vec<Link>, NetlinkError> {
@@ -54,8 +58,18 @@ pub fn links(sock: &NlSocket) -> Result<Vec<Link>, NetlinkError> {
         let Some(name) = attr_str(&a[IFINFOMSG_LEN..], IFLA_IFNAME) else {
             continue;
         };
+        let body = &a[IFINFOMSG_LEN..];
+        let pair_kind = attr(body, libc::IFLA_LINKINFO)
+            .and_then(|info| attr_str(info, libc::IFLA_INFO_KIND))
+            .is_some_and(|k| k == "veth" || k == "netkit");
+        let peer_elsewhere = pair_kind && attr(body, libc::IFLA_LINK_NETNSID).is_some();
         if let Ok(index) = u32::try_from(index) {
-            out.push(Link { index, name, kind });
+            out.push(Link {
+                index,
+                name,
+                kind,
+                peer_elsewhere,
+            });
         }
     }
     Ok(out)

@@ -22,7 +22,7 @@ fn on_link(ns: &str, dev: &str, peer_ns: &str, peer_dev: &str, mut spec: Spec) -
 /// Drops the datapath counted for forged sources.
 fn spoof_drops(env: &Env) -> Result<u64> {
     match env.backend {
-        Backend::Ebpf => {
+        Backend::Ebpf | Backend::EbpfFast => {
             let out = ok_in(
                 &env.topo.node(),
                 &[
