@@ -187,10 +187,11 @@ fn values_show_up_where_they_belong() {
 }
 
 #[test]
-fn cluster_cidrs_reach_the_arguments() {
+fn cluster_cidrs_and_fast_path_reach_the_arguments() {
     let docs = render(&[
         "clusterCIDRs={10.244.0.0/16,fd00:10:244::/56}",
         "deriveClusterCIDRs=false",
+        "fastPath=true",
     ]);
     let args =
         strings(&find(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"]);
@@ -202,6 +203,7 @@ fn cluster_cidrs_reach_the_arguments() {
         args.contains(&"--derive-cluster-cidrs=false".to_string()),
         "{args:?}"
     );
+    assert!(args.contains(&"--fast-path=true".to_string()), "{args:?}");
     let defaults = render(&[]);
     let args =
         strings(&find(&defaults, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"]);

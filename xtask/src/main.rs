@@ -33,6 +33,7 @@ const APT_PACKAGES: &[&str] = &[
     "conntrack",
     "iputils-ping",
     "iperf3",
+    "netsniff-ng",
     "socat",
     "ncat",
     "tcpdump",
@@ -368,7 +369,12 @@ fn bench(args: &[String]) -> Result<()> {
     if let Some(c) = read("control-plane") {
         plot::control_plane(&c, &plots.join("control-plane.png"))?;
     }
-    let md = render::benchmarks_md(read("control-plane"), read("datapath"), &machine());
+    let md = render::benchmarks_md(
+        read("control-plane"),
+        read("datapath"),
+        read("per-packet"),
+        &machine(),
+    );
     std::fs::write(root().join("BENCHMARKS.md"), md)?;
     eprintln!("xtask: wrote BENCHMARKS.md");
     Ok(())

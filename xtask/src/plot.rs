@@ -19,29 +19,49 @@ fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)
 }
 
-const CASES: [(&str, RGBColor); 3] = [("nft", BLUE), ("ebpf", GREEN), ("conntrack_dnat", RED)];
+const CASES: [(&str, RGBColor); 5] = [
+    ("baseline_again", RGBColor(150, 150, 150)),
+    ("nft", BLUE),
+    ("ebpf", GREEN),
+    ("ebpf_fast", RGBColor(0, 120, 0)),
+    ("conntrack_dnat", RED),
+];
 
-/// Bars: each case's median as a ratio to the baseline, for throughput and
-/// packet rate, both directions. The dashed line is the baseline (1.0).
+/// Bars: each case's median as a ratio to the baseline (offloads on), for
+/// packet rate and throughput, both directions; `baseline_again` is the
+/// A/A control. The line is the baseline (1.0).
 pub fn datapath(d: &Value, out: &Path) -> Result<()> {
     register_font()?;
+    let r = &d["datapath"]["offloads_on"];
     let groups = [
+        ("pps_one_flow", "ingress", "64B 1 flow in"),
+        ("pps_one_flow", "egress", "64B 1 flow out"),
+        ("pps_many_flows", "ingress", "64B many in"),
+        ("pps_many_flows", "egress", "64B many out"),
         ("tcp_gbps", "ingress", "TCP in"),
         ("tcp_gbps", "egress", "TCP out"),
-        ("udp64_pps", "ingress", "UDP64 in"),
-        ("udp64_pps", "egress", "UDP64 out"),
     ];
-    let root = BitMapBackend::new(out, (900, 500)).into_drawing_area();
+    let ratio = |case: &str, dir: &str, key: &str| {
+        f(&r[case][dir][key]["median"]) / f(&r["baseline"][dir][key]["median"])
+    };
+    let top = groups
+        .iter()
+        .flat_map(|(k, dir, _)| CASES.iter().map(move |(c, _)| (c, dir, k)))
+        .map(|(c, dir, k)| ratio(c, dir, k))
+        .filter(|x| x.is_finite())
+        .fold(1.0f64, f64::max)
+        + 0.25;
+    let root = BitMapBackend::new(out, (1100, 520)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "Datapath: median / no-NAT baseline (same run)",
+            "Datapath (offloads on): median / no-NAT baseline, same run",
             ("sans-serif", 22),
         )
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(50)
-        .build_cartesian_2d(0f64..(groups.len() as f64), -0.08f64..1.1f64)?;
+        .build_cartesian_2d(0f64..(groups.len() as f64 + 1.2), -0.08f64..top)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -49,40 +69,41 @@ pub fn datapath(d: &Value, out: &Path) -> Result<()> {
         .y_desc("ratio to baseline")
         .label_style(("sans-serif", 14))
         .draw()?;
+    let width = 0.8 / CASES.len() as f64;
     for (g, (key, dir, label)) in groups.iter().enumerate() {
-        let base = f(&d["datapath"]["baseline"][dir][key]["median"]);
         for (i, (case, color)) in CASES.iter().enumerate() {
-            let ratio = f(&d["datapath"][case][dir][key]["median"]) / base;
-            let x0 = g as f64 + 0.15 + i as f64 * 0.23;
+            let v = ratio(case, dir, key);
+            let x0 = g as f64 + 0.1 + i as f64 * width;
             chart.draw_series(std::iter::once(Rectangle::new(
-                [(x0, 0.0), (x0 + 0.2, ratio)],
+                [(x0, 0.0), (x0 + width * 0.9, v)],
                 color.filled(),
             )))?;
             chart.draw_series(std::iter::once(Text::new(
-                format!("{ratio:.2}"),
-                (x0 + 0.02, ratio + 0.03),
-                ("sans-serif", 12),
+                format!("{v:.2}"),
+                (x0, v + 0.03),
+                ("sans-serif", 10),
             )))?;
         }
         chart.draw_series(std::iter::once(Text::new(
             label.to_string(),
-            (g as f64 + 0.35, -0.03),
-            ("sans-serif", 14).into_font().color(&BLACK),
+            (g as f64 + 0.1, -0.03),
+            ("sans-serif", 13).into_font().color(&BLACK),
         )))?;
     }
     chart.draw_series(LineSeries::new(
         [(0.0, 1.0), (groups.len() as f64, 1.0)],
         BLACK.stroke_width(1),
     ))?;
+    let x = groups.len() as f64 + 0.05;
     for (i, (case, color)) in CASES.iter().enumerate() {
-        let y = 1.08 - i as f64 * 0.05;
+        let y = top - 0.1 - i as f64 * (top / 14.0);
         chart.draw_series(std::iter::once(Rectangle::new(
-            [(3.1, y - 0.015), (3.18, y + 0.015)],
+            [(x, y - 0.02), (x + 0.1, y + 0.02)],
             color.filled(),
         )))?;
         chart.draw_series(std::iter::once(Text::new(
             case.to_string(),
-            (3.22, y + 0.02),
+            (x + 0.14, y + 0.03),
             ("sans-serif", 13),
         )))?;
     }
