@@ -142,12 +142,13 @@ pub struct LbSource {
 pub const FAMILY_BITS: u32 = 32;
 pub const IP_KEY_BITS: u32 = 160;
 
-/// A flow a filtered pod started (key of its own `flows` inner map):
-/// replies to it pass the port filter. Ports in host order; for ICMP echo,
+/// A flow a filtered (or ranged) pod started (key of `flows`): replies to
+/// it pass the port filter. Ports in host order; for ICMP echo,
 /// `pod_port` is the echo identifier and `peer_port` 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FlowKey {
+    pub pod: IpKey,
     pub peer: IpKey,
     pub proto: u8,
     pub _pad: u8,
@@ -397,9 +398,11 @@ pub mod limits {
     pub const CLUSTER: usize = 4_096;
     /// loadBalancerSourceRanges prefixes, all LB IPs together.
     pub const SOURCE_RANGES: usize = 65_536;
-    /// Flows one filtered pod may have remembered at once: a pod that
-    /// opens more cannot push out another pod's.
+    /// Flows one pod may have remembered at once (its quota in
+    /// `flow_counts`): a pod that opens more cannot push out another's.
     pub const FLOWS_PER_POD: usize = 16_384;
+    /// Flows remembered on a node, all pods together (allocated as used).
+    pub const FLOWS: usize = 1 << 20;
     /// Fragmented datagrams in flight toward filtered pods.
     pub const FRAGS: usize = 16_384;
     /// In-cluster clients' flows to LB IPs, translated on this node.
@@ -413,18 +416,20 @@ pub mod maps {
     pub const CLUSTER: &str = "cluster";
     pub const SRC_RANGES: &str = "src_ranges";
     pub const FLOWS: &str = "flows";
+    pub const FLOW_COUNTS: &str = "flow_counts";
     pub const FRAGS: &str = "frags";
     pub const REV_NAT: &str = "rev_nat";
     pub const STATS: &str = "stats";
     pub const DROP_STATS: &str = "drop_stats";
     pub const CONFIG: &str = "config";
     pub const PREFILTER: &str = "prefilter";
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         ADDRS,
         ALLOWED_PORTS,
         CLUSTER,
         SRC_RANGES,
         FLOWS,
+        FLOW_COUNTS,
         FRAGS,
         REV_NAT,
         STATS,
@@ -448,8 +453,8 @@ mod layout {
     const _: () = assert!(size_of::<PortKey>() == 24);
     const _: () = assert!(offset_of!(PortKey, proto) == 20 && offset_of!(PortKey, port) == 22);
     const _: () = assert!(size_of::<LbSource>() == 40);
-    const _: () = assert!(size_of::<FlowKey>() == 28);
-    const _: () = assert!(offset_of!(FlowKey, proto) == 20 && offset_of!(FlowKey, pod_port) == 22);
+    const _: () = assert!(size_of::<FlowKey>() == 48);
+    const _: () = assert!(offset_of!(FlowKey, proto) == 40 && offset_of!(FlowKey, pod_port) == 42);
     const _: () = assert!(size_of::<FlowState>() == 16);
     const _: () = assert!(size_of::<FragKey>() == 48);
     const _: () = assert!(size_of::<RevKey>() == 48 && offset_of!(RevKey, proto) == 40);

@@ -2,13 +2,16 @@
 //! memory of the flows such pods start (so their replies pass). It fails
 //! closed: a packet whose protocol or port cannot be read is dropped.
 use crate::hdr::*;
-use crate::maps::{ALLOWED_PORTS, FLOWS, FRAGS};
+use crate::maps::{ALLOWED_PORTS, FLOWS, FLOW_COUNTS, FRAGS};
 use crate::parse::{
     be16, byte, echo_types, flow_ports, has_ports, is_icmp, is_icmp_error, load, ports, Packet,
     PROTO_TCP,
 };
 use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
-use cozy_proxy_common::{flow, DropReason, FlowKey, FlowState, FragKey, IpKey, PortKey};
+use cozy_proxy_common::{flow, limits, DropReason, FlowKey, FlowState, FragKey, IpKey, PortKey};
+
+const BPF_NOEXIST: u64 = 1;
+const BPF_EXIST: u64 = 2;
 
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
@@ -21,9 +24,36 @@ fn now() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
+/// The flow count of the mapping in `slot` (its pod's quota). Counted
+/// without atomics (Rust offers no atomic add on BPF): two CPUs adding at
+/// the same instant may lose one, which the controller's recount at every
+/// sweep corrects; a quota only has to hold roughly.
+#[derive(Clone, Copy)]
+struct Count(*mut u64);
+
+impl Count {
+    #[inline(always)]
+    fn of(slot: u16) -> Option<Count> {
+        FLOW_COUNTS.get_ptr_mut(slot as u32).map(Count)
+    }
+
+    #[inline(always)]
+    fn get(self) -> u64 {
+        // SAFETY: a map value that lives as long as the program.
+        unsafe { core::ptr::read_volatile(self.0) }
+    }
+
+    #[inline(always)]
+    fn set(self, v: u64) {
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile(self.0, v) }
+    }
+}
+
 #[inline(always)]
-fn key(peer: IpKey, proto: u8, pod_port: u16, peer_port: u16) -> FlowKey {
+fn key(pod: IpKey, peer: IpKey, proto: u8, pod_port: u16, peer_port: u16) -> FlowKey {
     FlowKey {
+        pod,
         peer,
         proto,
         _pad: 0,
@@ -55,23 +85,20 @@ fn state_of(ctx: &TcContext, p: &Packet, previous: Option<u8>) -> u8 {
     }
 }
 
-/// Remembers a flow a filtered pod sends (before its source is rewritten).
-/// A pod whose own map is full simply does not remember more: its replies
-/// then pass only to listed ports, and no other pod is affected.
+/// Remembers a flow a filtered pod sends (before its source is rewritten),
+/// within the pod's quota (`slot`: its mapping's): a pod over it simply
+/// does not remember more (its replies then pass only to listed ports),
+/// and no other pod is affected.
 #[inline(always)]
-pub fn remember_outbound(ctx: &TcContext, p: &Packet) {
+pub fn remember_outbound(ctx: &TcContext, p: &Packet, slot: u16) {
     if p.later_fragment {
         return;
     }
     let Some((pod_port, peer_port)) = flow_ports(ctx, p, true) else {
         return;
     };
-    // SAFETY: the inner map's lifetime is the program's (see HashOfMaps).
-    let Some(flows) = (unsafe { FLOWS.get(&p.src) }) else {
-        return;
-    };
-    let k = key(p.dst, p.proto, pod_port, peer_port);
-    let previous = flows.get_ptr(&k).map(|s| {
+    let k = key(p.src, p.dst, p.proto, pod_port, peer_port);
+    let previous = FLOWS.get_ptr(&k).map(|s| {
         // SAFETY: a value of the map, read whole.
         unsafe { (*s).state }
     });
@@ -82,17 +109,26 @@ pub fn remember_outbound(ctx: &TcContext, p: &Packet) {
         _pad2: 0,
         _pad3: 0,
     };
-    let _ = flows.insert(&k, &state, 0);
+    if previous.is_some() {
+        let _ = FLOWS.insert(&k, &state, BPF_EXIST);
+        return;
+    }
+    let Some(count) = Count::of(slot) else {
+        return;
+    };
+    if count.get() >= limits::FLOWS_PER_POD as u64 {
+        return;
+    }
+    if FLOWS.insert(&k, &state, BPF_NOEXIST).is_ok() {
+        count.set(count.get() + 1);
+    }
 }
 
-/// Is this a reply within a flow `pod` started, still alive?
+/// Is this a reply within a flow its pod started, still alive? (`slot`:
+/// the pod's mapping, whose count an expired flow leaves.)
 #[inline(always)]
-fn known_flow(pod: &IpKey, k: &FlowKey) -> bool {
-    // SAFETY: the inner map's lifetime is the program's (see HashOfMaps).
-    let Some(flows) = (unsafe { FLOWS.get(pod) }) else {
-        return false;
-    };
-    let Some(s) = flows.get_ptr_mut(k) else {
+fn known_flow(k: &FlowKey, slot: u16) -> bool {
+    let Some(s) = FLOWS.get_ptr_mut(k) else {
         return false;
     };
     let t = now();
@@ -101,7 +137,14 @@ fn known_flow(pod: &IpKey, k: &FlowKey) -> bool {
         if t.wrapping_sub((*s).last_seen_ns) > flow::timeout_ns((*s).state) {
             // Expired: forgotten now, so that its room serves a new flow
             // (the controller's sweep frees the ones nobody asks about).
-            let _ = flows.remove(k);
+            if FLOWS.remove(k).is_ok() {
+                if let Some(count) = Count::of(slot) {
+                    let n = count.get();
+                    if n > 0 {
+                        count.set(n - 1);
+                    }
+                }
+            }
             return false;
         }
         (*s).last_seen_ns = t;
@@ -115,7 +158,7 @@ fn known_flow(pod: &IpKey, k: &FlowKey) -> bool {
 /// Is an ICMP error about a flow `pod` started? The quoted header is the
 /// packet as the pod sent it (its source already translated back).
 #[inline(always)]
-fn error_about_own_flow(ctx: &TcContext, p: &Packet) -> bool {
+fn error_about_own_flow(ctx: &TcContext, p: &Packet, slot: u16) -> bool {
     let inner = p.l4 + ICMP_HLEN;
     let (proto, peer, ports_at) = if p.v6 {
         let Some(peer) = load::<[u8; 16]>(ctx, inner + IP6_DADDR) else {
@@ -140,16 +183,16 @@ fn error_about_own_flow(ctx: &TcContext, p: &Packet) -> bool {
         return false;
     }
     match (be16(ctx, ports_at + L4_SPORT), be16(ctx, ports_at + L4_DPORT)) {
-        (Some(sport), Some(dport)) => known_flow(&p.dst, &key(peer, proto, sport, dport)),
+        (Some(sport), Some(dport)) => known_flow(&key(p.dst, peer, proto, sport, dport), slot),
         _ => false,
     }
 }
 
 /// Is `p` (toward the pod `p.dst`) a reply within a flow the pod started?
 #[inline(always)]
-pub fn reply_to_own_flow(ctx: &TcContext, p: &Packet) -> bool {
+pub fn reply_to_own_flow(ctx: &TcContext, p: &Packet, slot: u16) -> bool {
     match flow_ports(ctx, p, false) {
-        Some((peer_port, pod_port)) => known_flow(&p.dst, &key(p.src, p.proto, pod_port, peer_port)),
+        Some((peer_port, pod_port)) => known_flow(&key(p.dst, p.src, p.proto, pod_port, peer_port), slot),
         None => false,
     }
 }
@@ -168,7 +211,7 @@ fn frag_key(p: &Packet) -> FragKey {
 
 /// Decides a packet toward a filtered pod (`p.dst` is the pod IP).
 #[inline(always)]
-pub fn admit(ctx: &TcContext, p: &Packet, allow_icmp: bool) -> Result<(), DropReason> {
+pub fn admit(ctx: &TcContext, p: &Packet, allow_icmp: bool, slot: u16) -> Result<(), DropReason> {
     if p.later_fragment {
         // Only fragments of a datagram whose first fragment was admitted.
         return if FRAGS.get_ptr(&frag_key(p)).is_some() {
@@ -177,7 +220,7 @@ pub fn admit(ctx: &TcContext, p: &Packet, allow_icmp: bool) -> Result<(), DropRe
             Err(DropReason::FilteredFragment)
         };
     }
-    let verdict = admit_first(ctx, p, allow_icmp);
+    let verdict = admit_first(ctx, p, allow_icmp, slot);
     if verdict.is_ok() && p.fragment {
         let _ = FRAGS.insert(&frag_key(p), &0, 0);
     }
@@ -185,7 +228,7 @@ pub fn admit(ctx: &TcContext, p: &Packet, allow_icmp: bool) -> Result<(), DropRe
 }
 
 #[inline(always)]
-fn admit_first(ctx: &TcContext, p: &Packet, allow_icmp: bool) -> Result<(), DropReason> {
+fn admit_first(ctx: &TcContext, p: &Packet, allow_icmp: bool, slot: u16) -> Result<(), DropReason> {
     if has_ports(p.proto) {
         let Some((sport, dport)) = ports(ctx, p) else {
             return Err(DropReason::FilteredProtocol);
@@ -197,7 +240,7 @@ fn admit_first(ctx: &TcContext, p: &Packet, allow_icmp: bool) -> Result<(), Drop
             port: dport,
         };
         if ALLOWED_PORTS.get_ptr(&listed).is_some()
-            || known_flow(&p.dst, &key(p.src, p.proto, dport, sport))
+            || known_flow(&key(p.dst, p.src, p.proto, dport, sport), slot)
         {
             return Ok(());
         }
@@ -213,11 +256,11 @@ fn admit_first(ctx: &TcContext, p: &Packet, allow_icmp: bool) -> Result<(), Drop
         let (_, reply) = echo_types(p);
         if icmp_type == reply {
             if let Some(id) = be16(ctx, p.l4 + ICMP_ECHO_ID) {
-                if known_flow(&p.dst, &key(p.src, p.proto, id, 0)) {
+                if known_flow(&key(p.dst, p.src, p.proto, id, 0), slot) {
                     return Ok(());
                 }
             }
-        } else if is_icmp_error(p, icmp_type) && error_about_own_flow(ctx, p) {
+        } else if is_icmp_error(p, icmp_type) && error_about_own_flow(ctx, p, slot) {
             return Ok(());
         }
         return Err(DropReason::FilteredIcmp);

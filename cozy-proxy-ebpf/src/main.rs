@@ -267,11 +267,11 @@ fn fast_to_pod(ctx: &mut TcContext, p: &mut Packet, d: &AddrInfo) -> i32 {
     if let Err(verdict) = translate(ctx, p, Field::Dst, &lb, &d.peer) {
         return verdict;
     }
-    if !listed && !filter::reply_to_own_flow(ctx, p) {
+    if !listed && !filter::reply_to_own_flow(ctx, p, d.slot) {
         return drop(ctx, DropReason::SourceRange);
     }
     if d.flags & addr::FILTERED != 0 {
-        if let Err(reason) = filter::admit(ctx, p, d.flags & addr::ICMP_ALLOWED != 0) {
+        if let Err(reason) = filter::admit(ctx, p, d.flags & addr::ICMP_ALLOWED != 0, d.slot) {
             return drop(ctx, reason);
         }
     }
@@ -290,7 +290,7 @@ fn from_pod(ctx: &mut TcContext, p: &mut Packet, s: &AddrInfo) -> Result<(), i32
         // Replies to its own flows pass the port filter and the source
         // ranges: remember the flows of pods that have either.
         if s.flags & (addr::FILTERED | addr::RANGED) != 0 {
-            filter::remember_outbound(ctx, p);
+            filter::remember_outbound(ctx, p, s.slot);
         }
         // The pod keeps its own IP toward the cluster, the node (whose own
         // addresses userspace keeps in the same trie) and link-local or
@@ -359,7 +359,7 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
             if let Err(verdict) = translate(&mut ctx, &mut p, Field::Dst, &lb, &d.peer) {
                 return verdict;
             }
-            if !listed && !(local && filter::reply_to_own_flow(&ctx, &p)) {
+            if !listed && !(local && filter::reply_to_own_flow(&ctx, &p, d.slot)) {
                 return drop(&ctx, DropReason::SourceRange);
             }
             if local {
@@ -375,7 +375,7 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
             if !local || !forwarded || d.flags & addr::FILTERED == 0 {
                 return PASS;
             }
-            return match filter::admit(&ctx, &p, d.flags & addr::ICMP_ALLOWED != 0) {
+            return match filter::admit(&ctx, &p, d.flags & addr::ICMP_ALLOWED != 0, d.slot) {
                 Ok(()) => PASS,
                 Err(reason) => drop(&ctx, reason),
             };
@@ -383,7 +383,7 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
         // To a filtered pod of this node by its own IP: the filter guards
         // forwarded traffic (the node's own probes are not filtered).
         if d.flags & addr::LOCAL != 0 && d.flags & addr::FILTERED != 0 && forwarded {
-            if let Err(reason) = filter::admit(&ctx, &p, d.flags & addr::ICMP_ALLOWED != 0) {
+            if let Err(reason) = filter::admit(&ctx, &p, d.flags & addr::ICMP_ALLOWED != 0, d.slot) {
                 return drop(&ctx, reason);
             }
         }

@@ -1,6 +1,6 @@
 //! The BPF maps (BTF-typed; userspace pins them under /sys/fs/bpf/cozy-proxy).
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, HashOfMaps, LpmTrie, LruHashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
 use cozy_proxy_common::{
@@ -28,14 +28,16 @@ pub static CLUSTER: LpmTrie<IpKey, u8, { limits::CLUSTER }> = LpmTrie::new();
 #[btf_map(name = "src_ranges")]
 pub static SRC_RANGES: LpmTrie<LbSource, u8, { limits::SOURCE_RANGES }> = LpmTrie::new();
 
-/// Flows each filtered pod started, in a map of its own (created by
-/// userspace with the pod): one pod's flows never push out another's.
+/// Flows filtered (and ranged) pods started, all pods in one map (a map
+/// per pod cost a 256 KiB bucket array and an RCU grace period each).
 #[btf_map(name = "flows")]
-pub static FLOWS: HashOfMaps<
-    IpKey,
-    HashMap<FlowKey, FlowState, { limits::FLOWS_PER_POD }, NO_PREALLOC>,
-    { limits::MAPPINGS },
-> = HashOfMaps::new();
+pub static FLOWS: HashMap<FlowKey, FlowState, { limits::FLOWS }, NO_PREALLOC> = HashMap::new();
+
+/// Flows each mapping's pod has remembered (index: the mapping's slot):
+/// its quota of `limits::FLOWS_PER_POD`, so that one pod cannot fill
+/// `flows` for the others. Userspace recounts it at each sweep.
+#[btf_map(name = "flow_counts")]
+pub static FLOW_COUNTS: Array<u64, { limits::MAPPINGS }> = Array::new();
 
 /// Fragmented datagrams whose first fragment passed the filter.
 #[btf_map(name = "frags")]

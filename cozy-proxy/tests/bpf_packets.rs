@@ -6,7 +6,7 @@
 //! ranges, truncated and malformed frames). The maps are filled by the
 //! production code (`EbpfKernel::apply`) from a `DatapathState`; checksums
 //! of the output are verified independently. Needs root.
-use aya::maps::{HashMap as AyaHashMap, HashOfMaps, Map, MapData};
+use aya::maps::{HashMap as AyaHashMap, Map, MapData};
 use cozy_proxy::{
     datapath::{AllowedPort, DatapathState, Kernel},
     model::{merge_ranges, Cidr},
@@ -608,16 +608,19 @@ fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// The flow map of filtered pod `pod`, as the programs see it.
-fn flows_of(w: &World, pod: IpAddr) -> AyaHashMap<MapData, FlowKey, FlowState> {
-    let outer: HashOfMaps<&MapData, IpKey> =
-        HashOfMaps::try_from(w.ebpf.map(names::FLOWS).expect("flows")).expect("hash of maps");
-    let inner = outer.get(&IpKey::from(pod), 0).expect("the pod's flow map");
-    AyaHashMap::try_from(Map::HashMap(inner)).expect("flow map")
+/// The `flows` map, as the programs see it (a handle of its own).
+fn flows(w: &World) -> AyaHashMap<MapData, FlowKey, FlowState> {
+    let Some(Map::HashMap(data)) = w.ebpf.map(names::FLOWS) else {
+        panic!("flows is a hash map");
+    };
+    let id = data.info().expect("info").id();
+    let data = MapData::from_id(id).expect("flows by id");
+    AyaHashMap::try_from(Map::HashMap(data)).expect("flow map")
 }
 
-fn flow_key(peer: IpAddr, proto: u8, pod_port: u16, peer_port: u16) -> FlowKey {
+fn flow_key(pod: IpAddr, peer: IpAddr, proto: u8, pod_port: u16, peer_port: u16) -> FlowKey {
     FlowKey {
+        pod: IpKey::from(pod),
         peer: IpKey::from(peer),
         proto,
         pod_port,
@@ -649,12 +652,13 @@ fn fuzzed_frames_keep_the_invariants() {
 
 #[test]
 fn flows_expire_and_each_pod_has_its_own_room() {
-    // Holds the world throughout: filling a pod's flow map must not race
-    // the other tests' flows.
+    // Holds the world throughout: filling a pod's quota must not race the
+    // other tests' flows.
     with_world(|w| {
         let i = w.ifs;
+        let mut flows = flows(w);
         for n in nets() {
-            let out = |sport: u16, pod: IpAddr, dev: u32| {
+            let out = |w: &World, sport: u16, pod: IpAddr, dev: u32| {
                 let f = Spec::new(pod, n.ext, UDP).ports(sport, 5353).build();
                 assert_eq!(
                     run_in(w, "cozy_ingress", &f, dev, dev).0,
@@ -662,30 +666,30 @@ fn flows_expire_and_each_pod_has_its_own_room() {
                     "pod's datagram out"
                 );
             };
-            let reply = |lb: IpAddr, dport: u16, dev: u32| {
+            let reply = |w: &World, lb: IpAddr, dport: u16, dev: u32| {
                 let f = Spec::new(n.ext, lb, UDP).ports(5353, dport).build();
                 run_in(w, "cozy_egress", &f, i.up, dev).0
             };
             // A flow, its reply, then the flow left quiet past its timeout
             // (a replied UDP flow: 120 s): the next reply is dropped and
             // the program forgets the flow.
-            out(42000, n.fpod, i.fpod);
-            assert_eq!(reply(n.flb, 42000, i.fpod), PASS, "reply to a live flow");
-            let mut flows = flows_of(w, n.fpod);
-            let k = flow_key(n.ext, UDP, 42000, 5353);
+            out(w, 42000, n.fpod, i.fpod);
+            assert_eq!(reply(w, n.flb, 42000, i.fpod), PASS, "reply to a live flow");
+            let k = flow_key(n.fpod, n.ext, UDP, 42000, 5353);
             let mut st = flows.get(&k, 0).expect("flow remembered");
             assert_eq!(st.state, cozy_proxy_common::flow::UDP_REPLIED);
             st.last_seen_ns = monotonic_ns() - 121_000_000_000;
             flows.insert(k, st, 0).expect("age the flow");
             assert_eq!(
-                reply(n.flb, 42000, i.fpod),
+                reply(w, n.flb, 42000, i.fpod),
                 DROP,
                 "reply to an expired flow"
             );
             assert!(flows.get(&k, 0).is_err(), "the expired flow is forgotten");
 
-            // One pod fills its own map (with flows long expired): its new
-            // flows are not remembered, another pod's are.
+            // One pod reaches its quota (with flows long expired, counted
+            // as the controller's sweep counts): its new flows are not
+            // remembered, another pod's are.
             let stale = FlowState {
                 last_seen_ns: 0,
                 state: cozy_proxy_common::flow::UDP,
@@ -693,40 +697,37 @@ fn flows_expire_and_each_pod_has_its_own_room() {
                 _pad2: 0,
                 _pad3: 0,
             };
-            let mut filled = 0;
-            for port in 0..=u16::MAX {
-                if flows
-                    .insert(flow_key(n.unmapped, UDP, 1, port), stale, 0)
-                    .is_err()
-                {
-                    break;
-                }
-                filled += 1;
+            let quota = cozy_proxy_common::limits::FLOWS_PER_POD;
+            for port in 0..quota {
+                flows
+                    .insert(flow_key(n.fpod, n.unmapped, UDP, 1, port as u16), stale, 0)
+                    .expect("fill the quota");
             }
+            w.kernel.count_flows().expect("count");
+            out(w, 42001, n.fpod, i.fpod);
             assert_eq!(
-                filled,
-                cozy_proxy_common::limits::FLOWS_PER_POD,
-                "a pod's room"
-            );
-            out(42001, n.fpod, i.fpod);
-            assert_eq!(
-                reply(n.flb, 42001, i.fpod),
+                reply(w, n.flb, 42001, i.fpod),
                 DROP,
-                "a full map remembers nothing new"
+                "over its quota: nothing new remembered"
             );
-            out(42002, n.spod, i.pod);
+            out(w, 42002, n.spod, i.pod);
             assert_eq!(
-                reply(n.slb, 42002, i.pod),
+                reply(w, n.slb, 42002, i.pod),
                 PASS,
                 "another pod is unaffected"
             );
             // The controller's sweep frees the room.
             let swept = w.kernel.expire_flows().expect("sweep");
-            assert!(swept >= filled, "swept {swept} of {filled}");
-            assert_eq!(flows.keys().count(), 0, "every stale flow swept");
-            out(42001, n.fpod, i.fpod);
+            assert!(swept >= quota, "swept {swept} of {quota}");
+            let left = flows
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| k.pod == IpKey::from(n.fpod))
+                .count();
+            assert!(left <= 1, "stale flows swept ({left} left)");
+            out(w, 42001, n.fpod, i.fpod);
             assert_eq!(
-                reply(n.flb, 42001, i.fpod),
+                reply(w, n.flb, 42001, i.fpod),
                 PASS,
                 "room again after the sweep"
             );

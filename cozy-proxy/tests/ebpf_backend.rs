@@ -77,8 +77,9 @@ fn bpftool_shows_readable_maps_and_tcx_links() -> Result<()> {
         v4(&value["peer"]) == octets([192, 0, 2, 11]),
         "value: {value}"
     );
-    // LB | LOCAL | FILTERED (cozy_proxy_common::addr).
-    ensure!(value["flags"] == 2 | 4 | 16, "flags: {value}");
+    // LB | LOCAL | FILTERED | PATH_PEER (cozy_proxy_common::addr): the
+    // pod sits behind a veth whose peer is its own end.
+    ensure!(value["flags"] == 2 | 4 | 16 | 128, "flags: {value}");
     let ports = bpftool(&[
         "map",
         "dump",

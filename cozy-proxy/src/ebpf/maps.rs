@@ -3,11 +3,9 @@
 use super::EbpfError;
 use crate::datapath::{AllowedPort, Count, Counters, DatapathState, ServiceCount, StateDiff};
 use crate::model::{merge_ranges, Cidr, IpRange};
-use aya::maps::{
-    lpm_trie::Key, Array, HashMap, HashOfMaps, LpmTrie, Map, MapData, MapError, PerCpuArray,
-};
+use aya::maps::{lpm_trie::Key, Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray};
 use cozy_proxy_common::{
-    addr, flow, limits, maps as names, prefilter, AddrInfo, Config, Counter, DropReason, FlowKey,
+    addr, flow, maps as names, prefilter, AddrInfo, Config, Counter, DropReason, FlowKey,
     FlowState, FragKey, IpKey, LbSource, PortKey, Prefilter, RevKey, RevValue, ServiceCounters,
     FAMILY_BITS, IP_KEY_BITS,
 };
@@ -85,7 +83,8 @@ fn expected_sizes(name: &str) -> Option<(usize, usize)> {
         names::ALLOWED_PORTS => (size_of::<PortKey>(), 1),
         names::CLUSTER => (4 + size_of::<IpKey>(), 1),
         names::SRC_RANGES => (4 + size_of::<LbSource>(), 1),
-        names::FLOWS => (size_of::<IpKey>(), 4),
+        names::FLOWS => (size_of::<FlowKey>(), size_of::<FlowState>()),
+        names::FLOW_COUNTS => (4, 8),
         names::FRAGS => (size_of::<FragKey>(), 8),
         names::REV_NAT => (size_of::<RevKey>(), size_of::<RevValue>()),
         names::STATS => (4, size_of::<ServiceCounters>()),
@@ -159,7 +158,8 @@ pub struct Maps {
     allowed_ports: HashMap<MapData, PortKey, u8>,
     cluster: LpmTrie<MapData, IpKey, u8>,
     src_ranges: LpmTrie<MapData, LbSource, u8>,
-    flows: HashOfMaps<MapData, IpKey>,
+    flows: HashMap<MapData, FlowKey, FlowState>,
+    flow_counts: Array<MapData, u64>,
     stats: PerCpuArray<MapData, ServiceCounters>,
     drop_stats: PerCpuArray<MapData, Counter>,
     config: Array<MapData, Config>,
@@ -167,19 +167,10 @@ pub struct Maps {
     /// The addresses in `addrs` as of our last apply (`None`: not known,
     /// read them).
     in_addrs: Option<BTreeSet<IpKey>>,
+    /// `addrs` as this process last wrote it (`None`: read it): a change
+    /// costs what it touches, not a read of every entry.
+    known: Option<BTreeMap<IpAddr, AddrInfo>>,
     prefilter_written: bool,
-}
-
-/// A filtered pod's own flow map, as the programs' template declares it.
-fn new_flow_map() -> Result<MapData, EbpfError> {
-    let def = aya_obj::Map::new_from_params(
-        aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_HASH as u32,
-        size_of::<FlowKey>() as u32,
-        size_of::<FlowState>() as u32,
-        limits::FLOWS_PER_POD as u32,
-        aya_obj::generated::BPF_F_NO_PREALLOC,
-    );
-    MapData::create(def, "pod_flows", None).map_err(named(names::FLOWS))
 }
 
 impl Maps {
@@ -191,11 +182,13 @@ impl Maps {
             cluster: typed!(dir, names::CLUSTER),
             src_ranges: typed!(dir, names::SRC_RANGES),
             flows: typed!(dir, names::FLOWS),
+            flow_counts: typed!(dir, names::FLOW_COUNTS),
             stats: typed!(dir, names::STATS),
             drop_stats: typed!(dir, names::DROP_STATS),
             config: typed!(dir, names::CONFIG),
             prefilter: typed!(dir, names::PREFILTER),
             in_addrs: None,
+            known: None,
             prefilter_written: false,
         })
     }
@@ -205,6 +198,19 @@ impl Maps {
             .iter()
             .collect::<Result<_, _>>()
             .map_err(named(names::ADDRS))
+    }
+
+    /// `addrs` as known here, read from the kernel when not known.
+    fn known_entries(&mut self) -> Result<&mut BTreeMap<IpAddr, AddrInfo>, EbpfError> {
+        if self.known.is_none() {
+            let read = self
+                .entries()?
+                .into_iter()
+                .map(|(k, v)| (ip(&k), v))
+                .collect();
+            self.known = Some(read);
+        }
+        Ok(self.known.get_or_insert_with(BTreeMap::new))
     }
 
     /// The state the maps hold (all but the routes).
@@ -312,13 +318,40 @@ impl Maps {
         .iter()
         .any(|n| *n > 0);
         if touches_flows {
-            // A pod mapped anew (the IP reused by another pod) must not
-            // inherit the flows of the one before.
-            let renewed: BTreeSet<IpAddr> =
-                diff.pod_svc.remove.iter().map(|(pod, _)| *pod).collect();
-            self.sync_flow_maps(desired, &renewed)?;
+            // The flows of pods that no longer remember them, and of a pod
+            // mapped anew (its IP reused by another pod), are forgotten.
+            let want = remembering(desired);
+            let mut leaving: BTreeSet<IpKey> = diff
+                .pod_svc
+                .remove
+                .iter()
+                .map(|(pod, _)| key(pod))
+                .collect();
+            leaving.extend(
+                diff.filtered_pods
+                    .remove
+                    .iter()
+                    .filter(|p| !want.contains(p))
+                    .map(key),
+            );
+            for lb in &diff.ranged_lbs.remove {
+                if let Some(pod) = desired.svc_pod.get(lb).filter(|p| !want.contains(p)) {
+                    leaving.insert(key(pod));
+                }
+            }
+            self.forget_flows_of(&leaving)?;
         }
         self.update_addrs(diff, desired, peer_links)?;
+        // A pod mapped here anew starts with no flows (a reused IP's were
+        // forgotten above): its count too, whatever its slot held before.
+        for (pod, _) in &diff.pod_svc.add {
+            let slot = self.known.as_ref().and_then(|k| k.get(pod)).map(|i| i.slot);
+            if let Some(slot) = slot {
+                self.flow_counts
+                    .set(slot as u32, 0, 0)
+                    .map_err(named(names::FLOW_COUNTS))?;
+            }
+        }
         self.update_ranges(diff, desired, false)?;
         for p in &diff.allowed_ports.remove {
             absent_ok(self.allowed_ports.remove(&port_key(p)))
@@ -396,6 +429,7 @@ impl Maps {
     /// reads the kernel again (after a resync or a failure).
     pub fn forget(&mut self) {
         self.in_addrs = None;
+        self.known = None;
         self.prefilter_written = false;
     }
 
@@ -539,11 +573,7 @@ impl Maps {
         if touched.is_empty() {
             return Ok(());
         }
-        let current: BTreeMap<IpAddr, AddrInfo> = self
-            .entries()?
-            .into_iter()
-            .map(|(k, v)| (ip(&k), v))
-            .collect();
+        let current = self.known_entries()?.clone();
         let mut slots = Slots::of(&current);
         let remote_pods: BTreeMap<IpAddr, IpAddr> =
             desired.remote.iter().map(|(lb, pod)| (*pod, *lb)).collect();
@@ -556,6 +586,9 @@ impl Maps {
                         slots.release(old, &mut self.stats)?;
                     }
                     absent_ok(self.addrs.remove(&key(a))).map_err(named(names::ADDRS))?;
+                    if let Some(k) = self.known.as_mut() {
+                        k.remove(a);
+                    }
                 }
                 Some(info) => writes.push((*a, info)),
             }
@@ -573,76 +606,76 @@ impl Maps {
             self.addrs
                 .insert(key(&a), info, 0)
                 .map_err(named(names::ADDRS))?;
+            if let Some(k) = self.known.as_mut() {
+                k.insert(a, info);
+            }
         }
         Ok(())
     }
 
-    /// Gives every pod whose flows are remembered (see [`remembering`]) a
-    /// flow map of its own, and removes the others' (and `renewed` ones,
-    /// which start empty). Also repairs a map removed by hand.
-    pub fn sync_flow_maps(
-        &mut self,
-        desired: &DatapathState,
-        renewed: &BTreeSet<IpAddr>,
-    ) -> Result<(), EbpfError> {
-        let have: BTreeSet<IpAddr> = self
-            .flows
-            .keys()
-            .map(|k| k.map(|k| ip(&k)))
+    /// The flows remembered, keys and states.
+    fn flow_entries(&self) -> Result<Vec<(FlowKey, FlowState)>, EbpfError> {
+        self.flows
+            .iter()
             .collect::<Result<_, _>>()
-            .map_err(named(names::FLOWS))?;
-        let want = remembering(desired);
-        for pod in have
-            .iter()
-            .filter(|p| !want.contains(p) || renewed.contains(p))
-        {
-            absent_ok(self.flows.remove(&key(pod))).map_err(named(names::FLOWS))?;
+            .map_err(named(names::FLOWS))
+    }
+
+    /// Forgets every flow of `pods` (none: nothing read).
+    fn forget_flows_of(&mut self, pods: &BTreeSet<IpKey>) -> Result<(), EbpfError> {
+        if pods.is_empty() {
+            return Ok(());
         }
-        for pod in want
+        for (k, _) in self.flow_entries()? {
+            if pods.contains(&k.pod) {
+                absent_ok(self.flows.remove(&k)).map_err(named(names::FLOWS))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Recounts each mapping's remembered flows into `flow_counts` (the
+    /// programs keep the counts as they go; this corrects what races and
+    /// removals from here left, and zeroes slots that changed hands).
+    pub fn count_flows(&mut self) -> Result<(), EbpfError> {
+        let mut per_pod: BTreeMap<IpKey, u64> = BTreeMap::new();
+        for (k, _) in self.flow_entries()? {
+            *per_pod.entry(k.pod).or_default() += 1;
+        }
+        let local_pods: Vec<(IpAddr, AddrInfo)> = self
+            .known_entries()?
             .iter()
-            .filter(|p| !have.contains(p) || renewed.contains(p))
-        {
-            let inner = new_flow_map()?;
-            self.flows
-                .insert(key(pod), &inner, 0)
-                .map_err(named(names::FLOWS))?;
+            .filter(|(_, i)| i.flags & addr::POD != 0 && i.flags & addr::LOCAL != 0)
+            .map(|(a, i)| (*a, *i))
+            .collect();
+        for (a, info) in local_pods {
+            {
+                let n = per_pod.get(&key(&a)).copied().unwrap_or(0);
+                self.flow_counts
+                    .set(info.slot as u32, n, 0)
+                    .map_err(named(names::FLOW_COUNTS))?;
+            }
         }
         Ok(())
     }
 
     /// Forgets the flows that have been quiet longer than their timeout
     /// (`now_ns` on the programs' clock, CLOCK_MONOTONIC), as conntrack's
-    /// garbage collection does; returns how many were forgotten. The
-    /// programs forget an expired flow when they meet it; this frees the
-    /// room of those nobody asks about again.
-    pub fn expire_flows(&self, now_ns: u64) -> Result<usize, EbpfError> {
-        let pods: Vec<IpKey> = self
-            .flows
-            .keys()
-            .collect::<Result<_, _>>()
-            .map_err(named(names::FLOWS))?;
-        let mut forgotten = 0;
-        for pod in pods {
-            let inner = match self.flows.get(&pod, 0) {
-                Ok(inner) => inner,
-                // Removed since the keys were read: nothing to expire.
-                Err(MapError::KeyNotFound) => continue,
-                Err(e) => return Err(named(names::FLOWS)(e)),
-            };
-            let mut flows: HashMap<MapData, FlowKey, FlowState> =
-                HashMap::try_from(Map::HashMap(inner)).map_err(named(names::FLOWS))?;
-            let expired: Vec<FlowKey> = flows
-                .iter()
-                .filter_map(Result::ok)
-                .filter(|(_, s)| now_ns.saturating_sub(s.last_seen_ns) > flow::timeout_ns(s.state))
-                .map(|(k, _)| k)
-                .collect();
-            for k in &expired {
-                absent_ok(flows.remove(k)).map_err(named(names::FLOWS))?;
-            }
-            forgotten += expired.len();
+    /// garbage collection does, and recounts; returns how many were
+    /// forgotten. The programs forget an expired flow when they meet it;
+    /// this frees the room of those nobody asks about again.
+    pub fn expire_flows(&mut self, now_ns: u64) -> Result<usize, EbpfError> {
+        let expired: Vec<FlowKey> = self
+            .flow_entries()?
+            .into_iter()
+            .filter(|(_, s)| now_ns.saturating_sub(s.last_seen_ns) > flow::timeout_ns(s.state))
+            .map(|(k, _)| k)
+            .collect();
+        for k in &expired {
+            absent_ok(self.flows.remove(k)).map_err(named(names::FLOWS))?;
         }
-        Ok(forgotten)
+        self.count_flows()?;
+        Ok(expired.len())
     }
 
     /// Tells the programs whether to take the fast path.

@@ -131,9 +131,13 @@ pub struct EbpfKernel {
     /// This node's own addresses as last written to the `cluster` trie
     /// (`None`: read them again).
     node_addresses: Option<BTreeSet<IpAddr>>,
+    /// The node's interfaces as last read, each with whether its peer is
+    /// a pod's end (see `addr::PATH_PEER`); `None`: read them again (after
+    /// a link change, or when a diff names an interface not in it).
+    peer_links: Option<BTreeMap<u32, bool>>,
 }
 
-/// How often the upkeep sweeps expired flows out of the pods' flow maps
+/// How often the upkeep sweeps expired flows out of the `flows` map
 /// (conntrack's garbage collection runs on a similar scale).
 const FLOW_SWEEP_EVERY: Duration = Duration::from_secs(10);
 
@@ -172,6 +176,7 @@ impl EbpfKernel {
             steering: Steering::open()?,
             last_sweep: Instant::now(),
             node_addresses: None,
+            peer_links: None,
         })
     }
 
@@ -213,6 +218,7 @@ impl EbpfKernel {
             steering: Steering::open()?,
             last_sweep: Instant::now(),
             node_addresses: None,
+            peer_links: None,
         })
     }
 
@@ -268,6 +274,14 @@ impl EbpfKernel {
         self.maps.as_ref().ok_or_else(|| self.no_pins())
     }
 
+    /// Recounts each pod's remembered flows (as the sweep does).
+    pub fn count_flows(&mut self) -> Result<(), EbpfError> {
+        match self.maps.as_mut() {
+            Some(m) => m.count_flows(),
+            None => Err(self.no_pins()),
+        }
+    }
+
     /// Turns the fast path on or off (as `EbpfConfig::fast_path` at start).
     pub fn set_fast_path(&mut self, on: bool) -> Result<(), EbpfError> {
         self.cfg.fast_path = on;
@@ -297,8 +311,11 @@ impl EbpfKernel {
 
     /// Forgets the flows quiet for longer than their timeout; returns how
     /// many. Runs from the upkeep every [`FLOW_SWEEP_EVERY`].
-    pub fn expire_flows(&self) -> Result<usize, EbpfError> {
-        let forgotten = self.maps()?.expire_flows(monotonic_ns())?;
+    pub fn expire_flows(&mut self) -> Result<usize, EbpfError> {
+        let Some(maps) = self.maps.as_mut() else {
+            return Err(self.no_pins());
+        };
+        let forgotten = maps.expire_flows(monotonic_ns())?;
         if forgotten > 0 {
             debug!(forgotten, "expired flows swept");
         }
@@ -325,6 +342,7 @@ impl Kernel for EbpfKernel {
             m.forget();
         }
         self.node_addresses = None;
+        self.peer_links = None;
         let mut state = self.maps()?.read_state()?;
         state.routes = self.steering.routes()?;
         Ok((state, ()))
@@ -342,14 +360,31 @@ impl Kernel for EbpfKernel {
         let Some(maps) = self.maps.as_mut() else {
             return Err(self.no_pins());
         };
-        let peer_links: BTreeSet<u32> = route::links(&self.rtnl)?
-            .into_iter()
-            .filter(|l| l.peer_elsewhere)
-            .map(|l| l.index)
+        let known = |links: &BTreeMap<u32, bool>| {
+            diff.routes
+                .add
+                .iter()
+                .all(|(_, hop)| links.contains_key(&hop.oif))
+        };
+        if !self.peer_links.as_ref().is_some_and(known) {
+            self.peer_links = Some(
+                route::links(&self.rtnl)?
+                    .into_iter()
+                    .map(|l| (l.index, l.peer_elsewhere))
+                    .collect(),
+            );
+        }
+        let peer_links: BTreeSet<u32> = self
+            .peer_links
+            .iter()
+            .flatten()
+            .filter(|(_, &peer)| peer)
+            .map(|(&index, _)| index)
             .collect();
         maps.apply(diff, desired, &peer_links)?;
         if found.is_some() {
-            maps.sync_flow_maps(desired, &BTreeSet::new())?;
+            // After a read (startup, resync): the counts as they are.
+            maps.count_flows()?;
         }
         self.follow_node_addresses(false)?;
         self.steering.apply(&diff.routes)?;
@@ -380,6 +415,9 @@ impl Kernel for EbpfKernel {
             self.expire_flows()?;
         }
         let changed = self.steering.changed()?;
+        if changed || links_changed {
+            self.peer_links = None;
+        }
         if changed {
             // An address added or removed shows as a local route.
             self.follow_node_addresses(true)?;

@@ -14,8 +14,8 @@
 //! `COZY_FUZZ_CASES`, `COZY_FUZZ_SECONDS` and `COZY_FUZZ_SEED` size a run
 //! (`cargo xtask fuzz` runs a long one).
 use super::{nets, Ifaces, World, DROP, PASS};
-use aya::maps::{HashMap as AyaHashMap, HashOfMaps, Map, MapData};
-use cozy_proxy_common::{maps as names, FlowKey, FlowState, FragKey, IpKey, RevKey, RevValue};
+use aya::maps::{HashMap as AyaHashMap, MapData};
+use cozy_proxy_common::{maps as names, FlowKey, FlowState, FragKey, RevKey, RevValue};
 use cozy_proxy_testkit::{
     frames::{addresses, parse, ICMP, ICMPV6, TCP, UDP},
     fuzz::{frame, from_hex, to_hex, Pools, Rng},
@@ -109,20 +109,13 @@ pub struct Report {
 /// model of "flows the pod started" is exact and other tests are not
 /// disturbed.
 pub fn forget_dynamic_state(w: &mut World) {
-    let outer: HashOfMaps<&MapData, IpKey> =
-        HashOfMaps::try_from(w.ebpf.map(names::FLOWS).expect("flows")).expect("hash of maps");
-    let pods: Vec<IpKey> = outer.keys().filter_map(Result::ok).collect();
-    for pod in pods {
-        let Ok(inner) = outer.get(&pod, 0) else {
-            continue;
-        };
-        let mut flows: AyaHashMap<MapData, FlowKey, FlowState> =
-            AyaHashMap::try_from(Map::HashMap(inner)).expect("flow map");
-        let keys: Vec<FlowKey> = flows.keys().filter_map(Result::ok).collect();
-        for k in keys {
-            let _ = flows.remove(&k);
-        }
+    let mut flows: AyaHashMap<&mut MapData, FlowKey, FlowState> =
+        AyaHashMap::try_from(w.ebpf.map_mut(names::FLOWS).expect("flows")).expect("flows");
+    let keys: Vec<FlowKey> = flows.keys().filter_map(Result::ok).collect();
+    for k in keys {
+        let _ = flows.remove(&k);
     }
+    w.kernel.count_flows().expect("recount");
     let mut frags: AyaHashMap<&mut MapData, FragKey, u64> =
         AyaHashMap::try_from(w.ebpf.map_mut(names::FRAGS).expect("frags")).expect("frags");
     let keys: Vec<FragKey> = frags.keys().filter_map(Result::ok).collect();
