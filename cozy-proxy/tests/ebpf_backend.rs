@@ -49,6 +49,13 @@ fn setup() -> Result<Env> {
         &slice("vm1", "IPv4", &[(env.net.pods[0].to_string(), None)]),
     )?;
     env.settle()?;
+    // Four interfaces (uplink, pod1..3), two tcx links each: the last ones
+    // may still be attaching when the maps are already in place.
+    eventually(SETTLE, || {
+        let links = pinned_links(&env.ctl.pin_dir)?;
+        ensure!(links.len() == 8, "links: {links:?}");
+        Ok(())
+    })?;
     Ok(env)
 }
 
@@ -90,7 +97,6 @@ fn bpftool_shows_readable_maps_and_tcx_links() -> Result<()> {
         ports.to_string().contains("\"port\":22"),
         "allowed_ports: {ports}"
     );
-    // Four interfaces (uplink, pod1..3), two tcx links each.
     let links = pinned_links(pins)?;
     ensure!(links.len() == 8, "links: {links:?}");
     // BPF_LINK_TYPE_TCX is 11.

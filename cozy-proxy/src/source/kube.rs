@@ -19,45 +19,78 @@ use kube::{
     },
     Api, Client, Resource, ResourceExt,
 };
-use std::sync::Arc;
-use tokio::{sync::Notify, task::JoinHandle};
-use tracing::{info, warn};
+use std::{sync::Arc, time::Duration};
+use tokio::{
+    sync::{watch, Notify},
+    task::JoinHandle,
+};
+use tracing::{debug, info, warn};
 
 pub struct KubeSource {
     services: Store<Service>,
     slices: Store<EndpointSlice>,
     nodes: Store<Node>,
-    /// `None` where the API server does not serve ServiceCIDRs (< 1.33) or
-    /// we may not read them.
-    service_cidrs: Option<Store<ServiceCIDR>>,
+    /// Not served where the API server is older than 1.33 or we may not
+    /// read them.
+    service_cidrs: watch::Receiver<CidrWatch>,
     dirty: Arc<Notify>,
     tasks: Vec<JoinHandle<()>>,
 }
 
 /// Drives one reflector; every event (or error) marks the state dirty.
 /// Errors are retried by the watcher's backoff (410 Gone relists).
-fn drive<K>(
+async fn drive<K>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     dirty: Arc<Notify>,
     kind: &'static str,
-) -> JoinHandle<()>
-where
+) where
     K: Resource + Send + 'static,
 {
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(_) => dirty.notify_one(),
-                Err(e) => {
-                    warn!(kind, error = %e, "watch failed; retrying with backoff (the datapath keeps its state)")
-                }
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(_) => dirty.notify_one(),
+            Err(e) => {
+                warn!(kind, error = %e, "watch failed; retrying with backoff (the datapath keeps its state)")
             }
         }
-    })
+    }
 }
 
-/// A reflector over `api`, its objects passed through `trim` as they arrive.
+/// Whether ServiceCIDRs are watched: decided by a probe in the background.
+enum CidrWatch {
+    Probing,
+    NotServed,
+    Watching(Store<ServiceCIDR>),
+}
+
+/// A reflector over `api`, its objects passed through `trim` as they
+/// arrive: its cache, and the task that keeps it (to be driven).
+fn reflector<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+    dirty: &Arc<Notify>,
+    kind: &'static str,
+) -> (
+    Store<K>,
+    impl std::future::Future<Output = ()> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, config).modify(trim)).default_backoff();
+    (store, drive(stream, dirty.clone(), kind))
+}
+
+/// A reflector over `api` (see [`reflector`]), driven by a task of its own.
 fn reflect<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -75,9 +108,8 @@ where
         + Sync
         + 'static,
 {
-    let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, config).modify(trim)).default_backoff();
-    tasks.push(drive(stream, dirty.clone(), kind));
+    let (store, task) = reflector(api, config, trim, dirty, kind);
+    tasks.push(tokio::spawn(task));
     store
 }
 
@@ -94,6 +126,44 @@ fn trim_node(n: &mut Node) {
             addresses: status.addresses.take(),
             ..Default::default()
         };
+    }
+}
+
+/// How long a 403 on ServiceCIDRs is taken for a server still loading its
+/// RBAC rules (seen right after a kube-apiserver restart) before it is
+/// taken for a ServiceAccount without that rule.
+const SERVICE_CIDR_FORBIDDEN_GRACE: Duration = Duration::from_secs(30);
+
+/// Can ServiceCIDRs be watched? An API server before 1.33 does not serve
+/// them (404), and a watch that can never list would keep us from ever
+/// syncing: probed before the watch starts. Only a definite answer
+/// counts: while the server cannot be reached (its lists cannot either,
+/// and the datapath stays as it is) the probe is retried, so an outage at
+/// start does not lose the service networks for the life of the process.
+async fn service_cidrs_served(api: &Api<ServiceCIDR>) -> bool {
+    let started = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(200);
+    loop {
+        let error = match api.list(&ListParams::default().limit(1)).await {
+            Ok(_) => return true,
+            Err(e) => e,
+        };
+        let code = match &error {
+            kube::Error::Api(status) => Some(status.code),
+            _ => None,
+        };
+        let give_up = match code {
+            Some(404) => true,
+            Some(403) => started.elapsed() > SERVICE_CIDR_FORBIDDEN_GRACE,
+            _ => false,
+        };
+        if give_up {
+            info!(error = %error, "ServiceCIDRs cannot be listed; service networks come only from --cluster-cidrs");
+            return false;
+        }
+        debug!(error = %error, "ServiceCIDRs not listed yet; retrying");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(5));
     }
 }
 
@@ -129,23 +199,24 @@ impl KubeSource {
             "Node",
             &mut tasks,
         );
+        let (decided, service_cidrs) = watch::channel(CidrWatch::Probing);
         let cidr_api = Api::<ServiceCIDR>::all(client);
-        // Probed once: an API server before 1.33 does not serve them (404),
-        // and a watch that can never list would keep us from ever syncing.
-        let service_cidrs = match cidr_api.list(&ListParams::default().limit(1)).await {
-            Ok(_) => Some(reflect(
+        let cidr_dirty = dirty.clone();
+        tasks.push(tokio::spawn(async move {
+            if !service_cidrs_served(&cidr_api).await {
+                decided.send_replace(CidrWatch::NotServed);
+                return;
+            }
+            let (store, task) = reflector(
                 cidr_api,
                 watcher::Config::default(),
                 trim_meta,
-                &dirty,
+                &cidr_dirty,
                 "ServiceCIDR",
-                &mut tasks,
-            )),
-            Err(e) => {
-                info!(error = %e, "ServiceCIDRs cannot be listed; service networks come only from --cluster-cidrs");
-                None
-            }
-        };
+            );
+            decided.send_replace(CidrWatch::Watching(store));
+            task.await;
+        }));
         KubeSource {
             services,
             slices,
@@ -190,8 +261,17 @@ impl Source for KubeSource {
         let _ = self.services.wait_until_ready().await;
         let _ = self.slices.wait_until_ready().await;
         let _ = self.nodes.wait_until_ready().await;
-        if let Some(c) = &self.service_cidrs {
-            let _ = c.wait_until_ready().await;
+        let store = match self
+            .service_cidrs
+            .wait_for(|c| !matches!(c, CidrWatch::Probing))
+            .await
+            .as_deref()
+        {
+            Ok(CidrWatch::Watching(store)) => Some(store.clone()),
+            _ => None,
+        };
+        if let Some(store) = store {
+            let _ = store.wait_until_ready().await;
         }
     }
 
@@ -206,7 +286,10 @@ impl Source for KubeSource {
             services: objects(&self.services),
             endpoint_slices: objects(&self.slices),
             nodes: objects(&self.nodes),
-            service_cidrs: self.service_cidrs.as_ref().map(objects).unwrap_or_default(),
+            service_cidrs: match &*self.service_cidrs.borrow() {
+                CidrWatch::Watching(store) => objects(store),
+                _ => Vec::new(),
+            },
         }
     }
 }
