@@ -8,6 +8,7 @@ pub mod bpf;
 pub mod cluster;
 pub mod frames;
 pub mod fuzz;
+pub mod k8s;
 pub mod manifests;
 pub mod net;
 pub mod scenario;
@@ -109,6 +110,11 @@ pub enum SourceKind {
     /// `--kubeconfig`: the real kube-rs client against the API stand-in
     /// (`standin`), which serves the same directory.
     Kube,
+    /// `--kubeconfig`: the real kube-rs client against a real control plane
+    /// (`k8s`: etcd, kube-apiserver, kube-controller-manager) with the
+    /// chart's RBAC; Services and Pods go through the API (the directory
+    /// still holds the manifests the model's expectation is read from).
+    RealApi,
 }
 
 /// The Kubernetes API stand-in, serving the manifest directory in the node
@@ -297,12 +303,43 @@ impl Controller {
     }
 }
 
+/// A control plane in the node namespace with the chart installed and the
+/// test node registered; the controller's arguments for it (the chart's
+/// ServiceAccount's token, its DaemonSet).
+/// The cluster-wide objects the API server holds from the start (its
+/// ServiceCIDR, our Node) are also written to `dir`, for the model.
+fn real_api(
+    topo: &Topology,
+    backend: Backend,
+    dir: &ManifestDir,
+) -> Result<(k8s::ControlPlane, Vec<String>)> {
+    let cp = k8s::ControlPlane::start(
+        &topo.node(),
+        std::env::temp_dir().join(format!("{}-k8s", topo.prefix)),
+    )?;
+    cp.install_chart(backend.arg())?;
+    cp.create_node("node1")?;
+    dir.put("node1", &k8s::node_yaml("node1", None))?;
+    dir.put("servicecidr", &k8s::service_cidr_yaml())?;
+    let kubeconfig = cp.service_account_kubeconfig(k8s::RELEASE_NAMESPACE, "cozy-proxy")?;
+    let args = vec![
+        "--kubeconfig".to_string(),
+        kubeconfig.display().to_string(),
+        "--daemonset".to_string(),
+        format!("{}/cozy-proxy", k8s::RELEASE_NAMESPACE),
+    ];
+    Ok((cp, args))
+}
+
 /// Everything one scenario runs in. Fields drop in order: the controller
 /// stops before the namespaces go.
 pub struct Env {
     pub ctl: Controller,
     /// The API stand-in, with the kube source.
     pub standin: Option<StandIn>,
+    /// The real control plane, with `SourceKind::RealApi` (dropped after
+    /// the controller: a stopping controller asks it for its DaemonSet).
+    pub api: Option<k8s::ControlPlane>,
     pub dir: ManifestDir,
     /// Namespaces a test adds (removed with the topology).
     pub extra_namespaces: Vec<String>,
@@ -326,8 +363,9 @@ impl Env {
             Backend::Ebpf | Backend::EbpfFast => test_bpffs()?.join(&topo.prefix),
             Backend::Nft => std::env::temp_dir().join(format!("{}-unused-pins", topo.prefix)),
         };
-        let (standin, source_args) = match source {
+        let (standin, api, source_args) = match source {
             SourceKind::Manifests => (
+                None,
                 None,
                 vec!["--manifests".to_string(), dir.path.display().to_string()],
             ),
@@ -341,13 +379,18 @@ impl Env {
                     "--kubeconfig".to_string(),
                     s.kubeconfig.display().to_string(),
                 ];
-                (Some(s), args)
+                (Some(s), None, args)
+            }
+            SourceKind::RealApi => {
+                let (cp, args) = real_api(&topo, backend, &dir)?;
+                (None, Some(cp), args)
             }
         };
         let ctl = Controller::start(&topo.node(), "node1", backend, source_args, pin_dir, log)?;
         Ok(Env {
             ctl,
             standin,
+            api,
             extra_namespaces: Vec::new(),
             dir,
             topo,

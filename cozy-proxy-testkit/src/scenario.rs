@@ -32,6 +32,14 @@ impl Env {
     }
 
     pub fn put_service_with(&self, svc: &Svc, endpoints: &[(String, Option<bool>)]) -> Result<()> {
+        let held;
+        let svc = match &self.api {
+            Some(api) => {
+                held = api.put_service(svc, self.net.address_type(), endpoints, &self.ctl.node)?;
+                &held
+            }
+            None => svc,
+        };
         self.dir.put(&svc.name, &svc.yaml())?;
         self.dir.put(
             &format!("{}-endpoints", svc.name),
@@ -40,6 +48,9 @@ impl Env {
     }
 
     pub fn delete_service(&self, name: &str) -> Result<()> {
+        if let Some(api) = &self.api {
+            api.delete_service(name)?;
+        }
         self.dir.remove(name)?;
         self.dir.remove(&format!("{name}-endpoints"))
     }
@@ -141,5 +152,28 @@ impl Env {
 
     pub fn other_still_works(&self) -> Result<()> {
         self.tcp_reaches(self.lb(2), WEB, 3)
+    }
+
+    /// HTTP GET on the controller's metrics port (/metrics, /readyz,
+    /// /healthz), in the node namespace: status code and body.
+    pub fn controller_http(&self, path: &str) -> Result<(u16, String)> {
+        let url = format!("http://127.0.0.1:9402{path}");
+        let out = crate::sh::run_in(
+            &self.topo.node(),
+            &[
+                "curl",
+                "-sS",
+                "--max-time",
+                "2",
+                "-w",
+                "\n%{http_code}",
+                &url,
+            ],
+        )?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text
+            .rsplit_once('\n')
+            .ok_or_else(|| anyhow::anyhow!("curl output: {text}"))?;
+        Ok((code.trim().parse()?, body.to_string()))
     }
 }

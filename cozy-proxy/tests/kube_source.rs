@@ -8,7 +8,7 @@ use anyhow::{ensure, Context, Result};
 use harness::{
     manifests::{slice, Svc},
     net::Fam,
-    sh::{ok_in, run_in},
+    sh::ok_in,
     traffic::{eventually, SETTLE},
     Backend, Env, SourceKind,
 };
@@ -31,24 +31,8 @@ fn standin(env: &mut Env) -> &mut harness::StandIn {
     env.standin.as_mut().expect("kube source has a stand-in")
 }
 
-/// HTTP GET on the controller's metrics port, in the node namespace.
 fn http(env: &Env, path: &str) -> Result<(u16, String)> {
-    let url = format!("http://127.0.0.1:9402{path}");
-    let out = run_in(
-        &env.topo.node(),
-        &[
-            "curl",
-            "-sS",
-            "--max-time",
-            "2",
-            "-w",
-            "\n%{http_code}",
-            &url,
-        ],
-    )?;
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let (body, code) = text.rsplit_once('\n').context("curl output")?;
-    Ok((code.trim().parse()?, body.to_string()))
+    env.controller_http(path)
 }
 
 #[test]

@@ -8,6 +8,7 @@
 //! - fuzz [SECONDS]: a long fuzz run of the packet paths with a fresh seed.
 //! - demo: setup, then the local demo (network namespaces as node, pod and
 //!   outside client, with real traffic).
+mod k8s;
 mod plot;
 mod render;
 
@@ -157,6 +158,12 @@ fn setup() -> Result<()> {
             .env("PATH", path))?;
     }
     install_helm()?;
+    let bin = k8s::ensure()?;
+    eprintln!(
+        "xtask: Kubernetes {} components in {}",
+        k8s::KUBERNETES,
+        bin.display()
+    );
     for (tool, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {
         if !succeeds(cargo().args([tool, "--version"])) {
             run(Command::new("rustup").args(["component", "add", component]))?;

@@ -1,0 +1,804 @@
+//! A real Kubernetes control plane for the tests, in a network namespace
+//! (the node's, so that the controller reaches it on loopback): etcd,
+//! kube-apiserver (TLS with its own CA, static-token admin, RBAC on,
+//! service-account tokens) and kube-controller-manager (its EndpointSlice
+//! controller makes the slices cozy-proxy reads). Built from their Go
+//! modules by `cargo xtask setup` (xtask/src/k8s.rs); started and stopped
+//! here, nothing left behind.
+use crate::manifests::Svc;
+use crate::sh::{ok, ok_in, Proc};
+use crate::traffic::eventually;
+use anyhow::{bail, Context, Result};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
+
+/// The version `cargo xtask setup` builds (xtask/src/k8s.rs).
+pub const KUBERNETES: &str = "v1.34.4";
+
+/// Where the binaries are: `$COZY_PROXY_K8S_BIN`, or setup's cache.
+pub fn bin_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("COZY_PROXY_K8S_BIN") {
+        return PathBuf::from(dir);
+    }
+    if let Ok(dir) = std::env::var("COZY_PROXY_K8S_CACHE") {
+        return PathBuf::from(dir).join("bin");
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    PathBuf::from(home).join(format!(".cache/cozy-proxy/k8s-{KUBERNETES}/bin"))
+}
+
+/// Are the binaries there? (`cargo xtask setup` builds them.)
+pub fn available() -> bool {
+    ["kube-apiserver", "kube-controller-manager", "etcd"]
+        .iter()
+        .all(|b| bin_dir().join(b).is_file())
+}
+
+/// The admin's static token (system:masters).
+const ADMIN_TOKEN: &str = "cozy-proxy-tests-admin";
+/// Service CIDRs (dual-stack): inside the tests' documentation ranges,
+/// away from the pods (the scenarios use 192.0.2.1x and 2001:db8:2::1x).
+const SERVICE_CIDR_V4: &str = "192.0.2.192/27";
+const SERVICE_CIDR_V6: &str = "2001:db8:ff::/112";
+
+pub struct ControlPlane {
+    pub ns: String,
+    pub dir: PathBuf,
+    etcd: Option<Proc>,
+    apiserver: Option<Proc>,
+    kcm: Option<Proc>,
+    kube_proxy: Option<Proc>,
+    pub url: String,
+    /// The admin's kubeconfig (for kubectl).
+    pub admin: PathBuf,
+    port: u16,
+    etcd_port: u16,
+}
+
+fn openssl(args: &[&str]) -> Result<()> {
+    ok(&[&["openssl"], args].concat()).map(|_| ())
+}
+
+/// A CA, a serving certificate for 127.0.0.1 and a service-account key
+/// pair, in `dir`.
+fn certificates(dir: &Path) -> Result<()> {
+    let p = |f: &str| dir.join(f).display().to_string();
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=cozy-proxy-tests-ca",
+        "-keyout",
+        &p("ca.key"),
+        "-out",
+        &p("ca.crt"),
+    ])?;
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=kube-apiserver",
+        "-keyout",
+        &p("server.key"),
+        "-out",
+        &p("server.csr"),
+    ])?;
+    fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )?;
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &p("server.csr"),
+        "-CA",
+        &p("ca.crt"),
+        "-CAkey",
+        &p("ca.key"),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        &p("san.ext"),
+        "-out",
+        &p("server.crt"),
+    ])?;
+    openssl(&["genrsa", "-out", &p("sa.key"), "2048"])?;
+    openssl(&["rsa", "-in", &p("sa.key"), "-pubout", "-out", &p("sa.pub")])?;
+    fs::write(
+        dir.join("tokens.csv"),
+        format!("{ADMIN_TOKEN},admin,admin,\"system:masters\"\n"),
+    )?;
+    Ok(())
+}
+
+/// A kubeconfig for `url` with this token, trusting the tests' CA.
+pub fn kubeconfig(dir: &Path, url: &str, token: &str, name: &str) -> Result<PathBuf> {
+    use base64::Engine as _;
+    let ca = fs::read(dir.join("ca.crt"))?;
+    let file = dir.join(format!("{name}.kubeconfig"));
+    fs::write(
+        &file,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: tests\n  cluster:\n    server: {url}\n    certificate-authority-data: {}\n\
+             users:\n- name: {name}\n  user:\n    token: {token}\ncontexts:\n- name: tests\n  context: {{cluster: tests, user: {name}}}\n\
+             current-context: tests\n",
+            base64::engine::general_purpose::STANDARD.encode(&ca)
+        ),
+    )?;
+    Ok(file)
+}
+
+impl ControlPlane {
+    /// Starts etcd, kube-apiserver and kube-controller-manager in `ns`,
+    /// state under `dir`; returns once the API answers.
+    pub fn start(ns: &str, dir: PathBuf) -> Result<ControlPlane> {
+        if !available() {
+            bail!(
+                "the Kubernetes binaries are not in {} (cargo xtask setup builds them)",
+                bin_dir().display()
+            );
+        }
+        fs::create_dir_all(&dir)?;
+        certificates(&dir)?;
+        // Ports: the namespace is the test's own, so fixed ones are free.
+        let (port, etcd_port) = (6443, 2379);
+        let url = format!("https://127.0.0.1:{port}");
+        let admin = kubeconfig(&dir, &url, ADMIN_TOKEN, "admin")?;
+        let mut cp = ControlPlane {
+            ns: ns.into(),
+            dir,
+            etcd: None,
+            apiserver: None,
+            kcm: None,
+            kube_proxy: None,
+            url,
+            admin,
+            port,
+            etcd_port,
+        };
+        cp.start_etcd()?;
+        cp.start_apiserver()?;
+        cp.start_kcm()?;
+        Ok(cp)
+    }
+
+    fn log(&self, name: &str) -> Result<Stdio> {
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{name}.log")))?;
+        Ok(Stdio::from(f))
+    }
+
+    fn start_etcd(&mut self) -> Result<()> {
+        let bin = bin_dir().join("etcd").display().to_string();
+        let data = self.dir.join("etcd-data").display().to_string();
+        let client = format!("http://127.0.0.1:{}", self.etcd_port);
+        let peer = format!("http://127.0.0.1:{}", self.etcd_port + 1);
+        self.etcd = Some(Proc::spawn_in(
+            &self.ns,
+            &[
+                &bin,
+                "--data-dir",
+                &data,
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+                "--initial-cluster",
+                &format!("default={peer}"),
+                "--log-level",
+                "warn",
+            ],
+            Stdio::null(),
+            self.log("etcd")?,
+        )?);
+        eventually(Duration::from_secs(20), || {
+            ok_in(
+                &self.ns,
+                &[
+                    "curl",
+                    "-sSf",
+                    "--max-time",
+                    "1",
+                    &format!("{client}/health"),
+                ],
+            )
+            .map(|_| ())
+        })
+        .with_context(|| format!("etcd did not come up:\n{}", self.log_tail("etcd")))
+    }
+
+    pub fn start_apiserver(&mut self) -> Result<()> {
+        let bin = bin_dir().join("kube-apiserver").display().to_string();
+        let d = |f: &str| self.dir.join(f).display().to_string();
+        let args = vec![
+            bin,
+            "--etcd-servers".into(),
+            format!("http://127.0.0.1:{}", self.etcd_port),
+            "--bind-address".into(),
+            "127.0.0.1".into(),
+            "--secure-port".into(),
+            self.port.to_string(),
+            "--advertise-address".into(),
+            "127.0.0.1".into(),
+            "--tls-cert-file".into(),
+            d("server.crt"),
+            "--tls-private-key-file".into(),
+            d("server.key"),
+            "--client-ca-file".into(),
+            d("ca.crt"),
+            "--token-auth-file".into(),
+            d("tokens.csv"),
+            "--authorization-mode".into(),
+            "RBAC".into(),
+            "--service-account-issuer".into(),
+            "https://kubernetes.default.svc".into(),
+            "--service-account-key-file".into(),
+            d("sa.pub"),
+            "--service-account-signing-key-file".into(),
+            d("sa.key"),
+            "--service-cluster-ip-range".into(),
+            format!("{SERVICE_CIDR_V4},{SERVICE_CIDR_V6}"),
+            "--allow-privileged".into(),
+            "--enable-priority-and-fairness=false".into(),
+            // Loopback cannot be an endpoint of the `kubernetes` Service.
+            "--endpoint-reconciler-type=none".into(),
+            "--watch-cache=true".into(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.apiserver = Some(Proc::spawn_in(
+            &self.ns,
+            &args,
+            Stdio::null(),
+            self.log("kube-apiserver")?,
+        )?);
+        eventually(Duration::from_secs(60), || {
+            let out = self.kubectl(&["get", "--raw", "/readyz"])?;
+            if out.trim() == "ok" {
+                Ok(())
+            } else {
+                bail!("not ready: {out}")
+            }
+        })
+        .with_context(|| {
+            format!(
+                "kube-apiserver did not become ready:\n{}",
+                self.log_tail("kube-apiserver")
+            )
+        })
+    }
+
+    /// Kills the API server (an outage; etcd keeps the state).
+    pub fn stop_apiserver(&mut self) {
+        if let Some(mut p) = self.apiserver.take() {
+            p.kill(libc::SIGKILL);
+            let _ = p.child.wait();
+        }
+    }
+
+    fn start_kcm(&mut self) -> Result<()> {
+        let bin = bin_dir()
+            .join("kube-controller-manager")
+            .display()
+            .to_string();
+        let admin = self.admin.display().to_string();
+        let args = [
+            bin.as_str(),
+            "--kubeconfig",
+            &admin,
+            "--authentication-kubeconfig",
+            &admin,
+            "--authorization-kubeconfig",
+            &admin,
+            "--controllers",
+            "endpointslice-controller,serviceaccount-controller,serviceaccount-token-controller,namespace-controller,garbage-collector-controller",
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            "10257",
+            "--leader-elect=false",
+            "--use-service-account-credentials=false",
+            "--service-account-private-key-file",
+            &self.dir.join("sa.key").display().to_string(),
+            "--root-ca-file",
+            &self.dir.join("ca.crt").display().to_string(),
+        ];
+        self.kcm = Some(Proc::spawn_in(
+            &self.ns,
+            &args,
+            Stdio::null(),
+            self.log("kube-controller-manager")?,
+        )?);
+        // Ready when the default ServiceAccount exists (its controller ran).
+        eventually(Duration::from_secs(60), || {
+            self.kubectl(&["get", "serviceaccount", "default", "-n", "default"])
+                .map(|_| ())
+        })
+        .with_context(|| {
+            format!(
+                "kube-controller-manager did not start its controllers:\n{}",
+                self.log_tail("kube-controller-manager")
+            )
+        })
+    }
+
+    /// The last lines of a component's log, for an error message.
+    pub fn log_tail(&self, name: &str) -> String {
+        let text = fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Starts the real kube-proxy in nftables mode for `node` in this
+    /// namespace (the node's), as a cluster runs it beside cozy-proxy.
+    /// It waits for its Node to have an address (`set_node_address`).
+    pub fn start_kube_proxy(&mut self, node: &str) -> Result<()> {
+        let bin = bin_dir().join("kube-proxy").display().to_string();
+        let admin = self.admin.display().to_string();
+        let args = [
+            bin.as_str(),
+            "--kubeconfig",
+            &admin,
+            "--hostname-override",
+            node,
+            "--proxy-mode",
+            "nftables",
+            // Leaves the host's conntrack table size alone.
+            "--conntrack-max-per-core=0",
+            "--metrics-bind-address",
+            "127.0.0.1:10249",
+            "--healthz-bind-address",
+            "127.0.0.1:10256",
+        ];
+        self.kube_proxy = Some(Proc::spawn_in(
+            &self.ns,
+            &args,
+            Stdio::null(),
+            self.log("kube-proxy")?,
+        )?);
+        eventually(Duration::from_secs(30), || {
+            ok_in(&self.ns, &["nft", "list", "table", "ip", "kube-proxy"]).map(|_| ())
+        })
+        .with_context(|| {
+            format!(
+                "kube-proxy did not create its table:\n{}",
+                self.log_tail("kube-proxy")
+            )
+        })
+    }
+
+    /// `kubectl` as the admin, in the namespace; its output.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let admin = self.admin.display().to_string();
+        let mut full = vec!["kubectl", "--kubeconfig", &admin, "--request-timeout=5s"];
+        full.extend_from_slice(args);
+        ok_in(&self.ns, &full)
+    }
+
+    /// `kubectl apply -f -` of `yaml`, as the admin.
+    pub fn apply(&self, yaml: &str) -> Result<()> {
+        let admin = self.admin.display().to_string();
+        let out = crate::sh::feed_in(
+            &self.ns,
+            &[
+                "kubectl",
+                "--kubeconfig",
+                &admin,
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-f",
+                "-",
+            ],
+            yaml.as_bytes(),
+            20,
+        )?;
+        if !out.status.success() {
+            bail!("kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
+    /// A kubeconfig with a token of ServiceAccount `namespace/name`.
+    pub fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> Result<PathBuf> {
+        let token =
+            self.kubectl(&["create", "token", name, "-n", namespace, "--duration", "2h"])?;
+        kubeconfig(
+            &self.dir,
+            &self.url,
+            token.trim(),
+            &format!("sa-{namespace}-{name}"),
+        )
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        for p in [
+            self.kube_proxy.take(),
+            self.kcm.take(),
+            self.apiserver.take(),
+            self.etcd.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let mut p = p;
+            p.kill(libc::SIGKILL);
+            let _ = p.child.wait();
+        }
+        // COZY_PROXY_KEEP_K8S=1 keeps the logs and state for a post-mortem.
+        if std::env::var_os("COZY_PROXY_KEEP_K8S").is_none() {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// The namespace the chart is installed in.
+pub const RELEASE_NAMESPACE: &str = "kube-system";
+/// The label tying the test Pods to their Service's selector.
+const SELECTOR_LABEL: &str = "cozy-proxy-tests/service";
+
+/// A test node's Node object, with its InternalIP if given (a kubelet
+/// publishes it in the status).
+pub fn node_yaml(name: &str, address: Option<std::net::IpAddr>) -> String {
+    let mut y = format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels:\n    kubernetes.io/hostname: {name}\n"
+    );
+    if let Some(a) = address {
+        y += &format!("status:\n  addresses:\n  - {{type: InternalIP, address: \"{a}\"}}\n");
+    }
+    y
+}
+
+/// The ServiceCIDR kube-apiserver creates for its service range.
+pub fn service_cidr_yaml() -> String {
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata:\n  name: kubernetes\nspec:\n  cidrs: [\"{SERVICE_CIDR_V4}\", \"{SERVICE_CIDR_V6}\"]\n"
+    )
+}
+
+/// The port a Service written without any gets through the API (a
+/// LoadBalancer Service must list one).
+const PLACEHOLDER_PORT: u16 = 80;
+
+/// The chart's directory in this workspace.
+pub fn chart_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/cozy-proxy")
+}
+
+/// A Pod's name for an endpoint address: one Pod per address, so that an
+/// endpoint that moves is a Pod that goes and another that comes.
+fn pod_name(service: &str, address: &str) -> String {
+    let tail: String = address
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    format!("{service}-{}", tail.trim_matches('-'))
+}
+
+/// The Service as a user creates it through the API: the manifest's
+/// labels, annotations, source ranges and ports, plus a selector for the
+/// test Pods (the real EndpointSlice controller makes the slices from
+/// them). A LoadBalancer needs a port: a Service without any gets
+/// [`PLACEHOLDER_PORT`] (passthrough ignores it; `put_service` returns it).
+pub fn api_service_yaml(svc: &Svc, address_type: &str) -> String {
+    let manifest = svc.yaml();
+    let spec_at = manifest.find("spec:\n").unwrap_or(manifest.len());
+    let mut y = manifest[..spec_at].to_string();
+    let family = if address_type == "IPv6" {
+        "IPv6"
+    } else {
+        "IPv4"
+    };
+    y += &format!(
+        "spec:\n  type: LoadBalancer\n  allocateLoadBalancerNodePorts: false\n  ipFamilyPolicy: SingleStack\n  ipFamilies: [{family}]\n  selector:\n    {SELECTOR_LABEL}: {}\n",
+        svc.name
+    );
+    if !svc.source_ranges.is_empty() {
+        y += "  loadBalancerSourceRanges:\n";
+        for r in &svc.source_ranges {
+            y += &format!("  - \"{r}\"\n");
+        }
+    }
+    y += "  ports:\n";
+    if svc.ports.is_empty() {
+        y += &format!("  - {{name: p0, port: {PLACEHOLDER_PORT}, protocol: TCP}}\n");
+    }
+    for (i, (proto, port)) in svc.ports.iter().enumerate() {
+        y += &format!("  - {{name: p{i}, port: {port}, protocol: {proto}}}\n");
+    }
+    y
+}
+
+impl ControlPlane {
+    /// The chart as the real `helm template` renders it for `backend`,
+    /// applied: its ServiceAccount, exactly its ClusterRole/Role and
+    /// bindings, and its DaemonSet (no kubelet runs it here; its presence
+    /// tells a stopping cozy-proxy that this is a restart, not an
+    /// uninstall).
+    pub fn install_chart(&self, backend: &str) -> Result<()> {
+        let chart = chart_dir().display().to_string();
+        let rendered = ok(&[
+            "helm",
+            "template",
+            "cozy-proxy",
+            &chart,
+            "--namespace",
+            RELEASE_NAMESPACE,
+            "--set",
+            &format!("backend={backend}"),
+        ])
+        .context("helm template (cargo xtask setup installs helm)")?;
+        self.apply(&rendered)
+    }
+
+    /// The Node object of a test node (the EndpointSlice controller skips
+    /// Pods whose Node does not exist).
+    pub fn create_node(&self, name: &str) -> Result<()> {
+        self.apply(&node_yaml(name, None))
+    }
+
+    /// Publishes the Node's InternalIP, as its kubelet would.
+    pub fn set_node_address(&self, name: &str, address: std::net::IpAddr) -> Result<()> {
+        let status = serde_json::json!({"status": {"addresses": [
+            {"type": "InternalIP", "address": address.to_string()}
+        ]}});
+        self.kubectl(&[
+            "patch",
+            "node",
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status.to_string(),
+        ])
+        .map(|_| ())
+    }
+
+    /// Creates or updates a Service and its endpoints through the API, as
+    /// users and controllers do: the Service with `kubectl apply`, its
+    /// LoadBalancer status patched (a load-balancer controller's job),
+    /// one Pod per endpoint on `node` with its status patched to the
+    /// address and readiness (a kubelet's job), Pods no longer listed
+    /// deleted. `endpoints`: `(address, ready)`, `None` = ready. Returns
+    /// the Service as the API holds it: its real creationTimestamp (which
+    /// decides conflicts) in place of the manifest's.
+    pub fn put_service(
+        &self,
+        svc: &Svc,
+        address_type: &str,
+        endpoints: &[(String, Option<bool>)],
+        node: &str,
+    ) -> Result<Svc> {
+        self.apply(&api_service_yaml(svc, address_type))?;
+        let ingress: Vec<serde_json::Value> = svc
+            .lb_ips
+            .iter()
+            .map(|ip| serde_json::json!({ "ip": ip }))
+            .chain(
+                svc.hostname
+                    .iter()
+                    .map(|h| serde_json::json!({ "hostname": h })),
+            )
+            .collect();
+        let status = serde_json::json!({"status": {"loadBalancer": {"ingress": ingress}}});
+        self.kubectl(&[
+            "patch",
+            "service",
+            &svc.name,
+            "-n",
+            "default",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status.to_string(),
+        ])?;
+        let wanted: Vec<String> = endpoints
+            .iter()
+            .map(|(a, _)| pod_name(&svc.name, a))
+            .collect();
+        for name in self.pods_of(&svc.name)? {
+            if !wanted.contains(&name) {
+                self.delete_pod(&name)?;
+            }
+        }
+        for ((address, ready), name) in endpoints.iter().zip(&wanted) {
+            self.apply(&format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  labels:\n    {SELECTOR_LABEL}: {}\n\
+                 spec:\n  nodeName: {node}\n  containers:\n  - {{name: vm, image: registry.invalid/vm:1}}\n",
+                svc.name
+            ))?;
+            let ready = if ready.unwrap_or(true) {
+                "True"
+            } else {
+                "False"
+            };
+            let status = serde_json::json!({"status": {
+                "phase": "Running",
+                "podIP": address,
+                "podIPs": [{"ip": address}],
+                "conditions": [{"type": "Ready", "status": ready}],
+            }});
+            self.kubectl(&[
+                "patch",
+                "pod",
+                name,
+                "-n",
+                "default",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &status.to_string(),
+            ])?;
+        }
+        let created = self.kubectl(&[
+            "get",
+            "service",
+            &svc.name,
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.metadata.creationTimestamp}",
+        ])?;
+        let mut held = svc.clone().created(created.trim());
+        if held.ports.is_empty() {
+            held.ports = vec![("TCP".into(), PLACEHOLDER_PORT)];
+        }
+        Ok(held)
+    }
+
+    /// Waits until the EndpointSlice controller lists `address` as a
+    /// ready endpoint of `service` (after an API server restart it first
+    /// has to find the server again, with its own backoff).
+    pub fn wait_ready_endpoint(
+        &self,
+        service: &str,
+        address: &str,
+        within: Duration,
+    ) -> Result<()> {
+        eventually(within, || {
+            let out = self.kubectl(&[
+                "get",
+                "endpointslices",
+                "-n",
+                "default",
+                "-l",
+                &format!("kubernetes.io/service-name={service}"),
+                "-o",
+                "jsonpath={range .items[*].endpoints[*]}{.addresses[0]} {.conditions.ready}{\"\\n\"}{end}",
+            ])?;
+            if out.lines().any(|l| l.trim() == format!("{address} true")) {
+                Ok(())
+            } else {
+                bail!("no ready endpoint {address} for {service}: {out:?}")
+            }
+        })
+        .with_context(|| self.log_tail("kube-controller-manager"))
+    }
+
+    /// Deletes a Service and its Pods.
+    pub fn delete_service(&self, name: &str) -> Result<()> {
+        self.kubectl(&["delete", "service", name, "-n", "default", "--wait=false"])?;
+        for pod in self.pods_of(name)? {
+            self.delete_pod(&pod)?;
+        }
+        Ok(())
+    }
+
+    fn pods_of(&self, service: &str) -> Result<Vec<String>> {
+        let out = self.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            "default",
+            "-l",
+            &format!("{SELECTOR_LABEL}={service}"),
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ])?;
+        Ok(out.split_whitespace().map(str::to_string).collect())
+    }
+
+    /// No kubelet confirms a Pod's end here: deleted at once.
+    fn delete_pod(&self, name: &str) -> Result<()> {
+        self.kubectl(&[
+            "delete",
+            "pod",
+            name,
+            "-n",
+            "default",
+            "--grace-period=0",
+            "--force",
+            "--wait=false",
+        ])
+        .map(|_| ())
+    }
+
+    /// The Events of `default/<service>` as `reason: note` lines.
+    pub fn events_of(&self, service: &str) -> Result<Vec<String>> {
+        let out = self.kubectl(&[
+            "get",
+            "events",
+            "-n",
+            "default",
+            "--field-selector",
+            &format!("involvedObject.name={service},involvedObject.kind=Service"),
+            "-o",
+            "json",
+        ])?;
+        let v: serde_json::Value = serde_json::from_str(&out).context("kubectl get events")?;
+        Ok(v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                format!(
+                    "{}: {}",
+                    e["reason"].as_str().unwrap_or(""),
+                    e["message"].as_str().unwrap_or("")
+                )
+            })
+            .collect())
+    }
+
+    /// Compacts etcd's history up to its current revision, after writing
+    /// `writes` keys outside Kubernetes' prefix (etcd's JSON gateway): a
+    /// watch resumed from an older resourceVersion then gets 410 Gone.
+    pub fn compact_etcd(&self, writes: usize) -> Result<()> {
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let gateway = format!("http://127.0.0.1:{}/v3", self.etcd_port);
+        let post = |path: &str, body: &serde_json::Value| {
+            ok_in(
+                &self.ns,
+                &[
+                    "curl",
+                    "-sSf",
+                    "--max-time",
+                    "5",
+                    "-X",
+                    "POST",
+                    "-d",
+                    &body.to_string(),
+                    &format!("{gateway}{path}"),
+                ],
+            )
+        };
+        let mut revision = String::new();
+        for i in 0..writes.max(1) {
+            let out = post(
+                "/kv/put",
+                &serde_json::json!({"key": b64("/cozy-proxy-tests/filler"), "value": b64(&i.to_string())}),
+            )?;
+            let v: serde_json::Value = serde_json::from_str(&out).context("etcd put")?;
+            revision = v["header"]["revision"]
+                .as_str()
+                .context("etcd revision")?
+                .to_string();
+        }
+        post(
+            "/kv/compaction",
+            &serde_json::json!({"revision": revision, "physical": true}),
+        )?;
+        Ok(())
+    }
+}
