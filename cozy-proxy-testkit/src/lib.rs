@@ -8,6 +8,7 @@ pub mod bpf;
 pub mod cluster;
 pub mod frames;
 pub mod fuzz;
+pub mod image;
 pub mod k8s;
 pub mod manifests;
 pub mod net;
@@ -200,6 +201,8 @@ pub struct Controller {
     /// The eBPF backend's pin directory (unique per test).
     pub pin_dir: PathBuf,
     pub log: PathBuf,
+    /// Run from the image, as a container (`None`: the binary directly).
+    pub container: Option<image::Container>,
 }
 
 impl Controller {
@@ -220,6 +223,32 @@ impl Controller {
             extra_args: Vec::new(),
             pin_dir,
             log,
+            container: None,
+        };
+        c.spawn()?;
+        Ok(c)
+    }
+
+    /// Like [`Controller::start`], as a container of the image.
+    pub fn start_in_container(
+        ns: &str,
+        node: &str,
+        backend: Backend,
+        source_args: Vec<String>,
+        pin_dir: PathBuf,
+        log: PathBuf,
+        container: image::Container,
+    ) -> Result<Controller> {
+        let mut c = Controller {
+            proc: None,
+            ns: ns.into(),
+            node: node.into(),
+            backend,
+            source_args,
+            extra_args: Vec::new(),
+            pin_dir,
+            log,
+            container: Some(container),
         };
         c.spawn()?;
         Ok(c)
@@ -256,12 +285,14 @@ impl Controller {
         args.extend(self.extra_args.iter().map(String::as_str));
         const STARTED: &str = "waiting for the initial lists";
         let before = self.log_text().matches(STARTED).count();
-        self.proc = Some(Proc::spawn_in(
-            &self.ns,
-            &args,
-            Stdio::null(),
-            Stdio::from(log),
-        )?);
+        self.proc = Some(match &self.container {
+            Some(c) => {
+                let command = c.command(Some(&self.ns), &args)?;
+                let command: Vec<&str> = command.iter().map(String::as_str).collect();
+                Proc::spawn(&command, Stdio::null(), Stdio::from(log))?
+            }
+            None => Proc::spawn_in(&self.ns, &args, Stdio::null(), Stdio::from(log))?,
+        });
         // Up and handling signals (so a quick stop is a clean one), or
         // exited with an error the log explains.
         traffic::eventually(Duration::from_secs(5), || {
@@ -278,6 +309,9 @@ impl Controller {
         if let Some(mut p) = self.proc.take() {
             p.kill(libc::SIGTERM);
             let status = p.child.wait()?;
+            if let Some(c) = &self.container {
+                c.remove();
+            }
             if !status.success() {
                 bail!("controller exited with {status} on SIGTERM");
             }
@@ -331,6 +365,12 @@ fn real_api(
     Ok((cp, args))
 }
 
+/// What `Env::in_container` asks for.
+struct ContainerRequest {
+    seccomp: Option<image::SeccompChoice>,
+    bpffs: Option<PathBuf>,
+}
+
 /// Everything one scenario runs in. Fields drop in order: the controller
 /// stops before the namespaces go.
 pub struct Env {
@@ -354,13 +394,44 @@ impl Env {
     }
 
     pub fn with_source(backend: Backend, source: SourceKind, fam: Fam) -> Result<Env> {
+        Env::create(backend, source, fam, None)
+    }
+
+    /// The controller runs from the image as a container under the chart's
+    /// security settings (`image`), with `seccomp` (`None`: the chart's
+    /// own choice) and the manifests source; `bpffs`: the host directory
+    /// mounted where the chart mounts the bpffs (`None`: the tests' bpffs).
+    pub fn in_container(
+        backend: Backend,
+        fam: Fam,
+        seccomp: Option<image::SeccompChoice>,
+        bpffs: Option<PathBuf>,
+    ) -> Result<Env> {
+        Env::create(
+            backend,
+            SourceKind::Manifests,
+            fam,
+            Some(ContainerRequest { seccomp, bpffs }),
+        )
+    }
+
+    fn create(
+        backend: Backend,
+        source: SourceKind,
+        fam: Fam,
+        container: Option<ContainerRequest>,
+    ) -> Result<Env> {
         check_root()?;
         let topo = Topology::new()?;
         let dir = ManifestDir::new(&topo.prefix)?;
         let log = std::env::temp_dir().join(format!("{}-controller.log", topo.prefix));
         let _ = fs::remove_file(&log);
+        let bpffs = match container.as_ref().and_then(|c| c.bpffs.clone()) {
+            Some(dir) => dir,
+            None => test_bpffs()?,
+        };
         let pin_dir = match backend {
-            Backend::Ebpf | Backend::EbpfFast => test_bpffs()?.join(&topo.prefix),
+            Backend::Ebpf | Backend::EbpfFast => bpffs.join(&topo.prefix),
             Backend::Nft => std::env::temp_dir().join(format!("{}-unused-pins", topo.prefix)),
         };
         let (standin, api, source_args) = match source {
@@ -386,7 +457,32 @@ impl Env {
                 (None, Some(cp), args)
             }
         };
-        let ctl = Controller::start(&topo.node(), "node1", backend, source_args, pin_dir, log)?;
+        let ctl = match container {
+            None => Controller::start(&topo.node(), "node1", backend, source_args, pin_dir, log)?,
+            Some(request) => {
+                let container = image::container(
+                    backend.arg(),
+                    &std::env::temp_dir().join(format!("{}-bundle", topo.prefix)),
+                    &topo.prefix,
+                    request.seccomp,
+                    &bpffs,
+                    vec![image::Bind {
+                        source: dir.path.clone(),
+                        destination: dir.path.clone(),
+                        read_only: true,
+                    }],
+                )?;
+                Controller::start_in_container(
+                    &topo.node(),
+                    "node1",
+                    backend,
+                    source_args,
+                    pin_dir,
+                    log,
+                    container,
+                )?
+            }
+        };
         Ok(Env {
             ctl,
             standin,
@@ -485,6 +581,9 @@ impl Drop for Env {
             &self.topo.node(),
             &[&bin(), "cleanup", "--bpf-pin-dir", &pins],
         );
+        if let Some(c) = &self.ctl.container {
+            c.discard();
+        }
     }
 }
 

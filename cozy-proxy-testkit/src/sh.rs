@@ -51,14 +51,20 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn_in(ns: &str, args: &[&str], stdout: Stdio, stderr: Stdio) -> Result<Proc> {
-        let child = Command::new("ip")
-            .args(["netns", "exec", ns])
-            .args(args)
+        let mut all = vec!["ip", "netns", "exec", ns];
+        all.extend_from_slice(args);
+        Proc::spawn(&all, stdout, stderr)
+    }
+
+    /// A background process on the host (no namespace of its own).
+    pub fn spawn(args: &[&str], stdout: Stdio, stderr: Stdio) -> Result<Proc> {
+        let child = Command::new(args[0])
+            .args(&args[1..])
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
             .spawn()
-            .with_context(|| format!("starting {args:?} in {ns}"))?;
+            .with_context(|| format!("starting {args:?}"))?;
         Ok(Proc { child })
     }
 

@@ -21,6 +21,7 @@ pub mod nft;
 pub mod node;
 pub mod rbac;
 pub mod reconcile;
+pub mod seccomp;
 pub mod source;
 pub mod steer;
 pub mod telemetry;

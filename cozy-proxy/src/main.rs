@@ -46,6 +46,14 @@ enum Command {
     },
     /// Load the embedded eBPF programs into the kernel and unload them.
     CheckEbpf,
+    /// Print the seccomp profile the chart runs the eBPF backend under (the
+    /// runtime default plus bpf and perf_event_open), or with --install
+    /// PATH write it there (the chart's init container installs it into
+    /// the kubelet's seccomp directory).
+    SeccompProfile {
+        #[arg(long, value_name = "PATH")]
+        install: Option<std::path::PathBuf>,
+    },
     /// Print the Kubernetes RBAC rules the controller needs: the ClusterRole
     /// rules, or with --role-for NAME those of the Role in its namespace.
     Rbac {
@@ -89,6 +97,18 @@ async fn main() -> Result<()> {
             }
             Ok(())
         }
+        Command::SeccompProfile { install } => match install {
+            Some(path) => {
+                cozy_proxy::seccomp::install(&path)
+                    .with_context(|| format!("installing {}", path.display()))?;
+                eprintln!("installed {}", path.display());
+                Ok(())
+            }
+            None => {
+                print!("{}", cozy_proxy::seccomp::EBPF_PROFILE);
+                Ok(())
+            }
+        },
         Command::CheckEbpf => {
             let names = cozy_proxy::ebpf::load_check()?;
             println!("loaded: {}", names.join(", "));

@@ -70,13 +70,13 @@ fn the_daemonset_asks_for_what_each_backend_needs_and_no_more() {
             "ebpf",
             vec!["NET_ADMIN", "BPF", "PERFMON"],
             true,
-            "Unconfined",
+            "Localhost",
         ),
         (
             "auto",
             vec!["NET_ADMIN", "BPF", "PERFMON"],
             true,
-            "Unconfined",
+            "Localhost",
         ),
     ] {
         let docs = render(&[&format!("backend={backend}")]);
@@ -90,6 +90,25 @@ fn the_daemonset_asks_for_what_each_backend_needs_and_no_more() {
         assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false));
         assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true));
         assert_eq!(sc["seccompProfile"]["type"].as_str(), Some(seccomp));
+        // The Localhost profile is installed by an init container with no
+        // capability at all, into the kubelet's seccomp directory.
+        let init = &pod["initContainers"][0];
+        if seccomp == "Localhost" {
+            assert_eq!(
+                sc["seccompProfile"]["localhostProfile"].as_str(),
+                Some("cozy-proxy/cozy-proxy-ebpf.json")
+            );
+            assert_eq!(init["name"].as_str(), Some("install-seccomp-profile"));
+            assert_eq!(
+                strings(&init["securityContext"]["capabilities"]["drop"]),
+                vec!["ALL"]
+            );
+            assert!(init["securityContext"]["capabilities"]["add"].is_null());
+            let volumes = serde_yaml::to_string(&pod["volumes"]).unwrap_or_default();
+            assert!(volumes.contains("/var/lib/kubelet/seccomp"), "{volumes}");
+        } else {
+            assert!(init.is_null(), "{backend}: init container {init:?}");
+        }
         let mounts = serde_yaml::to_string(&c["volumeMounts"]).unwrap_or_default();
         assert_eq!(
             mounts.contains("/sys/fs/bpf"),
@@ -242,4 +261,22 @@ fn bad_values_are_refused_by_the_schema() {
             "{bad}: {err}"
         );
     }
+}
+
+#[test]
+fn the_ebpf_seccomp_profile_can_be_chosen() {
+    for (choice, init) in [
+        ("RuntimeDefault", false),
+        ("Unconfined", false),
+        ("Localhost", true),
+    ] {
+        let docs = render(&["backend=ebpf", &format!("seccomp.ebpf={choice}")]);
+        let pod = &find(&docs, "DaemonSet")["spec"]["template"]["spec"];
+        let sc = &pod["containers"][0]["securityContext"];
+        assert_eq!(sc["seccompProfile"]["type"].as_str(), Some(choice));
+        assert_eq!(!pod["initContainers"].is_null(), init, "{choice}");
+    }
+    let (ok, _, err) = helm(&["template", "cozy", &chart(), "--set", "seccomp.ebpf=Off"]);
+    assert!(!ok, "an unknown seccomp choice must fail the schema");
+    assert!(err.contains("seccomp"), "{err}");
 }

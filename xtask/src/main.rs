@@ -44,6 +44,14 @@ const APT_PACKAGES: &[&str] = &[
     "curl",
     "unzip",
     "fonts-dejavu-core",
+    // The real control plane's certificates (cozy-proxy-testkit/src/k8s.rs).
+    "openssl",
+    // The image without a daemon, and the container under the chart's
+    // settings (cargo xtask image, tests/container.rs); buildah brings
+    // containers-common's default seccomp profile.
+    "buildah",
+    "umoci",
+    "runc",
 ];
 
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
@@ -64,7 +72,7 @@ fn main() -> Result<()> {
             setup()?;
             demo()
         }
-        Some("image") => image(args.get(1).map_or("cozy-proxy:dev", String::as_str)),
+        Some("image") => image(args.get(1).map_or("dev", String::as_str)),
         Some("bench") => {
             setup()?;
             bench(&args[1..])
@@ -414,15 +422,44 @@ fn machine() -> String {
     format!("{cores} cores ({cpu}), {mem} memory, Linux {kernel}; namespaces and veths on one machine (checksum offload off)")
 }
 
-/// Builds the container image with the first engine that answers.
+/// Builds the container image: with the first container engine that
+/// answers, from the Dockerfile; without one (these machines), with
+/// buildah from the release binary and exactly the libraries it loads,
+/// into an OCI archive (`target/image/cozy-proxy-TAG.oci.tar`) that
+/// `podman load`, `skopeo copy oci-archive:... docker://...` or `ctr
+/// images import` take.
 fn image(tag: &str) -> Result<()> {
-    let engine = ["docker", "podman", "nerdctl"]
+    if let Some(engine) = ["docker", "podman", "nerdctl"]
         .into_iter()
         .find(|e| succeeds(Command::new(e).arg("info")))
-        .context("no container engine answers here (docker, podman, nerdctl); build the image where one runs")?;
-    run(Command::new(engine)
-        .args(["build", "-t", tag, "."])
-        .current_dir(root()))
+    {
+        return run(Command::new(engine)
+            .args(["build", "-t", &format!("cozy-proxy:{tag}"), "."])
+            .current_dir(root()));
+    }
+    setup()?;
+    build()?;
+    let dir = root().join("target/image");
+    std::fs::create_dir_all(&dir)?;
+    let archive = dir.join(format!("cozy-proxy-{tag}.oci.tar"));
+    run(cargo()
+        .args([
+            "run",
+            "-q",
+            "-p",
+            "cozy-proxy-testkit",
+            "--bin",
+            "image",
+            "--",
+        ])
+        .arg(root().join("target/release/cozy-proxy"))
+        .arg(&archive)
+        .arg(tag))?;
+    eprintln!(
+        "xtask: image {} (OCI archive, reference {tag})",
+        archive.display()
+    );
+    Ok(())
 }
 
 fn demo() -> Result<()> {

@@ -17,3 +17,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "cozy-proxy.ebpf" -}}
 {{- if ne .Values.backend "nft" }}true{{- end -}}
 {{- end -}}
+
+{{/* The eBPF seccomp profile's path under the kubelet's seccomp directory. */}}
+{{- define "cozy-proxy.seccompProfile" -}}
+cozy-proxy/cozy-proxy-ebpf.json
+{{- end }}

@@ -1,6 +1,7 @@
 //! The eBPF datapath: TC programs on the node's interfaces, BPF maps kept
 //! equal to the node's state, and one host route per mapping that steers
 //! the LB IP toward its pod (see docs/ebpf-datapath.md for why).
+mod bpffs;
 mod links;
 mod maps;
 
@@ -53,6 +54,16 @@ pub enum EbpfError {
     },
     #[error("map {map} is full")]
     Full { map: &'static str },
+    #[error(
+        "{path} is not a bpffs and mounting one failed ({source}): the pinned maps and links \
+         must outlive the process; mount one on the node (`mount -t bpf bpf /sys/fs/bpf`; \
+         systemd's sys-fs-bpf.mount does at boot) and into the container (the chart mounts the \
+         host's /sys/fs/bpf)"
+    )]
+    NoBpffs {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -185,6 +196,7 @@ impl EbpfKernel {
         if OBJECT.is_empty() {
             return Err(EbpfError::NotBuilt);
         }
+        bpffs::ensure(&cfg.pin_dir)?;
         let links_dir = links::links_dir(&cfg.pin_dir);
         fs::create_dir_all(&links_dir).map_err(io(&links_dir))?;
         maps::drop_incompatible_pins(&cfg.pin_dir);

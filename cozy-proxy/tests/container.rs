@@ -1,0 +1,171 @@
+//! The image, built and run for real: built from the binary under test
+//! with buildah into an OCI archive, unpacked with umoci, run with runc in
+//! the test node's network namespace (hostNetwork) under exactly the
+//! security settings the chart's DaemonSet renders to (capabilities after
+//! dropping ALL, not privileged, no privilege escalation, read-only root,
+//! the bpffs mount, the seccomp profile); a scenario subset with real
+//! traffic on both backends. And the evidence behind the chart's seccomp
+//! choice: the runtime default profile refuses bpf(2) without
+//! CAP_SYS_ADMIN, the profile the chart ships allows it. Needs root.
+// Only a subset of the scenarios runs in the container.
+#[allow(dead_code)]
+mod cases;
+
+use anyhow::{ensure, Context, Result};
+use cozy_proxy_testkit as harness;
+use harness::{image, net::Fam, Backend, Env};
+use std::time::Duration;
+
+fn run(backend: Backend, scenario: fn(&mut Env) -> Result<()>) {
+    let mut env = Env::in_container(backend, Fam::V4, None, None).expect("container");
+    if let Err(e) = scenario(&mut env) {
+        panic!("{e:#}\n--- controller log ---\n{}", env.ctl.log_text());
+    }
+}
+
+macro_rules! subset {
+    ($backend:expr; $($module:ident :: $name:ident),*) => {
+        $(
+            #[test]
+            fn $name() {
+                crate::run($backend, crate::cases::$module::$name);
+            }
+        )*
+    };
+}
+
+mod nft {
+    use super::Backend;
+    subset!(Backend::Nft;
+        passthrough::s02_any_port, passthrough::s04_egress_source,
+        filter::s07_listed_ports_pass, changes::s13_endpoint_moves);
+}
+
+mod ebpf {
+    use super::Backend;
+    subset!(Backend::Ebpf;
+        passthrough::s02_any_port, passthrough::s04_egress_source,
+        filter::s07_listed_ports_pass, changes::s13_endpoint_moves);
+}
+
+/// Under the runtime default profile (containers-common's, CRI-O's and
+/// podman's default; containerd's before it learnt CAP_BPF) the eBPF
+/// backend cannot start: bpf(2) is refused without CAP_SYS_ADMIN.
+#[test]
+fn the_runtime_default_profile_refuses_bpf() -> Result<()> {
+    let mut env = Env::in_container(
+        Backend::Ebpf,
+        Fam::V4,
+        Some(image::SeccompChoice::RuntimeDefault),
+        None,
+    )?;
+    harness::traffic::eventually(Duration::from_secs(10), || {
+        ensure!(!env.ctl.alive(), "still running");
+        Ok(())
+    })
+    .with_context(|| env.ctl.log_text())?;
+    let log = env.ctl.log_text();
+    ensure!(
+        log.contains("Operation not permitted") || log.contains("EPERM"),
+        "no EPERM in the log:\n{log}"
+    );
+    Ok(())
+}
+
+/// The profile the chart ships for eBPF is the runtime default resolved
+/// for the chart's capabilities, plus bpf and perf_event_open. Set
+/// COZY_PROXY_WRITE_PROFILE=1 to write it again after containers-common
+/// changes its default.
+#[test]
+fn the_shipped_profile_is_the_runtime_default_plus_bpf() -> Result<()> {
+    let security = image::chart_security("ebpf")?;
+    let default: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(image::RUNTIME_DEFAULT_PROFILE)?)?;
+    let resolved = image::resolve_profile(&default, &security.capabilities)?;
+    let want = image::allowing(&resolved, &["bpf", "perf_event_open"])?;
+    let choice = image::SeccompChoice::of_chart(&security)?;
+    let image::SeccompChoice::Localhost(name) = &choice else {
+        anyhow::bail!("the chart's eBPF profile is {choice:?}, not Localhost");
+    };
+    let path = harness::k8s::chart_dir().join("files").join(name);
+    if std::env::var_os("COZY_PROXY_WRITE_PROFILE").is_some() {
+        std::fs::write(&path, serde_json::to_string_pretty(&want)? + "\n")?;
+    }
+    let shipped: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    ensure!(
+        shipped == want,
+        "{} differs from the runtime default + bpf (COZY_PROXY_WRITE_PROFILE=1 rewrites it)",
+        path.display()
+    );
+    Ok(())
+}
+
+/// A pin directory whose parent is not a bpffs (the node has none mounted
+/// at /sys/fs/bpf): the container cannot mount one without CAP_SYS_ADMIN,
+/// and says what to do instead of pinning into a plain directory.
+#[test]
+fn without_a_bpffs_the_ebpf_backend_says_what_to_do() -> Result<()> {
+    let plain = std::env::temp_dir().join(format!("cozy-proxy-plain-{}", std::process::id()));
+    std::fs::create_dir_all(&plain)?;
+    let mut env = Env::in_container(Backend::Ebpf, Fam::V4, None, Some(plain.clone()))?;
+    let outcome = harness::traffic::eventually(Duration::from_secs(10), || {
+        ensure!(!env.ctl.alive(), "still running");
+        Ok(())
+    });
+    let log = env.ctl.log_text();
+    let _ = std::fs::remove_dir_all(&plain);
+    outcome.with_context(|| log.clone())?;
+    ensure!(
+        log.contains("is not a bpffs") && log.contains("mount -t bpf"),
+        "no advice in the log:\n{log}"
+    );
+    Ok(())
+}
+
+/// The chart's init container, run as the chart renders it (its arguments,
+/// no capability at all, RuntimeDefault, read-only root) with a directory
+/// in place of the kubelet's seccomp directory: it writes the profile the
+/// main container then runs under.
+#[test]
+fn the_init_container_installs_the_profile() -> Result<()> {
+    let security = image::chart_container_security("ebpf", "install-seccomp-profile")?;
+    ensure!(security.capabilities.is_empty(), "{security:?}");
+    let scratch = std::env::temp_dir().join(format!("cozy-proxy-init-{}", std::process::id()));
+    let host_dir = scratch.join("kubelet-seccomp");
+    std::fs::create_dir_all(&host_dir)?;
+    let bundle = scratch.join("bundle");
+    image::test_bundle(&bundle)?;
+    let container = image::Container {
+        bundle: bundle.clone(),
+        id: format!("cozy-proxy-init-{}", std::process::id()),
+        seccomp: image::SeccompChoice::of_chart(&security)?.profile(&security.capabilities)?,
+        host_bpffs: None,
+        binds: vec![image::Bind {
+            source: host_dir.clone(),
+            destination: "/host-seccomp".into(),
+            read_only: false,
+        }],
+        security: security.clone(),
+    };
+    let mut args = vec!["/cozy-proxy"];
+    args.extend(security.args.iter().map(String::as_str));
+    let command = container.command(None, &args)?;
+    let out = std::process::Command::new(&command[0])
+        .args(&command[1..])
+        .output()?;
+    container.discard();
+    let installed = std::fs::read_to_string(host_dir.join("cozy-proxy/cozy-proxy-ebpf.json")).ok();
+    let _ = std::fs::remove_dir_all(&scratch);
+    ensure!(
+        out.status.success(),
+        "init container failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shipped =
+        std::fs::read_to_string(harness::k8s::chart_dir().join("files/cozy-proxy-ebpf.json"))?;
+    ensure!(
+        installed.as_deref() == Some(shipped.as_str()),
+        "installed {installed:?}"
+    );
+    Ok(())
+}
