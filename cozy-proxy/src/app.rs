@@ -84,30 +84,56 @@ pub struct RunArgs {
     #[arg(long, env = "COZY_PROXY_METRICS_ADDR", default_value = "0.0.0.0:9402")]
     pub metrics_addr: String,
     /// How often the manifest directory is checked for changes.
-    #[arg(long, default_value = "250ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "250ms", value_parser = parse_period)]
     pub poll_interval: Duration,
     /// How long to coalesce a burst of API events before reconciling.
     #[arg(long, default_value = "50ms", value_parser = parse_duration)]
     pub debounce: Duration,
     /// How often the kernel state is read again and drift repaired.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = parse_period)]
     pub resync: Duration,
     /// How often the datapath's traffic counters are copied into /metrics.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_period)]
     pub counters_interval: Duration,
 }
 
+/// The longest duration a setting takes: a day (longer ones are typos,
+/// and would overflow the timers' arithmetic).
+const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// A duration such as `50ms`, `60s`, `5m` (a bare number is seconds),
+/// zero allowed, at most a day.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = s
         .find(|c: char| !c.is_ascii_digit())
         .map_or((s, "s"), |i| (&s[..i], &s[i..]));
     let n: u64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("invalid duration unit in {s:?} (use ms, s or m)")),
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => n
+            .checked_mul(60)
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("duration {s:?} is too long (at most 24h)"))?,
+        _ => return Err(format!("invalid duration unit in {s:?} (use ms, s or m)")),
+    };
+    if d > MAX_DURATION {
+        return Err(format!("duration {s:?} is too long (at most 24h)"));
     }
+    Ok(d)
+}
+
+/// The period of something repeated (resync, polling, counters): a
+/// duration of at least 10 ms (a timer of zero period cannot run, and a
+/// shorter one only burns the CPU).
+pub fn parse_period(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(10) {
+        return Err(format!(
+            "period {s:?} is too short: at least 10ms (it sets how often something repeats)"
+        ));
+    }
+    Ok(d)
 }
 
 /// Resolves at SIGTERM or SIGINT. The handlers are registered when this is
@@ -228,4 +254,40 @@ async fn run_loop<D: Datapath + 'static, S: Source>(
         on_warnings,
     };
     controller::run(ctx, shutdown).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_duration, parse_period};
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse_and_bad_ones_are_refused() {
+        assert_eq!(parse_duration("50ms"), Ok(Duration::from_millis(50)));
+        assert_eq!(parse_duration("0ms"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        for bad in [
+            "",
+            "5h",
+            "-1s",
+            "1.5s",
+            "99999999999999999999m",
+            "307445734561825861m",
+            "25h",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(parse_duration("1441m").unwrap_err().contains("at most 24h"));
+    }
+
+    #[test]
+    fn periods_are_never_zero() {
+        for zero in ["0s", "0ms", "0", "9ms"] {
+            let e = parse_period(zero).unwrap_err();
+            assert!(e.contains("too short"), "{zero}: {e}");
+        }
+        assert_eq!(parse_period("10ms"), Ok(Duration::from_millis(10)));
+        assert_eq!(parse_period("60s"), Ok(Duration::from_secs(60)));
+    }
 }

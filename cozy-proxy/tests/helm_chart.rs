@@ -280,3 +280,31 @@ fn the_ebpf_seccomp_profile_can_be_chosen() {
     assert!(!ok, "an unknown seccomp choice must fail the schema");
     assert!(err.contains("seccomp"), "{err}");
 }
+
+#[test]
+fn zero_periods_are_refused_by_the_schema() {
+    for bad in [
+        "resync=0s",
+        "resync=0ms",
+        "resync=5ms",
+        "resync=1h",
+        "debounce=-1s",
+    ] {
+        let (ok, _, err) = helm(&["template", "cozy", &chart(), "--set", bad]);
+        assert!(!ok, "{bad} accepted");
+        assert!(
+            err.contains("pattern") || err.contains("resync") || err.contains("debounce"),
+            "{bad}: {err}"
+        );
+    }
+    for good in [
+        "resync=10ms",
+        "resync=60s",
+        "resync=5m",
+        "debounce=0ms",
+        "debounce=50ms",
+    ] {
+        let (ok, _, err) = helm(&["template", "cozy", &chart(), "--set", good]);
+        assert!(ok, "{good} refused: {err}");
+    }
+}
