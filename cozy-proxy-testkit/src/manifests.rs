@@ -133,8 +133,16 @@ impl ManifestDir {
         Ok(())
     }
 
+    /// Removes `name.yaml`. The last one removed leaves the marker that
+    /// says "empty on purpose" (an emptied directory otherwise keeps the
+    /// last state: `cozy_proxy::source::EMPTY_MARKER`).
     pub fn remove(&self, name: &str) -> Result<()> {
-        fs::remove_file(self.file(name)).with_context(|| format!("removing {name}"))
+        fs::remove_file(self.file(name)).with_context(|| format!("removing {name}"))?;
+        let left = cozy_proxy::source::manifests::manifest_files(&self.path)?;
+        if left.is_empty() {
+            fs::write(self.path.join(cozy_proxy::source::EMPTY_MARKER), "")?;
+        }
+        Ok(())
     }
 
     fn file(&self, name: &str) -> PathBuf {

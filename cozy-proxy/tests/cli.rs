@@ -30,4 +30,3 @@ fn zero_and_overflowing_durations_are_refused() {
         assert!(err.contains(flag), "{flag} {value} not named: {err}");
     }
 }
-

@@ -55,16 +55,46 @@ pub fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>, ManifestError> {
     Ok(files)
 }
 
-/// A fingerprint of the directory's manifests: their names and contents.
-/// Compared between polls to notice any change.
+/// The largest manifest file read: a Service and its EndpointSlice take a
+/// few KiB; a file this large is a mistake (a log, a dump) and reading it
+/// would only cost memory.
+pub const MAX_FILE_BYTES: u64 = 4 << 20;
+
+/// The directory's manifests: their names and contents (compared between
+/// polls to notice any change), and the files refused for their size.
+pub type Contents = (Vec<(PathBuf, Vec<u8>)>, Vec<Skipped>);
+
+/// Reads the directory's manifests, each up to [`MAX_FILE_BYTES`]; larger
+/// ones are skipped (the rest of the directory still counts).
+pub fn read_manifests(dir: &Path) -> Result<Contents, ManifestError> {
+    use std::io::Read;
+    let (mut files, mut skipped) = (Vec::new(), Vec::new());
+    for path in manifest_files(dir)? {
+        let io = |source| ManifestError::Io {
+            path: path.clone(),
+            source,
+        };
+        let mut bytes = Vec::new();
+        // Bounded even if the file grows while it is read.
+        fs::File::open(&path)
+            .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes))
+            .map_err(io)?;
+        if bytes.len() as u64 > MAX_FILE_BYTES {
+            skipped.push(Skipped {
+                file: path,
+                document: 0,
+                reason: format!("larger than {MAX_FILE_BYTES} bytes; not read"),
+            });
+        } else {
+            files.push((path, bytes));
+        }
+    }
+    Ok((files, skipped))
+}
+
+/// The manifests of `dir` within the size cap (see [`read_manifests`]).
 pub fn fingerprint(dir: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, ManifestError> {
-    manifest_files(dir)?
-        .into_iter()
-        .map(|path| match fs::read(&path) {
-            Ok(bytes) => Ok((path, bytes)),
-            Err(source) => Err(ManifestError::Io { path, source }),
-        })
-        .collect()
+    read_manifests(dir).map(|(files, _)| files)
 }
 
 /// Parses manifests (as returned by [`fingerprint`]).
@@ -143,6 +173,23 @@ fn add_object(snapshot: &mut Snapshot, value: serde_yaml::Value) -> Result<(), S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_over_the_size_cap_are_skipped_and_the_rest_is_read() {
+        let dir = std::env::temp_dir().join(format!("cozy-proxy-cap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join("a.yaml"), "kind: Service\n").expect("a");
+        let big = vec![b'#'; (super::MAX_FILE_BYTES + 1) as usize];
+        std::fs::write(dir.join("big.yaml"), big).expect("big");
+        let (files, skipped) = super::read_manifests(&dir).expect("read");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(files.len(), 1);
+        assert!(files[0].0.ends_with("a.yaml"));
+        assert_eq!(skipped.len(), 1);
+        assert!(skipped[0].file.ends_with("big.yaml"));
+        assert!(skipped[0].reason.contains("larger than"));
+    }
 
     #[test]
     fn reads_multi_document_yaml_and_reports_bad_documents() {

@@ -39,12 +39,24 @@ pub trait Source {
 }
 
 /// The standalone source: manifests in a directory, polled.
+///
+/// A directory that becomes empty after having manifests is more often a
+/// mistake (a failed sync, a volume unmounted under us) than a wish to
+/// remove every Service: the last state is kept, with a warning, unless
+/// the directory holds [`EMPTY_MARKER`] (remove the manifests and create
+/// that file to remove everything). An unreadable directory keeps the last
+/// state too.
 pub struct ManifestSource {
     dir: PathBuf,
     tick: tokio::time::Interval,
     /// The directory's content at the last snapshot.
-    seen: Option<Vec<(PathBuf, Vec<u8>)>>,
+    seen: Option<manifests::Contents>,
+    /// The empty directory was already warned about.
+    warned_empty: bool,
 }
+
+/// A file in the manifest directory that says "empty on purpose".
+pub const EMPTY_MARKER: &str = ".cozy-proxy-empty";
 
 impl ManifestSource {
     pub fn new(dir: PathBuf, poll: Duration) -> Self {
@@ -52,11 +64,12 @@ impl ManifestSource {
             dir,
             tick: tokio::time::interval(poll),
             seen: None,
+            warned_empty: false,
         }
     }
 
-    fn read(&self) -> Option<Vec<(PathBuf, Vec<u8>)>> {
-        match manifests::fingerprint(&self.dir) {
+    fn read(&self) -> Option<manifests::Contents> {
+        match manifests::read_manifests(&self.dir) {
             Ok(f) => Some(f),
             Err(e) => {
                 warn!(error = %e, "cannot read the manifest directory; keeping the datapath as it is");
@@ -86,16 +99,64 @@ impl Source for ManifestSource {
     }
 
     fn snapshot(&mut self) -> Snapshot {
-        let Some(files) = self.read() else {
-            // Unreadable now: keep the last state (read again next time).
-            let last = self.seen.clone().unwrap_or_default();
-            return manifests::parse(&last).snapshot;
+        let last = || {
+            let files = self
+                .seen
+                .as_ref()
+                .map(|(f, _)| f.clone())
+                .unwrap_or_default();
+            manifests::parse(&files).snapshot
         };
-        let loaded = manifests::parse(&files);
-        for s in &loaded.skipped {
+        let Some(contents) = self.read() else {
+            // Unreadable now: keep the last state (read again next time).
+            return last();
+        };
+        let had_some = self.seen.as_ref().is_some_and(|(f, _)| !f.is_empty());
+        if contents.0.is_empty() && had_some && !self.dir.join(EMPTY_MARKER).exists() {
+            if !self.warned_empty {
+                warn!(
+                    dir = %self.dir.display(),
+                    "the manifest directory became empty; keeping the last state (create {EMPTY_MARKER} in it to remove everything)"
+                );
+                self.warned_empty = true;
+            }
+            return last();
+        }
+        self.warned_empty = false;
+        let loaded = manifests::parse(&contents.0);
+        for s in contents.1.iter().chain(&loaded.skipped) {
             warn!(file = %s.file.display(), document = s.document, "skipped: {}", s.reason);
         }
-        self.seen = Some(files);
+        self.seen = Some(contents);
         loaded.snapshot
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ManifestSource, Source, EMPTY_MARKER};
+    use std::time::Duration;
+
+    const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: vm1, namespace: default}\nspec: {type: LoadBalancer}\n";
+
+    #[tokio::test]
+    async fn an_emptied_directory_keeps_the_last_state_unless_marked() {
+        let dir = std::env::temp_dir().join(format!("cozy-proxy-empty-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let mut source = ManifestSource::new(dir.clone(), Duration::from_millis(10));
+        // Empty from the start: nothing to keep.
+        assert!(source.snapshot().services.is_empty());
+        std::fs::write(dir.join("vm1.yaml"), SERVICE).expect("write");
+        assert_eq!(source.snapshot().services.len(), 1);
+        std::fs::remove_file(dir.join("vm1.yaml")).expect("rm");
+        assert_eq!(source.snapshot().services.len(), 1, "kept");
+        std::fs::write(dir.join(EMPTY_MARKER), "").expect("marker");
+        assert!(source.snapshot().services.is_empty(), "removed on purpose");
+        // Unreadable: the last state again.
+        std::fs::write(dir.join("vm1.yaml"), SERVICE).expect("write");
+        assert_eq!(source.snapshot().services.len(), 1);
+        std::fs::remove_dir_all(&dir).expect("rm dir");
+        assert_eq!(source.snapshot().services.len(), 1, "kept while unreadable");
     }
 }
