@@ -83,6 +83,11 @@ pub struct RunArgs {
     /// Address of /metrics, /healthz and /readyz ("" to disable).
     #[arg(long, env = "COZY_PROXY_METRICS_ADDR", default_value = "0.0.0.0:9402")]
     pub metrics_addr: String,
+    /// Binds the metrics server to this address instead of the host part
+    /// of --metrics-addr (the chart passes the node's IP from the downward
+    /// API: the server is not exposed on every address of the node).
+    #[arg(long, env = "COZY_PROXY_METRICS_HOST")]
+    pub metrics_host: Option<std::net::IpAddr>,
     /// How often the manifest directory is checked for changes.
     #[arg(long, default_value = "250ms", value_parser = parse_period)]
     pub poll_interval: Duration,
@@ -95,6 +100,19 @@ pub struct RunArgs {
     /// How often the datapath's traffic counters are copied into /metrics.
     #[arg(long, default_value = "10s", value_parser = parse_period)]
     pub counters_interval: Duration,
+}
+
+/// Where the metrics server listens: `--metrics-addr`, its host replaced
+/// by `--metrics-host` when given (IPv6 bracketed).
+fn metrics_bind_address(addr: &str, host: Option<std::net::IpAddr>) -> Result<String> {
+    let Some(host) = host else {
+        return Ok(addr.to_string());
+    };
+    let port = addr
+        .rsplit_once(':')
+        .map(|(_, p)| p)
+        .context("--metrics-addr needs a port")?;
+    Ok(std::net::SocketAddr::new(host, port.parse().context("--metrics-addr port")?).to_string())
 }
 
 /// The longest duration a setting takes: a day (longer ones are typos,
@@ -180,9 +198,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let shutdown = shutdown_signal()?;
     let telemetry = Telemetry::new();
     if !args.metrics_addr.is_empty() {
-        let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
+        let addr = metrics_bind_address(&args.metrics_addr, args.metrics_host)?;
+        let listener = tokio::net::TcpListener::bind(&addr)
             .await
-            .with_context(|| format!("listening on {}", args.metrics_addr))?;
+            .with_context(|| format!("listening on {addr}"))?;
         tokio::spawn(telemetry::serve(listener, telemetry.clone()));
     }
     let settings = LoopSettings {
@@ -279,6 +298,17 @@ mod tests {
             assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
         }
         assert!(parse_duration("1441m").unwrap_err().contains("at most 24h"));
+    }
+
+    #[test]
+    fn the_metrics_host_replaces_the_address_host() {
+        use super::metrics_bind_address as bind;
+        assert_eq!(bind("0.0.0.0:9402", None).unwrap(), "0.0.0.0:9402");
+        let v4 = "198.51.100.2".parse().ok();
+        assert_eq!(bind("0.0.0.0:9402", v4).unwrap(), "198.51.100.2:9402");
+        let v6 = "2001:db8::2".parse().ok();
+        assert_eq!(bind("[::]:9402", v6).unwrap(), "[2001:db8::2]:9402");
+        assert!(bind("nonsense", v4).is_err());
     }
 
     #[test]

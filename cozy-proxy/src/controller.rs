@@ -65,6 +65,8 @@ where
     let mut failures = 0u32;
     let mut retry = std::pin::pin!(tokio::time::sleep(Duration::MAX / 4));
     loop {
+        // A turn of the loop: /healthz fails when they stop.
+        telemetry.beat();
         if pending {
             let started = Instant::now();
             let snapshot = source.snapshot();

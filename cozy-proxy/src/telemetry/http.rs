@@ -1,15 +1,29 @@
 //! A minimal HTTP/1.1 server for `/metrics`, `/healthz` and `/readyz`:
-//! one request per connection, no dependencies beyond tokio.
-use super::Telemetry;
-use std::time::Duration;
+//! one request per connection, no dependencies beyond tokio. It sits on
+//! the node's network: a request head is bounded (4 KiB), a connection
+//! gets [`CONNECTION_DEADLINE`] for its whole exchange, and at most
+//! [`MAX_CONNECTIONS`] are served at once (more are closed at once), so
+//! slow or many clients cannot pile up tasks and memory.
+use super::{Telemetry, HEALTH_STALL};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
+    sync::Semaphore,
 };
 use tracing::{debug, info, warn};
 
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 32;
+/// The time a connection gets to send its request and take the answer.
+pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(5);
+
 /// Serves until the task is dropped.
 pub async fn serve(listener: TcpListener, telemetry: Telemetry) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "serving /metrics, /healthz, /readyz");
     }
@@ -29,11 +43,18 @@ pub async fn serve(listener: TcpListener, telemetry: Telemetry) {
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            debug!("metrics connections at their cap; closing one");
+            continue;
+        };
         let telemetry = telemetry.clone();
         tokio::spawn(async move {
-            if let Err(e) = answer(stream, &telemetry).await {
-                debug!(error = %e, "metrics connection");
+            match tokio::time::timeout(CONNECTION_DEADLINE, answer(stream, &telemetry)).await {
+                Ok(Err(e)) => debug!(error = %e, "metrics connection"),
+                Err(_) => debug!("metrics connection too slow; closed"),
+                Ok(Ok(())) => {}
             }
+            drop(slot);
         });
     }
 }
@@ -60,7 +81,13 @@ async fn answer(mut stream: TcpStream, telemetry: &Telemetry) -> std::io::Result
         .unwrap_or("/");
     let (status, body) = match path {
         "/metrics" => ("200 OK", telemetry.metrics.render()),
-        "/healthz" => ("200 OK", "ok\n".to_string()),
+        "/healthz" => match telemetry.stalled_for(Instant::now(), HEALTH_STALL) {
+            None => ("200 OK", "ok\n".to_string()),
+            Some(age) => (
+                "503 Service Unavailable",
+                format!("the reconcile loop has not turned for {age:?}\n"),
+            ),
+        },
         "/readyz" if telemetry.is_ready() => ("200 OK", "ready\n".to_string()),
         "/readyz" => (
             "503 Service Unavailable",
