@@ -241,9 +241,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     let source = KubeSource::start(client.clone()).await;
     let events = EventPublisher::new(client.clone(), args.node_name.clone());
-    let uids = source.uid_lookup();
-    let sink: WarningSink =
-        Box::new(move |w| events.publish(w, |ns, name| uids.service_uid(ns, name)));
+    let view = source.cluster_view();
+    let sink: WarningSink = Box::new(move |w| events.publish(w, &view));
     let datapath = start_datapath(choice, cfg.clone(), node)?;
     run_loop(datapath, source, telemetry, settings, sink, shutdown).await;
     if let Some(ds) = &args.daemonset {

@@ -402,3 +402,51 @@ fn kube_proxy_skips_our_services_nft() -> Result<()> {
 fn kube_proxy_skips_our_services_ebpf() -> Result<()> {
     kube_proxy_skips_our_services(Backend::Ebpf)
 }
+
+/// Each Service's Events come from one node (no storm of nodes x
+/// warnings), chosen by hashing over the cluster's nodes. With nodes node1
+/// and node2, this controller (node1) publishes the warning of a Service
+/// node1 owns and not that of one node2 owns.
+#[test]
+fn only_the_owning_node_publishes_a_services_events() -> Result<()> {
+    let env = env(Backend::Nft, Fam::V4)?;
+    let cp = api(&env)?;
+    cp.create_node("node2")?;
+    let nodes = ["node1".to_string(), "node2".to_string()].into();
+    let owned_by = |node: &str| {
+        (0..100)
+            .map(|i| format!("vm{i}"))
+            .find(|n| cozy_proxy::events::owner("default", n, &nodes).as_deref() == Some(node))
+    };
+    let (here_name, there_name) = (
+        owned_by("node1").context("a name")?,
+        owned_by("node2").context("a name")?,
+    );
+    let mut here = Svc::new(&here_name, env.lb(0));
+    here.whole_ip = Some("yes".into());
+    let mut there = Svc::new(&there_name, env.lb(1));
+    there.whole_ip = Some("yes".into());
+    let pod2 = env.pod_ip(2).to_string();
+    cp.put_service(&there, "IPv4", &[(pod2, None)], "node2")?;
+    env.put_service(&here, &[env.pod_ip(1)])?;
+    eventually(SETTLE, || {
+        let events = cp.events_of(&here_name)?;
+        ensure!(
+            events.iter().any(|e| e.starts_with("InvalidAnnotation")),
+            "no Event on {here_name}: {events:?}"
+        );
+        Ok(())
+    })?;
+    // Both warnings were computed in the same rounds; give the other
+    // every chance to appear.
+    env.wait_log(&format!(
+        "service=default/{there_name} reason=InvalidAnnotation"
+    ))?;
+    std::thread::sleep(Duration::from_secs(2));
+    let events = cp.events_of(&there_name)?;
+    ensure!(
+        events.is_empty(),
+        "node1 published {there_name}'s Events: {events:?}"
+    );
+    Ok(())
+}

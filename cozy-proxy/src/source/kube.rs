@@ -227,20 +227,37 @@ impl KubeSource {
         }
     }
 
-    /// A handle on the Service cache for Event references.
-    pub fn uid_lookup(&self) -> ServiceUids {
-        ServiceUids(self.services.clone())
+    /// A handle on the caches for the Event publisher: Service uids, and
+    /// which node publishes a Service's Events.
+    pub fn cluster_view(&self) -> CacheView {
+        CacheView {
+            services: self.services.clone(),
+            nodes: self.nodes.clone(),
+        }
     }
 }
 
-/// Looks up Service uids in the reflector's cache.
+/// The reflectors' caches, as the Event publisher reads them.
 #[derive(Clone)]
-pub struct ServiceUids(Store<Service>);
+pub struct CacheView {
+    services: Store<Service>,
+    nodes: Store<Node>,
+}
 
-impl ServiceUids {
-    pub fn service_uid(&self, namespace: &str, name: &str) -> Option<String> {
+impl crate::events::ClusterView for CacheView {
+    fn service_uid(&self, namespace: &str, name: &str) -> Option<String> {
         let key = reflector::ObjectRef::new(name).within(namespace);
-        self.0.get(&key).and_then(|s| s.metadata.uid.clone())
+        self.services.get(&key).and_then(|s| s.metadata.uid.clone())
+    }
+
+    fn owner(&self, namespace: &str, name: &str) -> Option<String> {
+        let nodes = self
+            .nodes
+            .state()
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .collect();
+        crate::events::owner(namespace, name, &nodes)
     }
 }
 
