@@ -294,8 +294,9 @@ impl Controller {
             None => Proc::spawn_in(&self.ns, &args, Stdio::null(), Stdio::from(log))?,
         });
         // Up and handling signals (so a quick stop is a clean one), or
-        // exited with an error the log explains.
-        traffic::eventually(Duration::from_secs(5), || {
+        // exited with an error the log explains. (Reading the node's label
+        // takes up to 7 s of retries when the API does not answer.)
+        traffic::eventually(Duration::from_secs(15), || {
             if self.log_text().matches(STARTED).count() > before || !self.alive() {
                 Ok(())
             } else {

@@ -183,13 +183,21 @@ async fn kube_client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client> {
 }
 
 /// The node's datapath, started on its own thread.
+/// `retire_other`: remove the other backend's state after the first sync
+/// (not when the node's label, which may name it, could not be read).
 fn start_datapath(
     choice: Choice,
+    retire_other: bool,
     cfg: BackendConfig,
     node: NodeConfig,
 ) -> Result<Worker<Reconciler<NodeDatapath>>> {
     Worker::spawn("datapath", move || {
-        NodeDatapath::start(choice, cfg).map(|d| Reconciler::new(d, node))
+        NodeDatapath::start(choice, cfg).map(|mut d| {
+            if !retire_other {
+                d.keep_other();
+            }
+            Reconciler::new(d, node)
+        })
     })
     .context("starting the datapath")
 }
@@ -220,7 +228,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     };
     if let Some(dir) = &args.manifests {
         let source = ManifestSource::new(dir.clone(), args.poll_interval);
-        let datapath = start_datapath(args.backend, cfg, node)?;
+        let datapath = start_datapath(args.backend, true, cfg, node)?;
         run_loop(
             datapath,
             source,
@@ -234,16 +242,30 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     let client = kube_client(args.kubeconfig.as_ref()).await?;
     let mut choice = args.backend;
+    let mut retire_other = true;
     if let Some(name) = &args.node_name {
-        if let Some(b) = node::backend_label(&client, name).await {
-            choice = b;
+        match node::backend_label(&client, name).await {
+            node::LabelChoice::Named(b) => choice = b,
+            node::LabelChoice::Absent => {}
+            node::LabelChoice::Unknown => {
+                // Whatever the label said last time is what is installed:
+                // keep running that one rather than --backend beside it.
+                retire_other = false;
+                if let [kind] = backend::installed_kinds(&cfg).as_slice() {
+                    info!(backend = %kind, "the node's label could not be read; keeping the backend installed on this node");
+                    choice = match kind {
+                        BackendKind::Nft => Choice::Nft,
+                        BackendKind::Ebpf => Choice::Ebpf,
+                    };
+                }
+            }
         }
     }
     let source = KubeSource::start(client.clone()).await;
     let events = EventPublisher::new(client.clone(), args.node_name.clone());
     let view = source.cluster_view();
     let sink: WarningSink = Box::new(move |w| events.publish(w, &view));
-    let datapath = start_datapath(choice, cfg.clone(), node)?;
+    let datapath = start_datapath(choice, retire_other, cfg.clone(), node)?;
     run_loop(datapath, source, telemetry, settings, sink, shutdown).await;
     if let Some(ds) = &args.daemonset {
         if node::uninstalling(&client, ds).await {

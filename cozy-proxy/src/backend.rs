@@ -96,6 +96,16 @@ impl NodeDatapath {
     }
 }
 
+impl NodeDatapath {
+    /// Leaves the other backend's state in place (it is not retired after
+    /// the first sync).
+    pub fn keep_other(&mut self) {
+        if let Some(other) = self.retire.take() {
+            info!(backend = %other, "the other backend's state is kept (the node's label could not be read)");
+        }
+    }
+}
+
 /// A backend's installed state, opened without running it: what `cozy-proxy
 /// dump` and `cleanup` (and an uninstall) work on.
 pub struct Installed(Running);
@@ -107,6 +117,18 @@ pub fn installed(kind: BackendKind, cfg: &BackendConfig) -> Result<Installed, Ba
             Running::Ebpf(Box::new(Synced::new(EbpfKernel::open(cfg.ebpf.clone())?)))
         }
     }))
+}
+
+/// The backends whose state is installed on this node.
+pub fn installed_kinds(cfg: &BackendConfig) -> Vec<BackendKind> {
+    BackendKind::ALL
+        .into_iter()
+        .filter(|k| {
+            installed(*k, cfg)
+                .and_then(|i| i.dump())
+                .is_ok_and(|d| d.installed)
+        })
+        .collect()
 }
 
 impl Installed {

@@ -450,3 +450,68 @@ fn only_the_owning_node_publishes_a_services_events() -> Result<()> {
     );
     Ok(())
 }
+
+/// The node label could not be read (here: the ClusterRole lost `get` on
+/// nodes): the controller keeps running the backend installed on the node
+/// (the one the label chose last time), not --backend beside it, and
+/// removes nothing.
+#[test]
+fn an_unreadable_node_label_removes_nothing() -> Result<()> {
+    let mut env = env(Backend::Ebpf, Fam::V4)?;
+    env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
+    env.settle()?;
+    let cp = api(&env)?;
+    cp.kubectl(&[
+        "label",
+        "node",
+        "node1",
+        "networking.cozystack.io/cozy-proxy-backend=nft",
+    ])?;
+    env.ctl.restart()?;
+    env.wait_log("backend chosen by the node label")?;
+    let node = env.topo.node();
+    eventually(SETTLE, || {
+        harness::sh::ok_in(&node, &["nft", "list", "table", "ip", "cozy_proxy"]).map(|_| ())
+    })?;
+    // Take `get` on nodes away (list and watch stay: the controller still
+    // syncs), and restart.
+    let cp = api(&env)?;
+    let role = cp.kubectl(&["get", "clusterrole", "cozy-proxy", "-o", "json"])?;
+    let mut role: serde_json::Value = serde_json::from_str(&role)?;
+    for rule in role["rules"].as_array_mut().context("rules")? {
+        if rule["resources"][0] == "nodes" {
+            rule["verbs"] = serde_json::json!(["list", "watch"]);
+        }
+    }
+    harness::sh::feed_in(
+        &node,
+        &[
+            "kubectl",
+            "--kubeconfig",
+            &cp.admin.display().to_string(),
+            "replace",
+            "-f",
+            "-",
+        ],
+        role.to_string().as_bytes(),
+        20,
+    )?;
+    env.ctl.restart()?;
+    eventually(Duration::from_secs(20), || {
+        ensure!(
+            env.ctl
+                .log_text()
+                .contains("the other backend's state is kept"),
+            "not yet"
+        );
+        Ok(())
+    })?;
+    env.wait_log("keeping the backend installed on this node")?;
+    // nft runs, as the label chose last time: its table is there, and no
+    // eBPF state came beside it.
+    harness::sh::ok_in(&node, &["nft", "list", "table", "ip", "cozy_proxy"])
+        .context("the nft state was removed")?;
+    ensure!(!env.ctl.pin_dir.join("addrs").exists(), "eBPF started beside nft");
+    let _web = env.serve_tcp(1, WEB)?;
+    env.tcp_reaches(env.lb(0), WEB, 1)
+}
