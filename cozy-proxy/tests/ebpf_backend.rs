@@ -282,3 +282,32 @@ fn a_pod_behind_another_node_is_reached() -> Result<()> {
     ensure!(got == answer("far", env.net.ext), "{got}");
     Ok(())
 }
+
+/// Someone detaches our links (here: `bpftool link detach` on every one):
+/// the next resync (2 s here) checks the attachments and attaches them
+/// again; traffic to the LB IP flows again.
+#[test]
+fn links_detached_by_others_come_back_at_the_resync() -> Result<()> {
+    let env = setup()?;
+    let pins = env.ctl.pin_dir.clone();
+    let _ssh = Server::tcp(&env.topo.pod(1), Fam::V4, 22, "pod1")?;
+    eventually(SETTLE, || tcp_request(&env.topo.ext(), env.net.lbs[0], 22))?;
+    let before = pinned_links(&pins)?;
+    for (id, _, _) in &before {
+        ok(&["bpftool", "link", "detach", "id", &id.to_string()])?;
+    }
+    let after = eventually(std::time::Duration::from_secs(6), || {
+        let now = pinned_links(&pins)?;
+        let ids = |l: &[(u64, u64, String)]| l.iter().map(|x| x.0).collect::<Vec<_>>();
+        ensure!(
+            now.len() == 8 && ids(&now).iter().all(|i| !ids(&before).contains(i)),
+            "not re-attached yet: {now:?}"
+        );
+        Ok(now)
+    })
+    .with_context(|| env.ctl.log_text())?;
+    ensure!(after.len() == 8, "{after:?}");
+    let got = eventually(SETTLE, || tcp_request(&env.topo.ext(), env.net.lbs[0], 22))?;
+    ensure!(got == answer("pod1", env.net.ext), "{got}");
+    Ok(())
+}

@@ -511,7 +511,10 @@ fn an_unreadable_node_label_removes_nothing() -> Result<()> {
     // eBPF state came beside it.
     harness::sh::ok_in(&node, &["nft", "list", "table", "ip", "cozy_proxy"])
         .context("the nft state was removed")?;
-    ensure!(!env.ctl.pin_dir.join("addrs").exists(), "eBPF started beside nft");
+    ensure!(
+        !env.ctl.pin_dir.join("addrs").exists(),
+        "eBPF started beside nft"
+    );
     let _web = env.serve_tcp(1, WEB)?;
     env.tcp_reaches(env.lb(0), WEB, 1)
 }

@@ -122,6 +122,9 @@ struct Programs {
     /// Link notifications (RTMGRP_LINK): interfaces to follow.
     link_events: NlSocket,
     attached: BTreeSet<u32>,
+    /// Interfaces whose attachment failed (warned once; retried at each
+    /// upkeep).
+    failed: BTreeSet<u32>,
     /// Attached (or re-pointed) only once the first sync has filled the
     /// maps: until then the programs of a previous instance keep running
     /// with their own maps, so even an upgrade that changes the maps' layout
@@ -224,6 +227,7 @@ impl EbpfKernel {
                 ebpf,
                 link_events: NlSocket::subscribe(libc::NETLINK_ROUTE, libc::RTMGRP_LINK as u32)?,
                 attached: BTreeSet::new(),
+                failed: BTreeSet::new(),
                 live: false,
             }),
             rtnl: NlSocket::open(libc::NETLINK_ROUTE)?,
@@ -262,14 +266,25 @@ impl EbpfKernel {
                 v
             }
         };
+        // One interface that cannot be attached does not keep the others
+        // from being attached.
         for link in wanted {
             if p.attached.contains(&link.index) {
                 continue;
             }
-            links::attach(&mut p.ebpf, &self.cfg.pin_dir, link)?;
-            p.attached.insert(link.index);
+            match links::attach(&mut p.ebpf, &self.cfg.pin_dir, link) {
+                Ok(()) => {
+                    p.attached.insert(link.index);
+                    p.failed.remove(&link.index);
+                }
+                Err(e) if p.failed.insert(link.index) => {
+                    warn!(interface = %link.name, error = %e, "attaching failed; retrying every second")
+                }
+                Err(e) => debug!(interface = %link.name, error = %e, "attaching failed again"),
+            }
         }
         p.attached.retain(|i| live.contains(i));
+        p.failed.retain(|i| live.contains(i));
         links::forget_vanished(&self.cfg.pin_dir, &live);
         Ok(())
     }
@@ -355,6 +370,11 @@ impl Kernel for EbpfKernel {
         }
         self.node_addresses = None;
         self.peer_links = None;
+        // The attachments are checked again too (others may have detached
+        // a link): the next upkeep re-points every interface's links.
+        if let Some(p) = self.programs.as_mut() {
+            p.attached.clear();
+        }
         let mut state = self.maps()?.read_state()?;
         state.routes = self.steering.routes()?;
         Ok((state, ()))
@@ -414,14 +434,18 @@ impl Kernel for EbpfKernel {
     }
 
     fn upkeep(&mut self) -> Result<bool, EbpfError> {
-        // Rescan only when the kernel announced a link change.
         let links_changed = match &self.programs {
-            Some(p) => p.link_events.pending_events(|_, _| true)? > 0,
+            // An overrun (events lost) counts as a change.
+            Some(p) => p
+                .link_events
+                .pending_events(|_, _| true)
+                .map_or(true, |n| n > 0),
             None => false,
         };
-        if links_changed {
-            self.follow_interfaces()?;
-        }
+        // Every second, not only on a link notification: an interface whose
+        // notification was missed (the socket's buffer overran) is still
+        // attached within a second, and a failed one is retried.
+        self.follow_interfaces()?;
         if self.maps.is_some() && self.last_sweep.elapsed() >= FLOW_SWEEP_EVERY {
             self.last_sweep = Instant::now();
             self.expire_flows()?;
