@@ -136,6 +136,7 @@ impl World {
             pin_dir: pin_dir.clone(),
             interfaces: Interfaces::Named(vec![]),
             fast_path: false,
+            tc_attach: Default::default(),
         };
         let mut kernel = EbpfKernel::start(cfg)?;
         let desired = state(ifs);

@@ -32,6 +32,11 @@ pub struct EbpfArgs {
     /// netfilter rules and conntrack do not see it (docs/ebpf-datapath.md).
     #[arg(long, env = "COZY_PROXY_FAST_PATH", default_value_t = false, action = clap::ArgAction::Set)]
     pub fast_path: bool,
+    /// How the programs are attached: "auto" (tcx links where the kernel
+    /// has them, 6.6 and later; tc filters over netlink before) or
+    /// "netlink" (tc filters always: the path of older kernels).
+    #[arg(long, env = "COZY_PROXY_TC_ATTACH", value_enum, default_value_t = crate::ebpf::TcAttach::Auto)]
+    pub tc_attach: crate::ebpf::TcAttach,
 }
 
 impl EbpfArgs {
@@ -41,6 +46,7 @@ impl EbpfArgs {
                 pin_dir: self.bpf_pin_dir.clone(),
                 interfaces: self.interfaces.clone(),
                 fast_path: self.fast_path,
+                tc_attach: self.tc_attach,
             },
         }
     }

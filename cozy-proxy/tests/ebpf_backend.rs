@@ -311,3 +311,102 @@ fn links_detached_by_others_come_back_at_the_resync() -> Result<()> {
     ensure!(got == answer("pod1", env.net.ext), "{got}");
     Ok(())
 }
+
+/// `tc filter show` in the node namespace: the bpf filters on `dev`'s
+/// `hook` (ingress or egress).
+fn tc_filters(env: &Env, dev: &str, hook: &str) -> Result<usize> {
+    let out = ok_in(
+        &env.topo.node(),
+        &["tc", "filter", "show", "dev", dev, hook],
+    )?;
+    // One line per filter carries its handle and program.
+    Ok(out
+        .lines()
+        .filter(|l| l.contains(" bpf ") && l.contains(" handle "))
+        .count())
+}
+
+/// The path of kernels before 6.6 (no tcx), forced with
+/// `--tc-attach netlink`: the programs are tc filters; three restarts
+/// replace their programs in place (exactly one filter per hook, traffic
+/// through), and cleanup deletes them.
+#[test]
+fn legacy_tc_filters_are_replaced_on_restart_and_removed_on_cleanup() -> Result<()> {
+    let mut env = setup()?;
+    // Start over on the legacy path (the setup attached tcx links).
+    env.ctl.stop()?;
+    ok_in(
+        &env.topo.node(),
+        &[
+            &harness::bin(),
+            "cleanup",
+            "--bpf-pin-dir",
+            &env.ctl.pin_dir.display().to_string(),
+        ],
+    )?;
+    env.ctl.extra_args = vec!["--tc-attach".into(), "netlink".into()];
+    let _ssh = Server::tcp(&env.topo.pod(1), Fam::V4, 22, "pod1")?;
+    // The program id in the uplink's ingress filter: a new one each start.
+    let program_id = |env: &Env| -> Result<String> {
+        let out = ok_in(
+            &env.topo.node(),
+            &["tc", "filter", "show", "dev", "uplink", "ingress"],
+        )?;
+        out.split_whitespace()
+            .skip_while(|w| *w != "id")
+            .nth(1)
+            .map(str::to_string)
+            .with_context(|| format!("no program id: {out}"))
+    };
+    let mut ids = Vec::new();
+    for round in 0..4 {
+        env.ctl.restart()?;
+        env.settle()?;
+        eventually(SETTLE, || {
+            for dev in ["uplink", "pod1"] {
+                for hook in ["ingress", "egress"] {
+                    let n = tc_filters(&env, dev, hook)?;
+                    ensure!(
+                        n == 1,
+                        "round {round}: {n} bpf filters on {dev} {hook}: {}",
+                        ok_in(
+                            &env.topo.node(),
+                            &["tc", "filter", "show", "dev", dev, hook]
+                        )?
+                    );
+                }
+            }
+            Ok(())
+        })
+        .with_context(|| env.ctl.log_text())?;
+        let got = eventually(SETTLE, || tcp_request(&env.topo.ext(), env.net.lbs[0], 22))?;
+        ensure!(got == answer("pod1", env.net.ext), "round {round}: {got}");
+        ids.push(program_id(&env)?);
+    }
+    ids.dedup();
+    ensure!(
+        ids.len() == 4,
+        "the filter's program was not replaced at each start: {ids:?}"
+    );
+    ensure!(
+        pinned_links(&env.ctl.pin_dir)?.is_empty(),
+        "tcx links on the legacy path"
+    );
+    env.ctl.stop()?;
+    ok_in(
+        &env.topo.node(),
+        &[
+            &harness::bin(),
+            "cleanup",
+            "--bpf-pin-dir",
+            &env.ctl.pin_dir.display().to_string(),
+        ],
+    )?;
+    for dev in ["uplink", "pod1", "pod2", "pod3"] {
+        for hook in ["ingress", "egress"] {
+            let n = tc_filters(&env, dev, hook)?;
+            ensure!(n == 0, "{n} bpf filters left on {dev} {hook} after cleanup");
+        }
+    }
+    Ok(())
+}

@@ -336,6 +336,7 @@ fn control_plane(args: &[String]) -> Result<()> {
                         pin_dir: bpffs.join(&name),
                         interfaces: Interfaces::Named(vec![]),
                         fast_path: false,
+                        tc_attach: Default::default(),
                     };
                     bench_backend(
                         Synced::new(EbpfKernel::start(cfg)?),

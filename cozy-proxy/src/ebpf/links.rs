@@ -1,12 +1,23 @@
 //! Attaching the two programs to interfaces, with links pinned under
 //! `<pin dir>/links/` so they outlive the process: a restart re-points them
 //! to the new programs atomically (`bpf_link_update`), never detaching.
+//!
+//! Before tcx (kernels before 6.6, or `--tc-attach netlink`) a program is a
+//! tc filter in the interface's clsact qdisc, which is no BPF link and
+//! cannot be pinned (nor can a record of it: a bpffs holds no plain
+//! files). Our filters therefore sit at a fixed place, priority
+//! [`TC_PRIORITY`] and handle [`TC_HANDLE`] on each hook, as Cilium's do:
+//! a restart replaces the program of that very filter in place (netlink,
+//! without NLM_F_CREATE), and cleanup deletes it on every interface.
+//! Without that, each restart added one more filter and cleanup left them
+//! running.
 use super::EbpfError;
+use super::TcAttach;
 use crate::netlink::route::Link;
 use aya::{
     programs::{
         links::{FdLink, PinnedLink},
-        tc::{self, SchedClassifierLink},
+        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions},
         SchedClassifier, TcAttachType,
     },
     Ebpf,
@@ -32,6 +43,57 @@ fn pin_path(pin_dir: &Path, ifindex: u32, hook: &str) -> PathBuf {
     links_dir(pin_dir).join(format!("if{ifindex}-{hook}"))
 }
 
+/// Where our tc filters sit on each clsact hook (legacy attachments).
+pub const TC_PRIORITY: u16 = 1;
+pub const TC_HANDLE: u32 = 0xc0;
+
+fn our_filter(interface: &str, hook: TcAttachType) -> std::io::Result<SchedClassifierLink> {
+    SchedClassifierLink::attached(interface, hook, TC_PRIORITY, TC_HANDLE.into(), None)
+}
+
+/// Attaches `prog` to `link`'s `hook` as our tc filter: the program of the
+/// one already there is replaced in place, else the filter is added.
+fn attach_tc_filter(
+    prog: &mut SchedClassifier,
+    link: &Link,
+    hook: TcAttachType,
+) -> Result<(), EbpfError> {
+    let err = |source| EbpfError::Attach {
+        interface: link.name.clone(),
+        source,
+    };
+    let _ = tc::qdisc_add_clsact(&link.name);
+    let existing = our_filter(&link.name, hook).map_err(|e| err(e.into()))?;
+    let id = match prog.attach_to_link(existing) {
+        Ok(id) => id,
+        // Not there yet (or gone): added at our place.
+        Err(_) => prog
+            .attach_with_options(
+                &link.name,
+                hook,
+                TcAttachOptions::Netlink(NlOptions {
+                    priority: TC_PRIORITY,
+                    handle: TC_HANDLE.into(),
+                    ..Default::default()
+                }),
+            )
+            .map_err(err)?,
+    };
+    // Not dropped: dropping a tc link deletes the filter.
+    std::mem::forget(prog.take_link(id).map_err(err)?);
+    Ok(())
+}
+
+/// Deletes our tc filters (if any) from `interface`'s hooks.
+pub fn delete_tc_filters(interface: &str) {
+    for (_, hook, _) in PROGRAMS {
+        // Dropping the link deletes the filter; absent, nothing happens.
+        if let Ok(link) = our_filter(interface, hook) {
+            drop(link);
+        }
+    }
+}
+
 pub fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier, EbpfError> {
     let prog = ebpf
         .program_mut(name)
@@ -42,11 +104,23 @@ pub fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassi
     })
 }
 
-/// Attaches both programs to `link`, or re-points its pinned links.
-pub fn attach(ebpf: &mut Ebpf, pin_dir: &Path, link: &Link) -> Result<(), EbpfError> {
+/// Attaches both programs to `link`, or re-points its pinned links (or
+/// its recorded tc filters).
+pub fn attach(
+    ebpf: &mut Ebpf,
+    pin_dir: &Path,
+    link: &Link,
+    mode: TcAttach,
+) -> Result<(), EbpfError> {
+    let tcx = mode == TcAttach::Auto && tcx_available();
     for (name, hook, hook_name) in PROGRAMS {
         let pin = pin_path(pin_dir, link.index, hook_name);
         let prog = program(ebpf, name)?;
+        if !tcx {
+            attach_tc_filter(prog, link, hook)?;
+            info!(interface = %link.name, hook = hook_name, "attached (tc filter)");
+            continue;
+        }
         let err = |source| EbpfError::Attach {
             interface: link.name.clone(),
             source,
@@ -81,15 +155,34 @@ pub fn attach(ebpf: &mut Ebpf, pin_dir: &Path, link: &Link) -> Result<(), EbpfEr
                     source,
                 })?;
             }
-            // A netlink (pre-tcx) attachment is not a BPF link: it stays in
-            // the qdisc after we exit, as long as we do not detach it.
+            // tcx_available() said yes: not expected.
             Err(_) => {
-                warn!(interface = %link.name, "no tcx on this kernel: legacy tc attachment, replaced on restart")
+                warn!(interface = %link.name, "attached as a tc filter although tcx was expected")
             }
         }
         info!(interface = %link.name, hook = hook_name, "attached");
     }
     Ok(())
+}
+
+/// Does this kernel attach TC programs as tcx links? They came in 6.6;
+/// read once from the kernel's release.
+fn tcx_available() -> bool {
+    static TCX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TCX.get_or_init(|| {
+        let (major, minor) = kernel_version();
+        (major, minor) >= (6, 6)
+    })
+}
+
+/// The running kernel's (major, minor), from uname.
+fn kernel_version() -> (u32, u32) {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse().ok());
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
 /// `(ifindex, pin file)` of every pinned link.

@@ -114,6 +114,17 @@ pub struct EbpfConfig {
     /// LB traffic from and to the outside skips the host stack where it
     /// can (redirects).
     pub fast_path: bool,
+    pub tc_attach: TcAttach,
+}
+
+/// How the programs are attached to an interface.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum TcAttach {
+    /// tcx links where the kernel has them (6.6+), tc filters before.
+    #[default]
+    Auto,
+    /// tc filters over netlink (clsact), as on kernels before 6.6.
+    Netlink,
 }
 
 /// The loaded programs and where they are attached.
@@ -272,7 +283,7 @@ impl EbpfKernel {
             if p.attached.contains(&link.index) {
                 continue;
             }
-            match links::attach(&mut p.ebpf, &self.cfg.pin_dir, link) {
+            match links::attach(&mut p.ebpf, &self.cfg.pin_dir, link, self.cfg.tc_attach) {
                 Ok(()) => {
                     p.attached.insert(link.index);
                     p.failed.remove(&link.index);
@@ -520,6 +531,11 @@ impl Kernel for EbpfKernel {
         self.programs = None;
         let pin_dir = &self.cfg.pin_dir;
         links::detach_all(pin_dir);
+        // Legacy attachments (tc filters) are not pinned: deleted from
+        // every interface at their fixed place.
+        for link in route::links(&self.rtnl)? {
+            links::delete_tc_filters(&link.name);
+        }
         for name in names::ALL {
             let _ = fs::remove_file(pin_dir.join(name));
         }
