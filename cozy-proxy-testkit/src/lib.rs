@@ -271,8 +271,6 @@ impl Controller {
             self.backend.arg(),
             "--poll-interval",
             "100ms",
-            "--resync",
-            "2s",
             "--counters-interval",
             "1s",
             "--bpf-pin-dir",
@@ -280,6 +278,10 @@ impl Controller {
             "--node-name",
             &node,
         ];
+        // A short resync (the tests' default) unless the test sets its own.
+        if !self.extra_args.iter().any(|a| a == "--resync") {
+            args.extend(["--resync", "2s"]);
+        }
         args.extend(self.backend.run_args());
         args.extend(self.source_args.iter().map(String::as_str));
         args.extend(self.extra_args.iter().map(String::as_str));

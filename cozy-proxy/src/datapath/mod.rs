@@ -116,6 +116,14 @@ pub trait Kernel {
         Ok(false)
     }
 
+    /// Has someone else changed our state in the kernel since the last
+    /// look (a notification the kernel sent)? Then what we believe of it is
+    /// forgotten and the next sync reads it again and repairs it, without
+    /// waiting for the resync.
+    fn foreign_changes(&mut self) -> Result<bool, Self::Error> {
+        Ok(false)
+    }
+
     /// The live state, read back from the kernel.
     fn dump(&self) -> Result<Dump, Self::Error>;
 

@@ -83,7 +83,12 @@ impl<K: Kernel> Datapath for Synced<K> {
     }
 
     fn upkeep(&mut self) -> Result<bool, K::Error> {
-        self.kernel.upkeep()
+        let foreign = self.kernel.foreign_changes()?;
+        if foreign {
+            info!(backend = %self.kernel.kind(), "our kernel state was changed by someone else; reading it again to repair it");
+            self.known = None;
+        }
+        Ok(self.kernel.upkeep()? || foreign)
     }
 
     fn dump(&self) -> Result<Dump, K::Error> {

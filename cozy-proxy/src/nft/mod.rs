@@ -61,15 +61,36 @@ pub enum DecodeError {
 pub struct NftKernel {
     sock: NlSocket,
     steering: Steering,
+    /// nf_tables notifications (NFNLGRP_NFTABLES): changes to our table
+    /// by others (`nft flush ruleset`, an nftables.service restart, an
+    /// element deleted by hand) are repaired within a second.
+    events: NlSocket,
 }
+
+/// The nf_tables multicast group, as a bind(2) group mask.
+const NFNLGRP_NFTABLES_MASK: u32 = 1 << (libc::NFNLGRP_NFTABLES as u32 - 1);
 
 impl NftKernel {
     pub fn new() -> Result<Self, NftError> {
         Ok(NftKernel {
             sock: NlSocket::open(libc::NETLINK_NETFILTER)?,
             steering: Steering::open()?,
+            events: NlSocket::subscribe(libc::NETLINK_NETFILTER, NFNLGRP_NFTABLES_MASK)?,
         })
     }
+}
+
+/// Is this nf_tables notification about our table? The table's name is
+/// attribute 1 of table, chain, rule, set and element messages alike
+/// (NFTA_TABLE_NAME, NFTA_CHAIN_TABLE, NFTA_RULE_TABLE, ...), after the
+/// 4-byte nfgenmsg.
+fn about_our_table(msg_type: u16, payload: &[u8]) -> bool {
+    if msg_type >> 8 != libc::NFNL_SUBSYS_NFTABLES as u16 {
+        return false;
+    }
+    crate::netlink::wire::attrs(payload.get(4..).unwrap_or(&[])).any(|(kind, value)| {
+        kind & 0x3fff == 1 && value.split(|b| *b == 0).next() == Some(schema::TABLE.as_bytes())
+    })
 }
 
 fn merge(into: &mut DatapathState, from: DatapathState) {
@@ -148,6 +169,8 @@ impl Kernel for NftKernel {
             "nft batch"
         );
         batch.apply(&self.sock)?;
+        // Our own batch's notifications are not someone else's changes.
+        let _ = self.events.pending_events(|_, _| false)?;
         // Routes after the tables: an LB IP is steered once its rules exist.
         self.steering.apply(&diff.routes)?;
         Ok(Applied {
@@ -158,6 +181,10 @@ impl Kernel for NftKernel {
 
     fn upkeep(&mut self) -> Result<bool, NftError> {
         Ok(self.steering.changed()?)
+    }
+
+    fn foreign_changes(&mut self) -> Result<bool, NftError> {
+        Ok(self.events.pending_events(about_our_table)? > 0)
     }
 
     fn dump(&self) -> Result<Dump, NftError> {
