@@ -139,8 +139,21 @@ impl Topology {
     pub fn add_pod(&mut self) -> Result<usize> {
         self.pods += 1;
         let i = self.pods;
+        new_ns(&self.pod(i))?;
+        self.wire_pod(i)?;
+        Ok(i)
+    }
+
+    /// Pod `i`'s veth deleted and created again with the same names and
+    /// addresses (a CNI re-creating a pod's interface): a new ifindex
+    /// behind the same pod IP.
+    pub fn rewire_pod(&self, i: usize) -> Result<()> {
+        cmd(&self.node(), &format!("ip link del pod{i}"))?;
+        self.wire_pod(i)
+    }
+
+    fn wire_pod(&self, i: usize) -> Result<()> {
         let (node, pod) = (self.node(), self.pod(i));
-        new_ns(&pod)?;
         let host_if = format!("pod{i}");
         veth(&host_if, &node, "eth0", &pod)?;
         cmd(&node, &format!("ip addr add 192.0.2.1/32 dev {host_if}"))?;
@@ -169,7 +182,7 @@ impl Topology {
         cmd(&pod, "ip route add default via 192.0.2.1")?;
         cmd(&pod, "ip -6 route add 2001:db8:2::1 dev eth0")?;
         cmd(&pod, "ip -6 route add default via 2001:db8:2::1")?;
-        Ok(i)
+        Ok(())
     }
 }
 

@@ -410,3 +410,28 @@ fn legacy_tc_filters_are_replaced_on_restart_and_removed_on_cleanup() -> Result<
     }
     Ok(())
 }
+
+/// The pod's veth is deleted and created again with the same IP (a new
+/// ifindex): the LB IP's route, the anti-spoofing path and the programs'
+/// attachment follow it within seconds; traffic flows again, both ways.
+fn a_recreated_pod_link_is_followed(backend: Backend) -> Result<()> {
+    let mut env = Env::new(backend, Fam::V4)?;
+    env.put_service(&Svc::new("vm1", env.net.lbs[0]), &[env.net.pods[0]])?;
+    env.settle()?;
+    env.topo.rewire_pod(1)?;
+    let _web = Server::tcp(&env.topo.pod(1), Fam::V4, 8080, "pod1")?;
+    env.settle()?;
+    let got = eventually(SETTLE, || tcp_request(&env.topo.ext(), env.net.lbs[0], 8080))?;
+    ensure!(got == answer("pod1", env.net.ext), "{got}");
+    env.egress_seen_as(1, env.net.lbs[0])
+}
+
+#[test]
+fn a_recreated_pod_link_is_followed_ebpf() -> Result<()> {
+    a_recreated_pod_link_is_followed(Backend::Ebpf)
+}
+
+#[test]
+fn a_recreated_pod_link_is_followed_nft() -> Result<()> {
+    a_recreated_pod_link_is_followed(Backend::Nft)
+}
