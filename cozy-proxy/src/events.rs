@@ -37,21 +37,10 @@ pub const MAX_EVENTS_PER_MINUTE: usize = 30;
 pub fn owner(namespace: &str, name: &str, nodes: &BTreeSet<String>) -> Option<String> {
     nodes
         .iter()
-        .max_by_key(|node| fnv1a(&[namespace, name, node.as_str()]))
+        .max_by_key(|node| {
+            crate::fingerprint::fnv1a([namespace, name, node.as_str()].map(str::as_bytes))
+        })
         .cloned()
-}
-
-/// FNV-1a over the parts (each followed by a 0 byte): a hash every node
-/// computes alike, whatever the version of the compiler that built it.
-fn fnv1a(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for b in part.bytes().chain(std::iter::once(0)) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    h
 }
 
 /// `note` cut to [`MAX_NOTE_BYTES`] at a character boundary.

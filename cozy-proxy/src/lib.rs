@@ -15,6 +15,7 @@ pub mod controller;
 pub mod datapath;
 pub mod ebpf;
 pub mod events;
+pub mod fingerprint;
 pub mod model;
 pub mod netlink;
 pub mod nft;

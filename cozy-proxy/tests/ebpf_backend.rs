@@ -421,7 +421,9 @@ fn a_recreated_pod_link_is_followed(backend: Backend) -> Result<()> {
     env.topo.rewire_pod(1)?;
     let _web = Server::tcp(&env.topo.pod(1), Fam::V4, 8080, "pod1")?;
     env.settle()?;
-    let got = eventually(SETTLE, || tcp_request(&env.topo.ext(), env.net.lbs[0], 8080))?;
+    let got = eventually(SETTLE, || {
+        tcp_request(&env.topo.ext(), env.net.lbs[0], 8080)
+    })?;
     ensure!(got == answer("pod1", env.net.ext), "{got}");
     env.egress_seen_as(1, env.net.lbs[0])
 }

@@ -197,3 +197,59 @@ fn changes_by_others_are_repaired_within_a_second() -> Result<()> {
     eprintln!("repaired in {element:?} (element), {table:?} (table), {flush:?} (flush ruleset)");
     Ok(())
 }
+
+/// A rule replaced by someone else, the chain keeping its length: told
+/// apart by the fingerprint stored with each of our rules, and restored.
+#[test]
+fn a_replaced_rule_is_restored() -> Result<()> {
+    let mut env = setup()?;
+    env.ctl.extra_args = vec!["--resync".into(), "60s".into()];
+    env.ctl.restart()?;
+    env.settle()?;
+    let rules = |env: &Env| -> Result<Vec<Value>> {
+        Ok(objects(&nft_json(env, "ip")?, "rule")
+            .into_iter()
+            .filter(|r| r["chain"] == "port_filter")
+            .cloned()
+            .collect())
+    };
+    let ours = rules(&env)?;
+    let first = ours.first().context("a port_filter rule")?;
+    let handle = first["handle"].to_string();
+    ok_in(
+        &env.topo.node(),
+        &[
+            "nft",
+            "replace",
+            "rule",
+            "ip",
+            "cozy_proxy",
+            "port_filter",
+            "handle",
+            &handle,
+            "counter",
+            "accept",
+        ],
+    )?;
+    let strip = |rs: &[Value]| -> Vec<Value> {
+        rs.iter()
+            .map(|r| {
+                let mut r = r.clone();
+                r.as_object_mut().map(|o| o.remove("handle"));
+                r.to_string().replace(|c: char| c.is_ascii_digit(), "")
+            })
+            .map(Value::from)
+            .collect()
+    };
+    ensure!(
+        strip(&rules(&env)?) != strip(&ours),
+        "the replacement did not happen"
+    );
+    eventually(Duration::from_millis(1500), || {
+        ensure!(strip(&rules(&env)?) == strip(&ours), "not restored yet");
+        Ok(())
+    })
+    .with_context(|| env.ctl.log_text())?;
+    env.wait_log("were changed; restoring them")?;
+    Ok(())
+}

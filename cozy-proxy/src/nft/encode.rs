@@ -156,6 +156,8 @@ fn install(batch: &mut Batch, l: &Layout, how: Install) {
                     let mut udata = vec![UDATA_RULE_COMMENT, (r.comment.len() + 1) as u8];
                     udata.extend_from_slice(r.comment.as_bytes());
                     udata.push(0);
+                    udata.extend_from_slice(&[UDATA_RULE_FINGERPRINT, 8]);
+                    udata.extend_from_slice(&r.fingerprint().to_le_bytes());
                     w.put(NFTA_RULE_USERDATA, &udata);
                 },
             );

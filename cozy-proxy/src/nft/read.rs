@@ -137,10 +137,18 @@ pub fn read_table(sock: &NlSocket, l: &Layout) -> Result<Option<LiveTable>, NftE
     if current {
         read_state_into(sock, l, &mut state)?;
     }
+    // Each chain holds our rules, in order, with their contents: a rule
+    // replaced by someone else has no fingerprint, or another.
     let mut chains_intact = true;
     for c in schema::chains(l) {
         let rules = chain_rules(sock, l, c.name)?;
-        chains_intact &= rules.is_some_and(|r| r.len() == c.rules.len());
+        chains_intact &= rules.is_some_and(|live| {
+            live.len() == c.rules.len()
+                && live
+                    .iter()
+                    .zip(&c.rules)
+                    .all(|(have, want)| rule_fingerprint(body(have)) == Some(want.fingerprint()))
+        });
     }
     Ok(Some(LiveTable {
         current,
@@ -281,6 +289,27 @@ pub fn chain_details(sock: &NlSocket, l: &Layout) -> Result<serde_json::Value, N
     Ok(json!({ "table": format!("{} {TABLE}", l.name), "chains": chains }))
 }
 
+/// The value of type `kind` in a rule's userdata (libnftnl's TLVs:
+/// type, length, value).
+fn rule_udata(rule: &[u8], kind: u8) -> Option<&[u8]> {
+    let mut udata = attr(rule, NFTA_RULE_USERDATA)?;
+    while let [k, len, rest @ ..] = udata {
+        let (value, next) = rest.split_at_checked(usize::from(*len))?;
+        if *k == kind {
+            return Some(value);
+        }
+        udata = next;
+    }
+    None
+}
+
+/// The fingerprint stored with a rule (see `RuleDef::fingerprint`).
+fn rule_fingerprint(rule: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(
+        rule_udata(rule, UDATA_RULE_FINGERPRINT)?.try_into().ok()?,
+    ))
+}
+
 fn rule_details(rule: &[u8]) -> serde_json::Value {
     let counter = attr(rule, NFTA_RULE_EXPRESSIONS).and_then(|exprs| {
         attrs(exprs)
@@ -294,13 +323,11 @@ fn rule_details(rule: &[u8]) -> serde_json::Value {
                 )
             })
     });
-    let comment = attr(rule, NFTA_RULE_USERDATA)
-        .filter(|u| u.len() > 2 && u[0] == UDATA_RULE_COMMENT)
-        .map(|u| {
-            String::from_utf8_lossy(&u[2..])
-                .trim_end_matches('\0')
-                .to_string()
-        });
+    let comment = rule_udata(rule, UDATA_RULE_COMMENT).map(|u| {
+        String::from_utf8_lossy(u)
+            .trim_end_matches('\0')
+            .to_string()
+    });
     json!({
         "comment": comment,
         "packets": counter.and_then(|c| c.0),

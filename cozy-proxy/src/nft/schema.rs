@@ -239,6 +239,16 @@ pub struct RuleDef {
     pub exprs: Vec<Expr>,
 }
 
+impl RuleDef {
+    /// What the rule holds, as a number stored with it (in its userdata)
+    /// and compared when the table is read back: a rule someone replaced
+    /// is told apart from ours even when the chain keeps its length.
+    pub fn fingerprint(&self) -> u64 {
+        let text = format!("{:?}", self.exprs);
+        crate::fingerprint::fnv1a([text.as_bytes()])
+    }
+}
+
 pub struct ChainDef {
     pub name: &'static str,
     /// "filter" or "nat".

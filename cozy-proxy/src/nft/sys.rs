@@ -154,3 +154,6 @@ pub const TYPE_IFINDEX: u32 = 20;
 pub const TYPE_BITS: u32 = 6;
 /// libnftnl's rule comment in NFTA_RULE_USERDATA (NFTNL_UDATA_RULE_COMMENT).
 pub const UDATA_RULE_COMMENT: u8 = 0;
+/// Our rule fingerprint in NFTA_RULE_USERDATA: a type libnftnl does not
+/// define, which nft skips when it lists the rule.
+pub const UDATA_RULE_FINGERPRINT: u8 = 0x7c;
