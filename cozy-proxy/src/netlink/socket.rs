@@ -2,7 +2,7 @@
 //! nf_tables batch, a route change) and dumps.
 use super::wire::{
     attr_str, messages, Message, NLMSGERR_ATTR_MSG, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN,
-    NLM_F_ACK_TLVS, NLM_F_CAPPED,
+    NLM_F_ACK_TLVS, NLM_F_CAPPED, NLM_F_DUMP_INTR,
 };
 use std::{
     collections::HashMap,
@@ -10,6 +10,7 @@ use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     sync::atomic::{AtomicU32, Ordering},
 };
+use tracing::debug;
 
 const NETLINK_CAP_ACK: i32 = libc::NETLINK_CAP_ACK;
 const NETLINK_EXT_ACK: i32 = libc::NETLINK_EXT_ACK;
@@ -26,6 +27,8 @@ pub enum NetlinkError {
     },
     #[error("the kernel did not acknowledge {0} message(s)")]
     MissingAcks(usize),
+    #[error("{0}: every dump was interrupted by changes (NLM_F_DUMP_INTR); try again later")]
+    Interrupted(String),
 }
 
 impl NetlinkError {
@@ -34,7 +37,7 @@ impl NetlinkError {
         match self {
             NetlinkError::Refused { source, .. } => source.raw_os_error(),
             NetlinkError::Io(e) => e.raw_os_error(),
-            NetlinkError::MissingAcks(_) => None,
+            NetlinkError::MissingAcks(_) | NetlinkError::Interrupted(_) => None,
         }
     }
 }
@@ -251,10 +254,30 @@ impl NlSocket {
     }
 
     /// Sends a dump request (one message, sequence number `seq`) and returns
-    /// the payload (after nlmsghdr) of every answer.
+    /// the payload (after nlmsghdr) of every answer. A dump the kernel marks
+    /// interrupted (NLM_F_DUMP_INTR: the table changed while it was read)
+    /// is made again, up to [`DUMP_ATTEMPTS`] times.
     pub fn dump(&self, request: &[u8], seq: u32, what: &str) -> Result<Vec<Vec<u8>>, NetlinkError> {
+        for attempt in 1..=DUMP_ATTEMPTS {
+            let (out, interrupted) = self.dump_once(request, seq, what)?;
+            if !interrupted {
+                return Ok(out);
+            }
+            debug!(what, attempt, "dump interrupted by a change; dumping again");
+        }
+        Err(NetlinkError::Interrupted(what.to_string()))
+    }
+
+    /// One dump: its answers, and whether any was marked interrupted.
+    fn dump_once(
+        &self,
+        request: &[u8],
+        seq: u32,
+        what: &str,
+    ) -> Result<(Vec<Vec<u8>>, bool), NetlinkError> {
         self.send(request)?;
         let mut out = Vec::new();
+        let mut interrupted = false;
         let mut buf = vec![0u8; 1 << 20];
         loop {
             let n = self.recv(&mut buf, false)?.unwrap_or(0);
@@ -262,8 +285,9 @@ impl NlSocket {
                 if m.seq != seq {
                     continue;
                 }
+                interrupted |= m.flags & NLM_F_DUMP_INTR != 0;
                 match m.msg_type {
-                    NLMSG_DONE => return Ok(out),
+                    NLMSG_DONE => return Ok((out, interrupted)),
                     NLMSG_ERROR => match parse_error(&m) {
                         Some((errno, extack)) => {
                             return Err(NetlinkError::Refused {
@@ -272,7 +296,7 @@ impl NlSocket {
                                 extack,
                             })
                         }
-                        None => return Ok(out),
+                        None => return Ok((out, interrupted)),
                     },
                     _ => out.push(m.payload.to_vec()),
                 }
@@ -280,6 +304,9 @@ impl NlSocket {
         }
     }
 }
+
+/// Dumps made before an interrupted one is given up.
+pub const DUMP_ATTEMPTS: u32 = 5;
 
 /// `Some((errno, message))` for an NLMSG_ERROR that reports a failure,
 /// `None` for a plain acknowledgement.

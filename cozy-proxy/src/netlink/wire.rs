@@ -18,6 +18,9 @@ pub const NLM_F_EXCL: u16 = libc::NLM_F_EXCL as u16;
 pub const NLM_F_APPEND: u16 = libc::NLM_F_APPEND as u16;
 pub const NLM_F_CAPPED: u16 = libc::NLM_F_CAPPED as u16;
 pub const NLM_F_ACK_TLVS: u16 = libc::NLM_F_ACK_TLVS as u16;
+/// A dump's answer was interrupted by a change: its content may be
+/// inconsistent.
+pub const NLM_F_DUMP_INTR: u16 = libc::NLM_F_DUMP_INTR as u16;
 pub const NLMSG_ERROR: u16 = libc::NLMSG_ERROR as u16;
 pub const NLMSG_DONE: u16 = libc::NLMSG_DONE as u16;
 pub const NLMSGERR_ATTR_MSG: u16 = 1;
