@@ -385,6 +385,29 @@ impl ControlPlane {
         })
     }
 
+    /// Changes the rules of ClusterRole `name` (as an operator editing it
+    /// would): `edit` gets them as JSON; the result replaces the role.
+    pub fn edit_cluster_role(
+        &self,
+        name: &str,
+        edit: impl FnOnce(&mut Vec<serde_json::Value>) -> Result<()>,
+    ) -> Result<()> {
+        let role = self.kubectl(&["get", "clusterrole", name, "-o", "json"])?;
+        let mut role: serde_json::Value = serde_json::from_str(&role)?;
+        edit(role["rules"].as_array_mut().context("the role's rules")?)?;
+        let admin = self.admin.display().to_string();
+        let out = crate::sh::feed_in(
+            &self.ns,
+            &["kubectl", "--kubeconfig", &admin, "replace", "-f", "-"],
+            role.to_string().as_bytes(),
+            20,
+        )?;
+        if !out.status.success() {
+            bail!("kubectl replace: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
     /// `kubectl` as the admin, in the namespace; its output.
     pub fn kubectl(&self, args: &[&str]) -> Result<String> {
         let admin = self.admin.display().to_string();

@@ -170,25 +170,15 @@ fn a_missing_rbac_rule_is_refused_by_the_server() -> Result<()> {
     env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
     env.settle()?;
     let api = api(&env)?;
-    let role = api.kubectl(&["get", "clusterrole", "cozy-proxy", "-o", "json"])?;
-    let mut role: serde_json::Value = serde_json::from_str(&role)?;
-    let rules = role["rules"].as_array_mut().context("rules")?;
-    let before = rules.len();
-    rules.retain(|r| r["resources"][0] != "endpointslices");
-    ensure!(rules.len() + 1 == before, "no endpointslices rule: {role}");
-    harness::sh::feed_in(
-        &env.topo.node(),
-        &[
-            "kubectl",
-            "--kubeconfig",
-            &api.admin.display().to_string(),
-            "replace",
-            "-f",
-            "-",
-        ],
-        role.to_string().as_bytes(),
-        20,
-    )?;
+    api.edit_cluster_role("cozy-proxy", |rules| {
+        let before = rules.len();
+        rules.retain(|r| r["resources"][0] != "endpointslices");
+        ensure!(
+            rules.len() + 1 == before,
+            "no endpointslices rule: {rules:?}"
+        );
+        Ok(())
+    })?;
     env.ctl.restart()?;
     let api = env.api.as_ref().context("api")?;
     eventually(Duration::from_secs(10), || {
@@ -476,26 +466,14 @@ fn an_unreadable_node_label_removes_nothing() -> Result<()> {
     // Take `get` on nodes away (list and watch stay: the controller still
     // syncs), and restart.
     let cp = api(&env)?;
-    let role = cp.kubectl(&["get", "clusterrole", "cozy-proxy", "-o", "json"])?;
-    let mut role: serde_json::Value = serde_json::from_str(&role)?;
-    for rule in role["rules"].as_array_mut().context("rules")? {
-        if rule["resources"][0] == "nodes" {
-            rule["verbs"] = serde_json::json!(["list", "watch"]);
+    cp.edit_cluster_role("cozy-proxy", |rules| {
+        for rule in rules.iter_mut() {
+            if rule["resources"][0] == "nodes" {
+                rule["verbs"] = serde_json::json!(["list", "watch"]);
+            }
         }
-    }
-    harness::sh::feed_in(
-        &node,
-        &[
-            "kubectl",
-            "--kubeconfig",
-            &cp.admin.display().to_string(),
-            "replace",
-            "-f",
-            "-",
-        ],
-        role.to_string().as_bytes(),
-        20,
-    )?;
+        Ok(())
+    })?;
     env.ctl.restart()?;
     eventually(Duration::from_secs(20), || {
         ensure!(

@@ -57,6 +57,29 @@ async fn drive<K>(
     }
 }
 
+/// What a reflector can keep: a cluster-scoped or namespaced API object.
+trait Watched:
+    Resource<DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Whether ServiceCIDRs are watched: decided by a probe in the background.
 enum CidrWatch {
     Probing,
@@ -77,13 +100,7 @@ fn reflector<K>(
     impl std::future::Future<Output = ()> + Send + 'static,
 )
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
 {
     let (store, writer) = reflector::store();
     let stream = reflector::reflector(writer, watcher(api, config).modify(trim)).default_backoff();
@@ -100,13 +117,7 @@ fn reflect<K>(
     tasks: &mut Vec<JoinHandle<()>>,
 ) -> Store<K>
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
 {
     let (store, task) = reflector(api, config, trim, dirty, kind);
     tasks.push(tokio::spawn(task));
