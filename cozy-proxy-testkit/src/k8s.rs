@@ -188,8 +188,8 @@ impl ControlPlane {
         let data = self.dir.join("etcd-data").display().to_string();
         let client = format!("http://127.0.0.1:{}", self.etcd_port);
         let peer = format!("http://127.0.0.1:{}", self.etcd_port + 1);
-        self.etcd = Some(Proc::spawn_in(
-            &self.ns,
+        let etcd = self.launch(
+            "etcd",
             &[
                 &bin,
                 "--data-dir",
@@ -207,23 +207,23 @@ impl ControlPlane {
                 "--log-level",
                 "warn",
             ],
-            Stdio::null(),
-            self.log("etcd")?,
-        )?);
-        eventually(Duration::from_secs(20), || {
-            ok_in(
-                &self.ns,
-                &[
-                    "curl",
-                    "-sSf",
-                    "--max-time",
-                    "1",
-                    &format!("{client}/health"),
-                ],
-            )
-            .map(|_| ())
-        })
-        .with_context(|| format!("etcd did not come up:\n{}", self.log_tail("etcd")))
+            Duration::from_secs(20),
+            || {
+                ok_in(
+                    &self.ns,
+                    &[
+                        "curl",
+                        "-sSf",
+                        "--max-time",
+                        "1",
+                        &format!("{client}/health"),
+                    ],
+                )
+                .map(|_| ())
+            },
+        )?;
+        self.etcd = Some(etcd);
+        Ok(())
     }
 
     pub fn start_apiserver(&mut self) -> Result<()> {
@@ -264,26 +264,16 @@ impl ControlPlane {
             "--watch-cache=true".into(),
         ];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.apiserver = Some(Proc::spawn_in(
-            &self.ns,
-            &args,
-            Stdio::null(),
-            self.log("kube-apiserver")?,
-        )?);
-        eventually(Duration::from_secs(60), || {
+        let apiserver = self.launch("kube-apiserver", &args, Duration::from_secs(60), || {
             let out = self.kubectl(&["get", "--raw", "/readyz"])?;
             if out.trim() == "ok" {
                 Ok(())
             } else {
                 bail!("not ready: {out}")
             }
-        })
-        .with_context(|| {
-            format!(
-                "kube-apiserver did not become ready:\n{}",
-                self.log_tail("kube-apiserver")
-            )
-        })
+        })?;
+        self.apiserver = Some(apiserver);
+        Ok(())
     }
 
     /// Kills the API server (an outage; etcd keeps the state).
@@ -321,23 +311,38 @@ impl ControlPlane {
             "--root-ca-file",
             &self.dir.join("ca.crt").display().to_string(),
         ];
-        self.kcm = Some(Proc::spawn_in(
-            &self.ns,
-            &args,
-            Stdio::null(),
-            self.log("kube-controller-manager")?,
-        )?);
         // Ready when the default ServiceAccount exists (its controller ran).
-        eventually(Duration::from_secs(60), || {
-            self.kubectl(&["get", "serviceaccount", "default", "-n", "default"])
-                .map(|_| ())
-        })
-        .with_context(|| {
+        let kcm = self.launch(
+            "kube-controller-manager",
+            &args,
+            Duration::from_secs(60),
+            || {
+                self.kubectl(&["get", "serviceaccount", "default", "-n", "default"])
+                    .map(|_| ())
+            },
+        )?;
+        self.kcm = Some(kcm);
+        Ok(())
+    }
+
+    /// Starts component `name` in the namespace (its output in
+    /// `<name>.log`) and waits until `ready` succeeds within `within`; the
+    /// error carries the end of its log.
+    fn launch(
+        &self,
+        name: &str,
+        args: &[&str],
+        within: Duration,
+        ready: impl FnMut() -> Result<()>,
+    ) -> Result<Proc> {
+        let proc = Proc::spawn_in(&self.ns, args, Stdio::null(), self.log(name)?)?;
+        eventually(within, ready).with_context(|| {
             format!(
-                "kube-controller-manager did not start its controllers:\n{}",
-                self.log_tail("kube-controller-manager")
+                "{name} did not become ready within {within:?}:\n{}",
+                self.log_tail(name)
             )
-        })
+        })?;
+        Ok(proc)
     }
 
     /// The last lines of a component's log, for an error message.
@@ -368,21 +373,11 @@ impl ControlPlane {
             "--healthz-bind-address",
             "127.0.0.1:10256",
         ];
-        self.kube_proxy = Some(Proc::spawn_in(
-            &self.ns,
-            &args,
-            Stdio::null(),
-            self.log("kube-proxy")?,
-        )?);
-        eventually(Duration::from_secs(30), || {
+        let kube_proxy = self.launch("kube-proxy", &args, Duration::from_secs(30), || {
             ok_in(&self.ns, &["nft", "list", "table", "ip", "kube-proxy"]).map(|_| ())
-        })
-        .with_context(|| {
-            format!(
-                "kube-proxy did not create its table:\n{}",
-                self.log_tail("kube-proxy")
-            )
-        })
+        })?;
+        self.kube_proxy = Some(kube_proxy);
+        Ok(())
     }
 
     /// Changes the rules of ClusterRole `name` (as an operator editing it

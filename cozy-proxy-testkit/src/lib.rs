@@ -214,19 +214,7 @@ impl Controller {
         pin_dir: PathBuf,
         log: PathBuf,
     ) -> Result<Controller> {
-        let mut c = Controller {
-            proc: None,
-            ns: ns.into(),
-            node: node.into(),
-            backend,
-            source_args,
-            extra_args: Vec::new(),
-            pin_dir,
-            log,
-            container: None,
-        };
-        c.spawn()?;
-        Ok(c)
+        Controller::launch(ns, node, backend, source_args, pin_dir, log, None)
     }
 
     /// Like [`Controller::start`], as a container of the image.
@@ -239,6 +227,26 @@ impl Controller {
         log: PathBuf,
         container: image::Container,
     ) -> Result<Controller> {
+        Controller::launch(
+            ns,
+            node,
+            backend,
+            source_args,
+            pin_dir,
+            log,
+            Some(container),
+        )
+    }
+
+    fn launch(
+        ns: &str,
+        node: &str,
+        backend: Backend,
+        source_args: Vec<String>,
+        pin_dir: PathBuf,
+        log: PathBuf,
+        container: Option<image::Container>,
+    ) -> Result<Controller> {
         let mut c = Controller {
             proc: None,
             ns: ns.into(),
@@ -248,7 +256,7 @@ impl Controller {
             extra_args: Vec::new(),
             pin_dir,
             log,
-            container: Some(container),
+            container,
         };
         c.spawn()?;
         Ok(c)

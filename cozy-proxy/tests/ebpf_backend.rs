@@ -203,11 +203,7 @@ fn cleanup_removes_links_maps_and_routes() -> Result<()> {
     // Stopped: everything still in place (and still translating).
     ensure!(pinned_links(&pins)? == links, "stopping changed the links");
     let node = env.topo.node();
-    let pin_arg = pins.display().to_string();
-    ok_in(
-        &node,
-        &[&harness::bin(), "cleanup", "--bpf-pin-dir", &pin_arg],
-    )?;
+    cleanup(&env)?;
     ensure!(!pins.exists(), "pin directory left: {}", pins.display());
     for (id, _, _) in links {
         let shown = std::process::Command::new("bpftool")
@@ -314,16 +310,30 @@ fn links_detached_by_others_come_back_at_the_resync() -> Result<()> {
 
 /// `tc filter show` in the node namespace: the bpf filters on `dev`'s
 /// `hook` (ingress or egress).
-fn tc_filters(env: &Env, dev: &str, hook: &str) -> Result<usize> {
-    let out = ok_in(
+fn tc_filter_show(env: &Env, dev: &str, hook: &str) -> Result<String> {
+    ok_in(
         &env.topo.node(),
         &["tc", "filter", "show", "dev", dev, hook],
-    )?;
+    )
+}
+
+/// How many bpf filters `dev`'s `hook` holds.
+fn tc_filters(env: &Env, dev: &str, hook: &str) -> Result<usize> {
     // One line per filter carries its handle and program.
-    Ok(out
+    Ok(tc_filter_show(env, dev, hook)?
         .lines()
         .filter(|l| l.contains(" bpf ") && l.contains(" handle "))
         .count())
+}
+
+/// `cozy-proxy cleanup` of the test's pin directory, in the node namespace.
+fn cleanup(env: &Env) -> Result<()> {
+    let pins = env.ctl.pin_dir.display().to_string();
+    ok_in(
+        &env.topo.node(),
+        &[&harness::bin(), "cleanup", "--bpf-pin-dir", &pins],
+    )
+    .map(|_| ())
 }
 
 /// The path of kernels before 6.6 (no tcx), forced with
@@ -335,23 +345,12 @@ fn legacy_tc_filters_are_replaced_on_restart_and_removed_on_cleanup() -> Result<
     let mut env = setup()?;
     // Start over on the legacy path (the setup attached tcx links).
     env.ctl.stop()?;
-    ok_in(
-        &env.topo.node(),
-        &[
-            &harness::bin(),
-            "cleanup",
-            "--bpf-pin-dir",
-            &env.ctl.pin_dir.display().to_string(),
-        ],
-    )?;
+    cleanup(&env)?;
     env.ctl.extra_args = vec!["--tc-attach".into(), "netlink".into()];
     let _ssh = Server::tcp(&env.topo.pod(1), Fam::V4, 22, "pod1")?;
     // The program id in the uplink's ingress filter: a new one each start.
     let program_id = |env: &Env| -> Result<String> {
-        let out = ok_in(
-            &env.topo.node(),
-            &["tc", "filter", "show", "dev", "uplink", "ingress"],
-        )?;
+        let out = tc_filter_show(env, "uplink", "ingress")?;
         out.split_whitespace()
             .skip_while(|w| *w != "id")
             .nth(1)
@@ -369,10 +368,7 @@ fn legacy_tc_filters_are_replaced_on_restart_and_removed_on_cleanup() -> Result<
                     ensure!(
                         n == 1,
                         "round {round}: {n} bpf filters on {dev} {hook}: {}",
-                        ok_in(
-                            &env.topo.node(),
-                            &["tc", "filter", "show", "dev", dev, hook]
-                        )?
+                        tc_filter_show(&env, dev, hook)?
                     );
                 }
             }
@@ -393,15 +389,7 @@ fn legacy_tc_filters_are_replaced_on_restart_and_removed_on_cleanup() -> Result<
         "tcx links on the legacy path"
     );
     env.ctl.stop()?;
-    ok_in(
-        &env.topo.node(),
-        &[
-            &harness::bin(),
-            "cleanup",
-            "--bpf-pin-dir",
-            &env.ctl.pin_dir.display().to_string(),
-        ],
-    )?;
+    cleanup(&env)?;
     for dev in ["uplink", "pod1", "pod2", "pod3"] {
         for hook in ["ingress", "egress"] {
             let n = tc_filters(&env, dev, hook)?;

@@ -300,6 +300,14 @@ fn the_datapath_goes_only_with_the_charts_daemonset() -> Result<()> {
 /// (the chart's `nodes get` rule): the restarted controller switches.
 #[test]
 fn the_node_label_overrides_the_backend() -> Result<()> {
+    let env = ebpf_node_switched_to_nft_by_its_label()?;
+    let _web = env.serve_tcp(1, WEB)?;
+    env.tcp_reaches(env.lb(0), WEB, 1)
+}
+
+/// A node running eBPF with vm1, labelled for nft with kubectl and its
+/// controller restarted: nft holds vm1 and the eBPF state is gone.
+fn ebpf_node_switched_to_nft_by_its_label() -> Result<Env> {
     let mut env = env(Backend::Ebpf, Fam::V4)?;
     env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
     env.settle()?;
@@ -318,8 +326,7 @@ fn the_node_label_overrides_the_backend() -> Result<()> {
         ensure!(!env.ctl.pin_dir.exists(), "eBPF pins left");
         Ok(())
     })?;
-    let _web = env.serve_tcp(1, WEB)?;
-    env.tcp_reaches(env.lb(0), WEB, 1)
+    Ok(env)
 }
 
 /// The real kube-proxy (nftables mode) beside cozy-proxy on one node: it
@@ -447,22 +454,8 @@ fn only_the_owning_node_publishes_a_services_events() -> Result<()> {
 /// removes nothing.
 #[test]
 fn an_unreadable_node_label_removes_nothing() -> Result<()> {
-    let mut env = env(Backend::Ebpf, Fam::V4)?;
-    env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
-    env.settle()?;
-    let cp = api(&env)?;
-    cp.kubectl(&[
-        "label",
-        "node",
-        "node1",
-        "networking.cozystack.io/cozy-proxy-backend=nft",
-    ])?;
-    env.ctl.restart()?;
-    env.wait_log("backend chosen by the node label")?;
+    let mut env = ebpf_node_switched_to_nft_by_its_label()?;
     let node = env.topo.node();
-    eventually(SETTLE, || {
-        harness::sh::ok_in(&node, &["nft", "list", "table", "ip", "cozy_proxy"]).map(|_| ())
-    })?;
     // Take `get` on nodes away (list and watch stay: the controller still
     // syncs), and restart.
     let cp = api(&env)?;
