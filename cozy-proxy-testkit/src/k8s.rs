@@ -580,16 +580,25 @@ impl ControlPlane {
         let status = serde_json::json!({"status": {"addresses": [
             {"type": "InternalIP", "address": address.to_string()}
         ]}});
-        self.kubectl(&[
-            "patch",
-            "node",
-            name,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &status.to_string(),
-        ])
-        .map(|_| ())
+        self.patch_status("node", name, None, &status)
+    }
+
+    /// Merges `status` into the status of `kind/name` (in `namespace`),
+    /// as the object's own controller (kubelet, load balancer) would.
+    fn patch_status(
+        &self,
+        kind: &str,
+        name: &str,
+        namespace: Option<&str>,
+        status: &serde_json::Value,
+    ) -> Result<()> {
+        let status = status.to_string();
+        let mut args = vec!["patch", kind, name];
+        if let Some(ns) = namespace {
+            args.extend(["-n", ns]);
+        }
+        args.extend(["--subresource=status", "--type=merge", "-p", &status]);
+        self.kubectl(&args).map(|_| ())
     }
 
     /// Creates or updates a Service and its endpoints through the API, as
@@ -619,17 +628,7 @@ impl ControlPlane {
             )
             .collect();
         let status = serde_json::json!({"status": {"loadBalancer": {"ingress": ingress}}});
-        self.kubectl(&[
-            "patch",
-            "service",
-            &svc.name,
-            "-n",
-            "default",
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &status.to_string(),
-        ])?;
+        self.patch_status("service", &svc.name, Some("default"), &status)?;
         let wanted: Vec<String> = endpoints
             .iter()
             .map(|(a, _)| pod_name(&svc.name, a))
@@ -656,17 +655,7 @@ impl ControlPlane {
                 "podIPs": [{"ip": address}],
                 "conditions": [{"type": "Ready", "status": ready}],
             }});
-            self.kubectl(&[
-                "patch",
-                "pod",
-                name,
-                "-n",
-                "default",
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                &status.to_string(),
-            ])?;
+            self.patch_status("pod", name, Some("default"), &status)?;
         }
         let created = self.kubectl(&[
             "get",

@@ -144,32 +144,14 @@ mod datapath {
         set_offloads(case.topo(), offloads)?;
         // Neighbours learnt both ways before anything is measured.
         let t = case.topo();
-        ok_in(
-            &t.ext(),
-            &[
-                "ping",
-                "-c",
-                "2",
-                "-i",
-                "0.2",
-                "-W",
-                "1",
-                &case.target(net).to_string(),
-            ],
-        )?;
-        ok_in(
-            &t.pod(1),
-            &[
-                "ping",
-                "-c",
-                "2",
-                "-i",
-                "0.2",
-                "-W",
-                "1",
-                &net.ext.to_string(),
-            ],
-        )?;
+        let ping = |ns: &str, dst: IpAddr| {
+            ok_in(
+                ns,
+                &["ping", "-c", "2", "-i", "0.2", "-W", "1", &dst.to_string()],
+            )
+        };
+        ping(&t.ext(), case.target(net))?;
+        ping(&t.pod(1), net.ext)?;
         Ok(case)
     }
 
