@@ -13,7 +13,8 @@
 //! Faults on demand: `POST /control/cut` closes every open watch;
 //! `POST /control/compact` forgets history, so older resourceVersions get
 //! `410 Gone` (open watches get an Expired ERROR event). `GET
-//! /control/events` lists the Events received.
+//! /control/events` lists the Events received. `POST /control/apply` (a JSON
+//! object) creates or replaces one object at once.
 use serde_json::{json, Value};
 use std::{
     collections::BTreeMap,
@@ -81,29 +82,76 @@ fn read_dir(dir: &PathBuf) -> BTreeMap<Key, Value> {
             let Ok(v) = serde_json::to_value(v) else {
                 continue;
             };
-            let kind = v["kind"].as_str().unwrap_or_default().to_string();
+            let key = key_of(&v);
             if !matches!(
-                kind.as_str(),
+                key.0.as_str(),
                 "Service" | "EndpointSlice" | "Node" | "DaemonSet"
             ) {
                 continue;
             }
-            let ns = if kind == "Node" {
-                String::new()
-            } else {
-                v["metadata"]["namespace"]
-                    .as_str()
-                    .unwrap_or("default")
-                    .to_string()
-            };
-            let name = v["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            out.insert((kind, ns, name), v);
+            out.insert(key, v);
         }
     }
     out
+}
+
+/// The key of an object as the stand-in files it.
+fn key_of(v: &Value) -> Key {
+    let kind = v["kind"].as_str().unwrap_or_default().to_string();
+    let ns = if kind == "Node" {
+        String::new()
+    } else {
+        v["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string()
+    };
+    let name = v["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    (kind, ns, name)
+}
+
+/// Stores `spec` under `key` as the API server would (resourceVersion,
+/// uid, creationTimestamp kept from the existing object): the watch event,
+/// or `None` if nothing changed.
+fn upsert(st: &mut State, key: &Key, spec: &Value) -> Option<Change> {
+    let existing = st.objects.get(key).cloned();
+    let mut stripped = existing.clone().unwrap_or(Value::Null);
+    if let Some(m) = stripped.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("resourceVersion");
+        m.remove("uid");
+        if spec["metadata"]["creationTimestamp"].is_null() {
+            m.remove("creationTimestamp");
+        }
+    }
+    if stripped == *spec {
+        return None;
+    }
+    st.rv = st.rv.max(now_rv()) + 1;
+    let mut obj = spec.clone();
+    let meta = &mut obj["metadata"];
+    meta["resourceVersion"] = json!(st.rv.to_string());
+    meta["uid"] = json!(format!("uid-{}-{}-{}", key.0, key.1, key.2).to_lowercase());
+    if meta["creationTimestamp"].is_null() {
+        meta["creationTimestamp"] = existing
+            .as_ref()
+            .map(|e| e["metadata"]["creationTimestamp"].clone())
+            .unwrap_or_else(|| json!("2024-01-01T00:00:00Z"));
+    }
+    let event = if existing.is_some() {
+        "MODIFIED"
+    } else {
+        "ADDED"
+    };
+    st.objects.insert(key.clone(), obj.clone());
+    Some(Change {
+        rv: st.rv,
+        kind: key.0.clone(),
+        event,
+        object: obj,
+    })
 }
 
 impl Server {
@@ -113,41 +161,7 @@ impl Server {
         let mut st = self.state.lock().expect("lock");
         let mut changes = Vec::new();
         for (key, spec) in &wanted {
-            let existing = st.objects.get(key).cloned();
-            let mut stripped = existing.clone().unwrap_or(Value::Null);
-            if let Some(m) = stripped.get_mut("metadata").and_then(Value::as_object_mut) {
-                m.remove("resourceVersion");
-                m.remove("uid");
-                if spec["metadata"]["creationTimestamp"].is_null() {
-                    m.remove("creationTimestamp");
-                }
-            }
-            if stripped == *spec {
-                continue;
-            }
-            st.rv = st.rv.max(now_rv()) + 1;
-            let mut obj = spec.clone();
-            let meta = &mut obj["metadata"];
-            meta["resourceVersion"] = json!(st.rv.to_string());
-            meta["uid"] = json!(format!("uid-{}-{}-{}", key.0, key.1, key.2).to_lowercase());
-            if meta["creationTimestamp"].is_null() {
-                meta["creationTimestamp"] = existing
-                    .as_ref()
-                    .map(|e| e["metadata"]["creationTimestamp"].clone())
-                    .unwrap_or_else(|| json!("2024-01-01T00:00:00Z"));
-            }
-            let event = if existing.is_some() {
-                "MODIFIED"
-            } else {
-                "ADDED"
-            };
-            st.objects.insert(key.clone(), obj.clone());
-            changes.push(Change {
-                rv: st.rv,
-                kind: key.0.clone(),
-                event,
-                object: obj,
-            });
+            changes.extend(upsert(&mut st, key, spec));
         }
         let gone: Vec<Key> = st
             .objects
@@ -166,6 +180,19 @@ impl Server {
                 object: obj,
             });
         }
+        self.publish(&mut st, changes);
+    }
+
+    /// Creates or replaces one object (`POST /control/apply`).
+    fn apply(&self, spec: &Value) -> bool {
+        let mut st = self.state.lock().expect("lock");
+        let change = upsert(&mut st, &key_of(spec), spec);
+        let changed = change.is_some();
+        self.publish(&mut st, change.into_iter().collect());
+        changed
+    }
+
+    fn publish(&self, st: &mut State, changes: Vec<Change>) {
         for c in changes {
             st.history.push(c.clone());
             let _ = self.changes.send(c);
@@ -446,6 +473,10 @@ async fn handle(server: Arc<Server>, mut stream: TcpStream) -> std::io::Result<(
             let events = server.state.lock().expect("lock").events.clone();
             respond(&mut stream, "200 OK", &json!(events)).await
         }
+        ("POST", "/control/apply") => {
+            let changed = server.apply(&body);
+            respond(&mut stream, "200 OK", &json!({"changed": changed})).await
+        }
         ("POST", "/control/cut") => {
             server.epoch.send_modify(|e| *e += 1);
             respond(&mut stream, "200 OK", &json!({"cut": true})).await
@@ -491,6 +522,22 @@ impl Running {
     /// Serves `dir` on `listen` inside network namespace `netns` (a name
     /// under /var/run/netns).
     pub fn start(netns: &str, dir: PathBuf, listen: &str) -> std::io::Result<Running> {
+        Self::start_with(netns, dir, listen, true)
+    }
+
+    /// As [`Running::start`], with the directory read once: later changes
+    /// come only through `POST /control/apply` (for many objects, where a
+    /// rescan every 50 ms would cost more than what is measured).
+    pub fn start_static(netns: &str, dir: PathBuf, listen: &str) -> std::io::Result<Running> {
+        Self::start_with(netns, dir, listen, false)
+    }
+
+    fn start_with(
+        netns: &str,
+        dir: PathBuf,
+        listen: &str,
+        rescan: bool,
+    ) -> std::io::Result<Running> {
         let ns = std::fs::File::open(format!("/var/run/netns/{netns}"))?;
         let listen = listen.to_string();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -525,7 +572,7 @@ impl Running {
                     }
                 };
                 tokio::select! {
-                    _ = serve(listener, dir) => {}
+                    _ = serve_with(listener, dir, rescan) => {}
                     _ = stopped => {}
                 }
             });
@@ -555,6 +602,10 @@ impl Drop for Running {
 
 /// Serves the objects of `dir` (rescanned every 50 ms) until dropped.
 pub async fn serve(listener: TcpListener, dir: PathBuf) {
+    serve_with(listener, dir, true).await
+}
+
+async fn serve_with(listener: TcpListener, dir: PathBuf, rescan: bool) {
     let (changes, _) = broadcast::channel(4096);
     let (epoch, _) = watch::channel(0);
     let start = now_rv();
@@ -570,14 +621,16 @@ pub async fn serve(listener: TcpListener, dir: PathBuf) {
         epoch,
     });
     server.rescan(&dir);
-    let scanner = server.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(50));
-        loop {
-            tick.tick().await;
-            scanner.rescan(&dir);
-        }
-    });
+    if rescan {
+        let scanner = server.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            loop {
+                tick.tick().await;
+                scanner.rescan(&dir);
+            }
+        });
+    }
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;

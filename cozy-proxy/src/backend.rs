@@ -3,7 +3,9 @@
 //! reaches a backend. Once the chosen backend has synced, the other
 //! backend's state is removed, so switching a node's backend leaves nothing
 //! behind and never leaves a gap (both translate the same way).
-use crate::datapath::{BackendKind, Counters, Datapath, DatapathState, Dump, SyncReport, Synced};
+use crate::datapath::{
+    BackendKind, Counters, Datapath, DatapathState, Dump, StateDiff, SyncReport, Synced,
+};
 use crate::ebpf::{EbpfConfig, EbpfError, EbpfKernel};
 use crate::nft::{NftError, NftKernel};
 use crate::steer::Steering;
@@ -169,11 +171,17 @@ impl Datapath for NodeDatapath {
 
     fn sync(&mut self, desired: &DatapathState) -> Result<SyncReport, BackendError> {
         let report = running!(&mut self.running, d => d.sync(desired))?;
-        if let Some(other) = self.retire.take() {
-            if let Err(e) = remove(&[other], &self.cfg) {
-                warn!(backend = %other, error = %e, "removing the other backend's datapath failed");
-            }
-        }
+        self.retire_other();
+        Ok(report)
+    }
+
+    fn sync_change(
+        &mut self,
+        desired: &DatapathState,
+        change: &StateDiff,
+    ) -> Result<SyncReport, BackendError> {
+        let report = running!(&mut self.running, d => d.sync_change(desired, change))?;
+        self.retire_other();
         Ok(report)
     }
 
@@ -198,5 +206,16 @@ impl Datapath for NodeDatapath {
 
     fn cleanup(&mut self) -> Result<(), BackendError> {
         running!(&mut self.running, d => d.cleanup())
+    }
+}
+
+impl NodeDatapath {
+    /// After the first successful sync: the other backend's state goes.
+    fn retire_other(&mut self) {
+        if let Some(other) = self.retire.take() {
+            if let Err(e) = remove(&[other], &self.cfg) {
+                warn!(backend = %other, error = %e, "removing the other backend's datapath failed");
+            }
+        }
     }
 }

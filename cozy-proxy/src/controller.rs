@@ -60,6 +60,8 @@ where
     let mut upkeep = tokio::time::interval(settings.upkeep);
     let mut counters = tokio::time::interval(settings.counters);
     let mut pending = true;
+    // The first round and each resync read every object again.
+    let mut full = true;
     // After a failed round, the next attempt comes after a growing pause
     // (never later than the resync), not only at the next event.
     let mut failures = 0u32;
@@ -69,14 +71,17 @@ where
         telemetry.beat();
         if pending {
             let started = Instant::now();
-            let snapshot = source.snapshot();
-            match datapath.call(move |r| r.reconcile(&snapshot)).await {
+            let update = source.update(full);
+            // Taken into the plan even when the sync fails: a retry needs
+            // only what changed since.
+            full = false;
+            match datapath.call(move |r| r.reconcile(&update)).await {
                 Ok(Ok(report)) => {
                     pending = false;
                     failures = 0;
                     let m = &telemetry.metrics;
                     m.observe_sync(started.elapsed().as_secs_f64());
-                    m.observe_outcome(&report.outcome, report.elements);
+                    m.observe_plan(&report.summary, report.elements);
                     on_warnings(&report.new_warnings);
                     telemetry.set_ready();
                 }
@@ -106,6 +111,7 @@ where
                     return;
                 }
                 pending = true;
+                full = true;
             }
             _ = upkeep.tick() => match datapath.call(|r| r.datapath_mut().upkeep()).await {
                 Ok(Ok(paths_changed)) => pending |= paths_changed,
@@ -136,7 +142,7 @@ mod tests {
     use super::*;
     use crate::datapath::fake::{FakeHandle, FakeKernel};
     use crate::datapath::{DatapathState, Synced};
-    use crate::source::Snapshot;
+    use crate::source::{Snapshot, Update};
     use std::sync::{Arc, Mutex};
     use tokio::sync::{mpsc, Notify};
 
@@ -157,8 +163,8 @@ mod tests {
                 None => std::future::pending().await,
             }
         }
-        fn snapshot(&mut self) -> Snapshot {
-            self.current.clone()
+        fn update(&mut self, _full: bool) -> Update {
+            Update::Full(self.current.clone())
         }
     }
 

@@ -1,9 +1,12 @@
-//! The reconcile step shared by every source: objects in, plan computed,
-//! problems reported, datapath synced.
+//! The reconcile step shared by every source: objects in, plan updated,
+//! problems reported, datapath synced. A round that names the Services it
+//! concerns costs in proportion to them (the plan, the datapath's state and
+//! the kernel are changed for them alone); a full round (the first, a
+//! resync) computes everything again.
 use crate::datapath::{Datapath, DatapathState, NodeView, SyncReport};
 use crate::model::cluster::{cluster_ranges, ClusterConfig, ClusterRanges};
-use crate::model::{compute_plan, Outcome, Warning};
-use crate::source::Snapshot;
+use crate::model::{PlanState, PlanSummary, Warning};
+use crate::source::{Snapshot, Update};
 use std::collections::BTreeSet;
 use tracing::{info, warn};
 
@@ -19,6 +22,11 @@ pub struct NodeConfig {
 pub struct Reconciler<D: Datapath> {
     datapath: D,
     node: NodeConfig,
+    /// The plan, kept up to date one Service at a time.
+    plan: PlanState,
+    /// What the plan puts in this node's datapath (before the kernel's
+    /// paths are resolved), kept with the plan.
+    planned: DatapathState,
     /// Warnings already reported: each is logged once while it lasts.
     reported: BTreeSet<Warning>,
     /// The in-cluster ranges last used: a change is logged.
@@ -30,7 +38,7 @@ pub struct Reconciler<D: Datapath> {
 /// What one reconcile did.
 #[derive(Debug)]
 pub struct ReconcileReport {
-    pub outcome: Outcome,
+    pub summary: PlanSummary,
     pub sync: SyncReport,
     /// Warnings that appeared with this reconcile.
     pub new_warnings: Vec<Warning>,
@@ -45,6 +53,8 @@ impl<D: Datapath> Reconciler<D> {
         Reconciler {
             datapath,
             node,
+            plan: PlanState::default(),
+            planned: DatapathState::default(),
             reported: BTreeSet::new(),
             ranges: ClusterRanges::default(),
             synced_once: false,
@@ -59,42 +69,99 @@ impl<D: Datapath> Reconciler<D> {
         &mut self.datapath
     }
 
-    /// Computes the plan and syncs the datapath to it. Warnings are
+    /// The plan as it stands.
+    pub fn plan(&self) -> &PlanState {
+        &self.plan
+    }
+
+    /// Updates the plan and syncs the datapath to it. Warnings are
     /// reported even when the sync fails (they are about the input); a
-    /// failed sync leaves the kernel as it was, and is retried by the caller.
-    pub fn reconcile(&mut self, snapshot: &Snapshot) -> Result<ReconcileReport, D::Error> {
-        let outcome = compute_plan(
+    /// failed sync leaves the kernel as it was, and is retried by the caller
+    /// (with the plan already updated: an empty update retries it).
+    pub fn reconcile(&mut self, update: &Update) -> Result<ReconcileReport, D::Error> {
+        let me = NodeView {
+            name: self.node.name.as_deref(),
+        };
+        let (sync, new_warnings, resolved_warnings) = match update {
+            Update::Full(snapshot) => {
+                self.rebuild(snapshot);
+                let (new, gone) = self.report(self.plan.warnings().cloned().collect());
+                (self.datapath.sync(&self.planned)?, new, gone)
+            }
+            Update::Services(services) => {
+                for s in services {
+                    let objects: Vec<_> = s.objects.iter().map(AsRef::as_ref).collect();
+                    let slices: Vec<_> = s.slices.iter().map(AsRef::as_ref).collect();
+                    self.plan.update(&s.service, &objects, &slices);
+                }
+                let change = DatapathState::change_of(&self.plan.take_changes(), me);
+                let (new, gone) = self.plan.take_warning_changes();
+                self.log_warnings(&new, &gone);
+                for w in &gone {
+                    self.reported.remove(w);
+                }
+                self.reported.extend(new.iter().cloned());
+                let sync = match self.planned.apply(&change) {
+                    Ok(()) => self.datapath.sync_change(&self.planned, &change)?,
+                    Err(collection) => {
+                        // Never expected (the plan and its state move
+                        // together); the full way is still right.
+                        warn!(
+                            collection,
+                            "the planned state lost track of the plan; computing it again"
+                        );
+                        self.planned = self.planned_of_plan();
+                        self.datapath.sync(&self.planned)?
+                    }
+                };
+                (sync, new, gone)
+            }
+        };
+        let summary = self.plan.summary().clone();
+        if sync.changed_elements > 0 || !self.synced_once {
+            info!(
+                backend = %self.datapath.kind(),
+                mappings = summary.passthrough + summary.port_filter,
+                unmapped = summary.unmapped,
+                changed_elements = sync.changed_elements,
+                warnings = self.reported.len(),
+                "datapath synced"
+            );
+        }
+        self.synced_once = true;
+        Ok(ReconcileReport {
+            summary,
+            sync,
+            new_warnings,
+            resolved_warnings,
+            elements: self.planned.len(),
+        })
+    }
+
+    /// The plan and its state from every object.
+    fn rebuild(&mut self, snapshot: &Snapshot) {
+        self.plan = PlanState::build(
             &snapshot.services,
             &snapshot.endpoint_slices,
             &snapshot.nodes,
         );
-        let (new_warnings, resolved_warnings) = self.report(&outcome.warnings);
+        let _ = self.plan.take_changes();
+        let _ = self.plan.take_warning_changes();
         let ranges = cluster_ranges(&self.node.cluster, &snapshot.nodes, &snapshot.service_cidrs);
         self.report_ranges(ranges);
+        self.planned = self.planned_of_plan();
+    }
+
+    /// What the whole plan puts in this node's datapath.
+    fn planned_of_plan(&self) -> DatapathState {
         let me = NodeView {
             name: self.node.name.as_deref(),
         };
-        let desired = DatapathState::for_node(&outcome.plan, &self.ranges.ranges, me);
-        let sync = self.datapath.sync(&desired)?;
-        if sync.changed_elements > 0 || !self.synced_once {
-            info!(
-                backend = %self.datapath.kind(),
-                mappings = outcome.plan.mappings.len(),
-                unmapped = outcome.plan.unmapped_lb_ips.len(),
-                changed_elements = sync.changed_elements,
-                warnings = outcome.warnings.len(),
-                "datapath synced"
-            );
+        let mut planned = DatapathState::with_cluster(&self.ranges.ranges);
+        for (lb, result) in self.plan.results() {
+            planned.add_result(lb, result, me);
         }
-        let elements = desired.len();
-        self.synced_once = true;
-        Ok(ReconcileReport {
-            outcome,
-            sync,
-            new_warnings,
-            resolved_warnings,
-            elements,
-        })
+        planned
     }
 
     /// Logs the in-cluster ranges and where they came from when they change,
@@ -120,19 +187,22 @@ impl<D: Datapath> Reconciler<D> {
     }
 
     /// The warnings that appeared and those that went away since the last
-    /// round; each is logged once.
-    fn report(&mut self, current: &[Warning]) -> (Vec<Warning>, Vec<Warning>) {
-        let current: BTreeSet<Warning> = current.iter().cloned().collect();
+    /// round, given all current ones; each is logged once.
+    fn report(&mut self, current: BTreeSet<Warning>) -> (Vec<Warning>, Vec<Warning>) {
         let new: Vec<Warning> = current.difference(&self.reported).cloned().collect();
         let gone: Vec<Warning> = self.reported.difference(&current).cloned().collect();
-        for w in &new {
-            warn!(service = %w.service, reason = %w.kind, "{}", w.message);
-        }
-        for w in &gone {
-            info!(service = %w.service, reason = %w.kind, "resolved: {}", w.message);
-        }
+        self.log_warnings(&new, &gone);
         self.reported = current;
         (new, gone)
+    }
+
+    fn log_warnings(&self, new: &[Warning], gone: &[Warning]) {
+        for w in new {
+            warn!(service = %w.service, reason = %w.kind, "{}", w.message);
+        }
+        for w in gone {
+            info!(service = %w.service, reason = %w.kind, "resolved: {}", w.message);
+        }
     }
 }
 
@@ -141,7 +211,12 @@ pub(crate) mod tests {
     use super::*;
     use crate::datapath::fake::{FakeHandle, FakeKernel};
     use crate::datapath::Synced;
+    use crate::model::compute_plan;
     use crate::source::manifests;
+
+    fn full(s: &Snapshot) -> Update {
+        Update::Full(s.clone())
+    }
     use std::path::PathBuf;
 
     /// Objects from YAML, as the manifest source reads them.
@@ -169,11 +244,61 @@ pub(crate) mod tests {
     }
 
     pub fn desired(snap: &Snapshot) -> DatapathState {
+        desired_on(snap, None)
+    }
+
+    /// What node `name` holds for `snap`, computed from scratch.
+    fn desired_on(snap: &Snapshot, name: Option<&str>) -> DatapathState {
         let outcome = compute_plan(&snap.services, &snap.endpoint_slices, &snap.nodes);
         let ranges = cluster_ranges(&ClusterConfig::default(), &snap.nodes, &snap.service_cidrs);
-        let mut s = DatapathState::for_node(&outcome.plan, &ranges.ranges, NodeView { name: None });
+        let mut s = DatapathState::for_node(&outcome.plan, &ranges.ranges, NodeView { name });
         s.resolve(&crate::datapath::fake::paths(&s.pods()));
         s
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// Rounds that name only the Services whose objects changed (and
+        /// now and then a full one) leave the kernel exactly as computing
+        /// everything from scratch would, on a node that hosts some of the
+        /// pods (endpoints on node n1 or n2).
+        #[test]
+        fn incremental_rounds_leave_the_kernel_as_a_full_computation_would(
+            worlds in proptest::collection::vec(crate::model::tests::arb_world(), 1..8),
+            fulls in proptest::collection::vec(proptest::prelude::any::<bool>(), 8),
+        ) {
+            let (kernel, world) = FakeKernel::new();
+            let node = NodeConfig { name: Some("n1".into()), ..Default::default() };
+            let mut r = Reconciler::new(Synced::new(kernel), node);
+            let mut before = Snapshot::default();
+            for (i, (services, mut slices)) in worlds.into_iter().enumerate() {
+                for e in slices.iter_mut().flat_map(|s| s.endpoints.iter_mut()) {
+                    let last = e.addresses.first().and_then(|a| a.chars().last());
+                    e.node_name = Some(if last == Some('1') { "n1" } else { "n2" }.into());
+                }
+                let now = Snapshot { services, endpoint_slices: slices, ..Default::default() };
+                let update = if i == 0 || fulls[i] {
+                    Update::Full(now.clone())
+                } else {
+                    let mut changed = Vec::new();
+                    for n in 0..6 {
+                        let name = format!("s{n}");
+                        let (svcs, eps) = crate::model::tests::objects_of(&name, &now.services, &now.endpoint_slices);
+                        if (svcs.clone(), eps.clone()) != crate::model::tests::objects_of(&name, &before.services, &before.endpoint_slices) {
+                            changed.push(crate::source::ServiceObjects {
+                                service: crate::model::ServiceRef::new("ns", name.as_str()),
+                                objects: svcs.into_iter().cloned().map(std::sync::Arc::new).collect(),
+                                slices: eps.into_iter().cloned().map(std::sync::Arc::new).collect(),
+                            });
+                        }
+                    }
+                    Update::Services(changed)
+                };
+                r.reconcile(&update).expect("sync");
+                proptest::prop_assert_eq!(&world.world().kernel, &desired_on(&now, Some("n1")));
+                before = now;
+            }
+        }
     }
 
     #[test]
@@ -190,7 +315,7 @@ pub(crate) mod tests {
             w.kernel = desired(&one);
             w.schema = true;
         }
-        let report = r.reconcile(&two).expect("sync");
+        let report = r.reconcile(&full(&two)).expect("sync");
         // b: two map entries, its filtered pod, one port, two guarded
         // addresses (pod, LB IP) and one route.
         assert_eq!(report.sync.changed_elements, 7);
@@ -198,7 +323,7 @@ pub(crate) mod tests {
         assert_eq!(world.world().kernel, desired(&two));
         assert_eq!(world.world().reads, 1);
         // Nothing changed: no read, nothing applied.
-        let again = r.reconcile(&two).expect("sync");
+        let again = r.reconcile(&full(&two)).expect("sync");
         assert_eq!(again.sync.changed_elements, 0);
         assert_eq!(world.world().reads, 1);
     }
@@ -207,16 +332,28 @@ pub(crate) mod tests {
     fn drift_is_repaired_after_forget_and_an_error_keeps_the_kernel_and_is_retried() {
         let (mut r, world) = reconciler();
         let snap = snapshot(&service("a", "203.0.113.10", "192.0.2.11", "true"));
-        r.reconcile(&snap).expect("sync");
+        r.reconcile(&full(&snap)).expect("sync");
         // Someone flushes our table by hand.
         world.world().kernel = DatapathState::default();
         // Without a resync we believe the kernel is as we left it.
-        assert_eq!(r.reconcile(&snap).expect("sync").sync.changed_elements, 0);
+        assert_eq!(
+            r.reconcile(&full(&snap))
+                .expect("sync")
+                .sync
+                .changed_elements,
+            0
+        );
         // The resync reads again and repairs it.
         r.datapath_mut().forget();
         // Two map entries, two guarded addresses, one route, and the two
         // link-local in-cluster ranges.
-        assert_eq!(r.reconcile(&snap).expect("sync").sync.changed_elements, 7);
+        assert_eq!(
+            r.reconcile(&full(&snap))
+                .expect("sync")
+                .sync
+                .changed_elements,
+            7
+        );
         assert_eq!(world.world().kernel, desired(&snap));
 
         // A change whose apply fails twice (attempt and retry) is an error;
@@ -224,12 +361,12 @@ pub(crate) mod tests {
         let before = world.world().kernel.clone();
         let changed = snapshot(&service("a", "203.0.113.10", "192.0.2.12", "true"));
         world.world().failures = 2;
-        assert!(r.reconcile(&changed).is_err());
+        assert!(r.reconcile(&full(&changed)).is_err());
         assert_eq!(world.world().kernel, before);
         // One failure is absorbed by the retry (from a fresh read).
         world.world().failures = 1;
         let reads = world.world().reads;
-        r.reconcile(&changed).expect("retried");
+        r.reconcile(&full(&changed)).expect("retried");
         assert_eq!(world.world().kernel, desired(&changed));
         assert_eq!(world.world().reads, reads + 1);
     }
@@ -238,12 +375,13 @@ pub(crate) mod tests {
     fn a_stale_belief_fails_the_first_attempt_and_the_retry_reads_the_kernel() {
         let (mut r, world) = reconciler();
         let snap = snapshot(&service("a", "203.0.113.10", "192.0.2.11", "true"));
-        r.reconcile(&snap).expect("sync");
+        r.reconcile(&full(&snap)).expect("sync");
         // An element removed by hand: removing it again fails (as ENOENT
         // fails an nf_tables batch); the retry starts from the kernel.
         world.world().kernel.pod_svc.clear();
         let moved = snapshot(&service("a", "203.0.113.10", "192.0.2.12", "true"));
-        r.reconcile(&moved).expect("retried from a fresh read");
+        r.reconcile(&full(&moved))
+            .expect("retried from a fresh read");
         assert_eq!(world.world().kernel, desired(&moved));
     }
 
@@ -251,17 +389,17 @@ pub(crate) mod tests {
     fn warnings_are_reported_once_while_they_last_and_resolved_once() {
         let (mut r, _world) = reconciler();
         let bad = snapshot(&service("a", "203.0.113.10", "192.0.2.11", "yes"));
-        let first = r.reconcile(&bad).expect("sync");
+        let first = r.reconcile(&full(&bad)).expect("sync");
         assert_eq!(first.new_warnings.len(), 1);
         assert_eq!(first.new_warnings[0].kind.as_str(), "InvalidAnnotation");
-        let second = r.reconcile(&bad).expect("sync");
+        let second = r.reconcile(&full(&bad)).expect("sync");
         assert!(second.new_warnings.is_empty());
         assert!(second.resolved_warnings.is_empty());
         let good = snapshot(&service("a", "203.0.113.10", "192.0.2.11", "true"));
-        let fixed = r.reconcile(&good).expect("sync");
+        let fixed = r.reconcile(&full(&good)).expect("sync");
         assert_eq!(fixed.resolved_warnings.len(), 1);
         assert!(r
-            .reconcile(&good)
+            .reconcile(&full(&good))
             .expect("sync")
             .resolved_warnings
             .is_empty());

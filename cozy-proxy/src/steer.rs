@@ -57,7 +57,9 @@ impl Steering {
                 out.insert(*pod, p);
             }
         }
-        self.cache.retain(|pod, _| pods.contains(pod));
+        // Paths of pods no longer asked for stay until the next change of
+        // routes or links (or the resync) clears the cache: an incremental
+        // sync asks for a few pods, not for all.
         Ok(out)
     }
 

@@ -147,6 +147,14 @@ pub trait Datapath {
     /// translated; later calls change only the elements that differ.
     fn sync(&mut self, desired: &DatapathState) -> Result<SyncReport, Self::Error>;
 
+    /// As [`Datapath::sync`], where `change` turns the state of the last
+    /// sync into `desired`: work in proportion to the change.
+    fn sync_change(
+        &mut self,
+        desired: &DatapathState,
+        change: &StateDiff,
+    ) -> Result<SyncReport, Self::Error>;
+
     /// Forgets what it believes the kernel holds: the next sync reads the
     /// kernel again and repairs any drift.
     fn forget(&mut self);

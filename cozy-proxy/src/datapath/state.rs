@@ -3,10 +3,10 @@
 //! Both backends keep exactly these collections (per family in the
 //! kernel), and `dump` reads them back into this same shape, so tests
 //! compare one value. docs/traffic.md says what each is for.
-use crate::model::{merge_ranges, Cidr, IpRange, Mode, Plan};
+use crate::model::{merge_ranges, Cidr, IpRange, LbChange, LbResult, Mapping, Mode, Plan};
 use serde::{Deserialize, Serialize};
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     net::IpAddr,
 };
 
@@ -109,39 +109,77 @@ impl DatapathState {
     /// What node `me` holds for `plan` (without `guard` and `routes`, which
     /// [`DatapathState::resolve`] adds from the kernel's paths).
     pub fn for_node(plan: &Plan, cluster: &BTreeSet<Cidr>, me: NodeView<'_>) -> Self {
-        let mut s = DatapathState {
-            cluster: merge_ranges(cluster.iter().copied()),
-            ..Default::default()
-        };
+        let mut s = DatapathState::with_cluster(cluster);
         for m in &plan.mappings {
-            if let Some(ranges) = &m.source_ranges {
-                s.ranged_lbs.insert(m.lb_ip);
-                s.source_ranges.extend(
-                    merge_ranges(ranges.iter().copied())
-                        .into_iter()
-                        .map(|r| (m.lb_ip, r)),
-                );
-            }
-            if !me.hosts(m.node.as_deref()) {
-                s.remote.insert(m.lb_ip, m.pod_ip);
-                continue;
-            }
-            s.pod_svc.insert(m.pod_ip, m.lb_ip);
-            s.svc_pod.insert(m.lb_ip, m.pod_ip);
-            if let Mode::PortFilter { ports, allow_icmp } = &m.mode {
-                s.filtered_pods.insert(m.pod_ip);
-                if *allow_icmp {
-                    s.icmp_allowed_pods.insert(m.pod_ip);
-                }
-                s.allowed_ports.extend(ports.iter().map(|p| AllowedPort {
-                    pod: m.pod_ip,
-                    proto: p.protocol.number(),
-                    port: p.port,
-                }));
-            }
+            s.add_mapping(m, me);
         }
         s.unmapped_lbs = plan.unmapped_lb_ips.keys().copied().collect();
         s
+    }
+
+    /// Holds nothing but the in-cluster ranges.
+    pub fn with_cluster(cluster: &BTreeSet<Cidr>) -> Self {
+        DatapathState {
+            cluster: merge_ranges(cluster.iter().copied()),
+            ..Default::default()
+        }
+    }
+
+    /// Adds what one owned LB IP puts in node `me`'s datapath. The elements
+    /// of two LB IPs never share a key (a plan maps each LB IP and each pod
+    /// IP once): a state is the sum of its LB IPs' parts.
+    pub fn add_result(&mut self, lb_ip: &IpAddr, result: &LbResult, me: NodeView<'_>) {
+        match result {
+            LbResult::Mapped(m) => self.add_mapping(m, me),
+            LbResult::Unmapped(_) => {
+                self.unmapped_lbs.insert(*lb_ip);
+            }
+        }
+    }
+
+    fn add_mapping(&mut self, m: &Mapping, me: NodeView<'_>) {
+        if let Some(ranges) = &m.source_ranges {
+            self.ranged_lbs.insert(m.lb_ip);
+            self.source_ranges.extend(
+                merge_ranges(ranges.iter().copied())
+                    .into_iter()
+                    .map(|r| (m.lb_ip, r)),
+            );
+        }
+        if !me.hosts(m.node.as_deref()) {
+            self.remote.insert(m.lb_ip, m.pod_ip);
+            return;
+        }
+        self.pod_svc.insert(m.pod_ip, m.lb_ip);
+        self.svc_pod.insert(m.lb_ip, m.pod_ip);
+        if let Mode::PortFilter { ports, allow_icmp } = &m.mode {
+            self.filtered_pods.insert(m.pod_ip);
+            if *allow_icmp {
+                self.icmp_allowed_pods.insert(m.pod_ip);
+            }
+            self.allowed_ports.extend(ports.iter().map(|p| AllowedPort {
+                pod: m.pod_ip,
+                proto: p.protocol.number(),
+                port: p.port,
+            }));
+        }
+    }
+
+    /// What turns the state of `changes`' old outcomes into their new ones
+    /// (without `guard` and `routes`): O(the changes), and exactly the
+    /// difference of the two whole states, since the parts of two LB IPs
+    /// never share a key.
+    pub fn change_of(changes: &[LbChange], me: NodeView<'_>) -> StateDiff {
+        let (mut old, mut new) = (DatapathState::default(), DatapathState::default());
+        for c in changes {
+            if let Some(r) = &c.old {
+                old.add_result(&c.lb_ip, r, me);
+            }
+            if let Some(r) = &c.new {
+                new.add_result(&c.lb_ip, r, me);
+            }
+        }
+        old.diff(&new)
     }
 
     /// Every mapped pod, local or remote: the addresses whose paths
@@ -160,26 +198,61 @@ impl DatapathState {
     pub fn resolve(&mut self, paths: &BTreeMap<IpAddr, Path>) {
         self.guard.clear();
         self.routes.clear();
-        let oif = |pod: &IpAddr| paths.get(pod).map_or(0, |p| p.oif);
-        for (lb, pod) in &self.svc_pod {
-            self.guard.insert(*pod, oif(pod));
-            self.guard.insert(*lb, 0);
-        }
-        for (lb, pod) in &self.remote {
-            self.guard.insert(*pod, oif(pod));
-            self.guard.insert(*lb, oif(pod));
-        }
-        for lb in &self.unmapped_lbs {
-            self.guard.insert(*lb, 0);
-        }
-        // Without a path, an unreachable route: traffic to the LB IP is
-        // refused here rather than sent back out the default route.
+        let remote_pods: HashSet<IpAddr> = self.remote.values().copied().collect();
+        let mut guarded: BTreeSet<IpAddr> = self.unmapped_lbs.clone();
         for (lb, pod) in self.svc_pod.iter().chain(&self.remote) {
-            let hop = paths
-                .get(pod)
-                .map_or(NextHop::UNREACHABLE, |path| NextHop::toward(*pod, path));
-            self.routes.insert(*lb, hop);
+            guarded.extend([*lb, *pod]);
         }
+        let mut guard = BTreeMap::new();
+        for a in &guarded {
+            if let Some(g) = self.guard_of(a, remote_pods.contains(a), paths) {
+                guard.insert(*a, g);
+            }
+        }
+        let mut routes = BTreeMap::new();
+        for lb in self.svc_pod.keys().chain(self.remote.keys()) {
+            if let Some(hop) = self.route_of(lb, paths) {
+                routes.insert(*lb, hop);
+            }
+        }
+        self.guard = guard;
+        self.routes = routes;
+    }
+
+    /// The only interface address `a` may arrive on (0: none), if it is
+    /// guarded. An LB IP's role comes first (should an address be both a
+    /// Service's LB IP and another's pod): a local or unmapped LB IP is
+    /// never a legitimate source, a remote one comes from its pod's path;
+    /// a pod comes from its own path. `remote_pod`: `a` is the pod of a
+    /// remote mapping.
+    pub fn guard_of(
+        &self,
+        a: &IpAddr,
+        remote_pod: bool,
+        paths: &BTreeMap<IpAddr, Path>,
+    ) -> Option<u32> {
+        let oif = |pod: &IpAddr| paths.get(pod).map_or(0, |p| p.oif);
+        if self.svc_pod.contains_key(a) || self.unmapped_lbs.contains(a) {
+            Some(0)
+        } else if let Some(pod) = self.remote.get(a) {
+            Some(oif(pod))
+        } else if self.pod_svc.contains_key(a) || remote_pod {
+            Some(oif(a))
+        } else {
+            None
+        }
+    }
+
+    /// Where the host route of LB IP `lb` sends it, if it is mapped:
+    /// toward its pod, or nowhere (an unreachable route: traffic to the LB
+    /// IP is refused here rather than sent back out the default route).
+    pub fn route_of(&self, lb: &IpAddr, paths: &BTreeMap<IpAddr, Path>) -> Option<NextHop> {
+        let pod = self.svc_pod.get(lb).or_else(|| self.remote.get(lb))?;
+        Some(
+            paths
+                .get(pod)
+                .map_or(NextHop::UNREACHABLE, |path| NextHop::toward(*pod, path)),
+        )
     }
 
     /// Number of elements over all collections.

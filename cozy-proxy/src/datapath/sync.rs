@@ -2,7 +2,11 @@
 //! adoption of what a previous instance left, the diff, and the retry
 //! policy, for every backend alike.
 use super::Counters;
-use super::{BackendKind, Datapath, DatapathState, Dump, Kernel, SyncReport};
+use super::{BackendKind, Change, Datapath, DatapathState, Dump, Kernel, StateDiff, SyncReport};
+use std::{
+    collections::{BTreeSet, HashMap},
+    net::IpAddr,
+};
 use tracing::{info, warn};
 
 pub struct Synced<K: Kernel> {
@@ -11,6 +15,12 @@ pub struct Synced<K: Kernel> {
     /// before the first sync, after a failure and after [`Datapath::forget`]:
     /// the next sync reads the kernel again.
     known: Option<DatapathState>,
+    /// The reverse of `known.remote` (pod -> LB IP): the guards of an
+    /// incremental sync look a remote pod up by its address.
+    remote_pods: HashMap<IpAddr, IpAddr>,
+    /// The kernel's paths may have changed since `known` was resolved: the
+    /// next sync resolves every address again.
+    stale_paths: bool,
 }
 
 impl<K: Kernel> Synced<K> {
@@ -18,6 +28,8 @@ impl<K: Kernel> Synced<K> {
         Synced {
             kernel,
             known: None,
+            remote_pods: HashMap::new(),
+            stale_paths: false,
         }
     }
 
@@ -40,11 +52,103 @@ impl<K: Kernel> Synced<K> {
         let diff = known.diff(desired);
         let applied = self.kernel.apply(&diff, desired, found)?;
         self.known = Some(desired.clone());
+        self.remote_pods = desired.remote.iter().map(|(lb, pod)| (*pod, *lb)).collect();
+        self.stale_paths = false;
         Ok(SyncReport {
             changed_elements: diff.size() + applied.extra_changes,
             installed_schema: applied.installed_schema,
         })
     }
+
+    /// The kernel from `known` to `desired`, where `change` turns the
+    /// state of the last sync into `desired`: only the addresses it touches
+    /// are resolved and compared, O(the change). `None` where it cannot be
+    /// done so (nothing known, the paths may have changed): the caller
+    /// takes the full way.
+    fn try_sync_change(
+        &mut self,
+        desired: &DatapathState,
+        change: &StateDiff,
+    ) -> Result<Option<SyncReport>, K::Error> {
+        if self.stale_paths || self.known.is_none() {
+            return Ok(None);
+        }
+        let mut touched: BTreeSet<IpAddr> = change
+            .unmapped_lbs
+            .remove
+            .iter()
+            .chain(&change.unmapped_lbs.add)
+            .copied()
+            .collect();
+        for c in [&change.svc_pod, &change.remote, &change.pod_svc] {
+            for (a, b) in c.remove.iter().chain(&c.add) {
+                touched.extend([*a, *b]);
+            }
+        }
+        for (lb, pod) in &change.remote.remove {
+            if self.remote_pods.get(pod) == Some(lb) {
+                self.remote_pods.remove(pod);
+            }
+        }
+        for (lb, pod) in &change.remote.add {
+            self.remote_pods.insert(*pod, *lb);
+        }
+        let pods: BTreeSet<IpAddr> = touched
+            .iter()
+            .flat_map(|a| {
+                let own = desired.pod_svc.contains_key(a) || self.remote_pods.contains_key(a);
+                let its = desired.svc_pod.get(a).or_else(|| desired.remote.get(a));
+                own.then_some(*a).into_iter().chain(its.copied())
+            })
+            .collect();
+        let paths = self.kernel.paths(&pods)?;
+        let Some(known) = self.known.as_mut() else {
+            return Ok(None);
+        };
+        let mut diff = StateDiff {
+            guard: Change::default(),
+            routes: Change::default(),
+            ..change.clone()
+        };
+        for a in &touched {
+            let guard = desired.guard_of(a, self.remote_pods.contains_key(a), &paths);
+            changed_entry(&mut diff.guard, a, known.guard.get(a), guard.as_ref());
+            let route = desired.route_of(a, &paths);
+            changed_entry(&mut diff.routes, a, known.routes.get(a), route.as_ref());
+        }
+        if let Err(collection) = known.apply(&diff) {
+            warn!(
+                collection,
+                "an incremental change does not fit what the kernel holds; syncing in full"
+            );
+            self.known = None;
+            return Ok(None);
+        }
+        match self.kernel.apply(&diff, known, None) {
+            Ok(applied) => Ok(Some(SyncReport {
+                changed_elements: diff.size() + applied.extra_changes,
+                installed_schema: applied.installed_schema,
+            })),
+            Err(e) => {
+                self.known = None;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Records in `change` that the entry of `key` goes from `old` to `new`.
+fn changed_entry<V: Copy + PartialEq>(
+    change: &mut Change<(IpAddr, V)>,
+    key: &IpAddr,
+    old: Option<&V>,
+    new: Option<&V>,
+) {
+    if old == new {
+        return;
+    }
+    change.remove.extend(old.map(|v| (*key, *v)));
+    change.add.extend(new.map(|v| (*key, *v)));
 }
 
 /// The state a datapath found in the kernel at a fresh read: what a
@@ -78,6 +182,24 @@ impl<K: Kernel> Datapath for Synced<K> {
         }
     }
 
+    /// Incremental when it can be (see [`Synced::try_sync_change`]); on
+    /// a failure, the full way from a fresh read of the kernel.
+    fn sync_change(
+        &mut self,
+        desired: &DatapathState,
+        change: &StateDiff,
+    ) -> Result<SyncReport, K::Error> {
+        match self.try_sync_change(desired, change) {
+            Ok(Some(report)) => Ok(report),
+            Ok(None) => self.sync(desired),
+            Err(e) => {
+                warn!(backend = %self.kernel.kind(), error = %e, "sync failed; re-reading the kernel's state and retrying");
+                self.known = None;
+                self.try_sync(desired)
+            }
+        }
+    }
+
     fn forget(&mut self) {
         self.known = None;
     }
@@ -88,7 +210,9 @@ impl<K: Kernel> Datapath for Synced<K> {
             info!(backend = %self.kernel.kind(), "our kernel state was changed by someone else; reading it again to repair it");
             self.known = None;
         }
-        Ok(self.kernel.upkeep()? || foreign)
+        let paths_changed = self.kernel.upkeep()?;
+        self.stale_paths |= paths_changed;
+        Ok(paths_changed || foreign)
     }
 
     fn dump(&self) -> Result<Dump, K::Error> {

@@ -1,5 +1,6 @@
 //! The pinned BPF maps, opened by path: what the programs read, kept equal
 //! to the node's state, and read back for `dump`.
+use super::addr_bits::AddrBits;
 use super::EbpfError;
 use crate::datapath::{AllowedPort, Count, Counters, DatapathState, ServiceCount, StateDiff};
 use crate::model::{merge_ranges, Cidr, IpRange};
@@ -164,12 +165,17 @@ pub struct Maps {
     drop_stats: PerCpuArray<MapData, Counter>,
     config: Array<MapData, Config>,
     prefilter: Array<MapData, Prefilter>,
-    /// The addresses in `addrs` as of our last apply (`None`: not known,
-    /// read them).
-    in_addrs: Option<BTreeSet<IpKey>>,
+    /// The addresses in `addrs` and their prefilter bits as of our last
+    /// apply (`None`: not known, read them).
+    in_addrs: Option<AddrBits>,
     /// `addrs` as this process last wrote it (`None`: read it): a change
     /// costs what it touches, not a read of every entry.
     known: Option<BTreeMap<IpAddr, AddrInfo>>,
+    /// The counter slots in use (`None`: count them from `known`).
+    slots: Option<Slots>,
+    /// Pod -> LB IP of the remote mappings of the state last applied
+    /// (`None`: build it from the next state).
+    remote_pods: Option<BTreeMap<IpAddr, IpAddr>>,
     prefilter_written: bool,
 }
 
@@ -189,6 +195,8 @@ impl Maps {
             prefilter: typed!(dir, names::PREFILTER),
             in_addrs: None,
             known: None,
+            slots: None,
+            remote_pods: None,
             prefilter_written: false,
         })
     }
@@ -287,21 +295,39 @@ impl Maps {
         desired: &DatapathState,
         peer_links: &BTreeSet<u32>,
     ) -> Result<(), EbpfError> {
+        let remote_pods = self.remote_pods_after(diff, desired);
+        let touched = touched_addresses(diff, desired);
         // Every address about to be in `addrs` gets its prefilter bit
         // first; bits of addresses that left are cleared at the end.
         // So do the in-cluster ranges about to enter the trie.
-        let want = addresses_of(desired);
-        let mut both = match self.in_addrs.take() {
+        let mut bits = match self.in_addrs.take() {
             Some(known) => known,
-            None => self.addresses()?,
+            None => AddrBits::of(self.addresses()?),
         };
+        let (mut entering, mut leaving) = (Vec::new(), Vec::new());
+        for a in &touched {
+            let k = key(a);
+            match (
+                entry(a, desired, &remote_pods, peer_links).is_some(),
+                bits.contains(&k),
+            ) {
+                (true, false) => entering.push(k),
+                (false, true) => leaving.push(k),
+                _ => {}
+            }
+        }
         let adding: Vec<Cidr> = diff.cluster.add.iter().flat_map(IpRange::cidrs).collect();
-        let unchanged = both == want && diff.cluster.remove.is_empty() && adding.is_empty();
+        let unchanged = entering.is_empty()
+            && leaving.is_empty()
+            && diff.cluster.remove.is_empty()
+            && adding.is_empty();
         if !unchanged {
-            both.extend(want.iter().copied());
+            for k in entering {
+                bits.add(k);
+            }
             let mut cidrs = self.trie_cidrs()?;
             cidrs.extend(adding);
-            self.write_prefilter(&both, &cidrs)?;
+            self.write_prefilter(bits.words(), &cidrs)?;
         }
         for p in &diff.allowed_ports.add {
             self.allowed_ports
@@ -309,39 +335,28 @@ impl Maps {
                 .map_err(named(names::ALLOWED_PORTS))?;
         }
         self.update_ranges(diff, desired, true)?;
-        let touches_flows = [
-            diff.pod_svc.size(),
-            diff.svc_pod.size(),
-            diff.filtered_pods.size(),
-            diff.ranged_lbs.size(),
-        ]
-        .iter()
-        .any(|n| *n > 0);
-        if touches_flows {
-            // The flows of pods that no longer remember them, and of a pod
-            // mapped anew (its IP reused by another pod), are forgotten.
-            let want = remembering(desired);
-            let mut leaving: BTreeSet<IpKey> = diff
-                .pod_svc
+        // The flows of pods that no longer remember them, and of a pod
+        // mapped anew (its IP reused by another pod), are forgotten.
+        let mut forgotten: BTreeSet<IpKey> = diff
+            .pod_svc
+            .remove
+            .iter()
+            .map(|(pod, _)| key(pod))
+            .collect();
+        forgotten.extend(
+            diff.filtered_pods
                 .remove
                 .iter()
-                .map(|(pod, _)| key(pod))
-                .collect();
-            leaving.extend(
-                diff.filtered_pods
-                    .remove
-                    .iter()
-                    .filter(|p| !want.contains(p))
-                    .map(key),
-            );
-            for lb in &diff.ranged_lbs.remove {
-                if let Some(pod) = desired.svc_pod.get(lb).filter(|p| !want.contains(p)) {
-                    leaving.insert(key(pod));
-                }
+                .filter(|p| !remembers(p, desired))
+                .map(key),
+        );
+        for lb in &diff.ranged_lbs.remove {
+            if let Some(pod) = desired.svc_pod.get(lb).filter(|p| !remembers(p, desired)) {
+                forgotten.insert(key(pod));
             }
-            self.forget_flows_of(&leaving)?;
         }
-        self.update_addrs(diff, desired, peer_links)?;
+        self.forget_flows_of(&forgotten)?;
+        self.update_addrs(&touched, desired, &remote_pods, peer_links)?;
         // A pod mapped here anew starts with no flows (a reused IP's were
         // forgotten above): its count too, whatever its slot held before.
         for (pod, _) in &diff.pod_svc.add {
@@ -357,15 +372,40 @@ impl Maps {
             absent_ok(self.allowed_ports.remove(&port_key(p)))
                 .map_err(named(names::ALLOWED_PORTS))?;
         }
+        for k in &leaving {
+            bits.remove(k);
+        }
         // Rewritten in full at every sync that follows a read (startup,
         // resync): a prefilter lost or stale is repaired there.
         if !unchanged || !self.prefilter_written {
             let cidrs = self.trie_cidrs()?;
-            self.write_prefilter(&want, &cidrs)?;
+            self.write_prefilter(bits.words(), &cidrs)?;
             self.prefilter_written = true;
         }
-        self.in_addrs = Some(want);
+        self.in_addrs = Some(bits);
+        self.remote_pods = Some(remote_pods);
         Ok(())
+    }
+
+    /// Pod -> LB IP of `desired`'s remote mappings: the last state's,
+    /// changed by `diff` (built once after a read).
+    fn remote_pods_after(
+        &mut self,
+        diff: &StateDiff,
+        desired: &DatapathState,
+    ) -> BTreeMap<IpAddr, IpAddr> {
+        match self.remote_pods.take() {
+            Some(mut m) => {
+                for (lb, pod) in &diff.remote.remove {
+                    if m.get(pod) == Some(lb) {
+                        m.remove(pod);
+                    }
+                }
+                m.extend(diff.remote.add.iter().map(|(lb, pod)| (*pod, *lb)));
+                m
+            }
+            None => desired.remote.iter().map(|(lb, pod)| (*pod, *lb)).collect(),
+        }
     }
 
     /// Every prefix the `cluster` trie holds (ranges and node addresses).
@@ -404,14 +444,14 @@ impl Maps {
         if adding.is_empty() && removing.is_empty() {
             return Ok(());
         }
-        let addrs = match &self.in_addrs {
-            Some(a) => a.clone(),
-            None => self.addresses()?,
+        let bits = match self.in_addrs.take() {
+            Some(a) => a,
+            None => AddrBits::of(self.addresses()?),
         };
         // The hint covers an address before the trie holds it.
         let mut cidrs = self.trie_cidrs()?;
         cidrs.extend(adding.iter().map(|a| Cidr::host(*a)));
-        self.write_prefilter(&addrs, &cidrs)?;
+        self.write_prefilter(bits.words(), &cidrs)?;
         for a in &adding {
             self.cluster
                 .insert(&cluster_key(&Cidr::host(*a)), NODE_ADDRESS, 0)
@@ -422,7 +462,9 @@ impl Maps {
                 .map_err(named(names::CLUSTER))?;
         }
         let cidrs = self.trie_cidrs()?;
-        self.write_prefilter(&addrs, &cidrs)
+        self.write_prefilter(bits.words(), &cidrs)?;
+        self.in_addrs = Some(bits);
+        Ok(())
     }
 
     /// Forgets what this process believes the maps hold: the next apply
@@ -430,23 +472,25 @@ impl Maps {
     pub fn forget(&mut self) {
         self.in_addrs = None;
         self.known = None;
+        self.slots = None;
+        self.remote_pods = None;
         self.prefilter_written = false;
     }
 
     /// The addresses `addrs` holds.
-    fn addresses(&self) -> Result<BTreeSet<IpKey>, EbpfError> {
+    fn addresses(&self) -> Result<Vec<IpKey>, EbpfError> {
         self.addrs
             .keys()
             .collect::<Result<_, _>>()
             .map_err(named(names::ADDRS))
     }
 
-    /// Writes the prefilter with the bits of exactly `addresses`. A bit
+    /// Writes the prefilter with the address bits `words`. A bit
     /// set before and after is never cleared in between (the map update
     /// copies the same word over itself).
     fn write_prefilter(
         &mut self,
-        addresses: &BTreeSet<IpKey>,
+        words: &[u64],
         cluster: &BTreeSet<Cidr>,
     ) -> Result<(), EbpfError> {
         let mut bits = Box::new(Prefilter {
@@ -454,10 +498,7 @@ impl Maps {
             cluster: [0; prefilter::CLUSTER_WORDS],
             cluster_v6_wide: 0,
         });
-        for a in addresses {
-            let (word, bit) = prefilter::slot(a.fold());
-            bits.words[word] |= bit;
-        }
+        bits.words.copy_from_slice(words);
         for c in cluster {
             mark_cluster(&mut bits, c);
         }
@@ -475,13 +516,6 @@ impl Maps {
         desired: &DatapathState,
         adding: bool,
     ) -> Result<(), EbpfError> {
-        let want_cluster: BTreeSet<Cidr> =
-            desired.cluster.iter().flat_map(IpRange::cidrs).collect();
-        let want_ranges: BTreeSet<(IpAddr, Cidr)> = desired
-            .source_ranges
-            .iter()
-            .flat_map(|(lb, r)| r.cidrs().into_iter().map(move |c| (*lb, c)))
-            .collect();
         if adding {
             for c in diff.cluster.add.iter().flat_map(IpRange::cidrs) {
                 self.cluster
@@ -497,6 +531,20 @@ impl Maps {
             }
             return Ok(());
         }
+        // What stays (a prefix two ranges share), read only when
+        // something goes.
+        let want_cluster: BTreeSet<Cidr> = match diff.cluster.remove.is_empty() {
+            true => BTreeSet::new(),
+            false => desired.cluster.iter().flat_map(IpRange::cidrs).collect(),
+        };
+        let leaving: BTreeSet<&IpAddr> =
+            diff.source_ranges.remove.iter().map(|(lb, _)| lb).collect();
+        let want_ranges: BTreeSet<(IpAddr, Cidr)> = desired
+            .source_ranges
+            .iter()
+            .filter(|(lb, _)| leaving.contains(lb))
+            .flat_map(|(lb, r)| r.cidrs().into_iter().map(move |c| (*lb, c)))
+            .collect();
         for c in diff.cluster.remove.iter().flat_map(IpRange::cidrs) {
             if !want_cluster.contains(&c) {
                 absent_ok(self.cluster.remove(&cluster_key(&c))).map_err(named(names::CLUSTER))?;
@@ -513,87 +561,47 @@ impl Maps {
         Ok(())
     }
 
-    /// Rewrites the `addrs` entry of every address `diff` touches, from
+    /// Rewrites the `addrs` entry of every `touched` address from
     /// `desired`; an address `desired` no longer knows is removed.
     fn update_addrs(
         &mut self,
-        diff: &StateDiff,
+        touched: &BTreeSet<IpAddr>,
         desired: &DatapathState,
+        remote_pods: &BTreeMap<IpAddr, IpAddr>,
         peer_links: &BTreeSet<u32>,
     ) -> Result<(), EbpfError> {
-        let mut touched: BTreeSet<IpAddr> = BTreeSet::new();
-        for c in [&diff.pod_svc, &diff.svc_pod, &diff.remote] {
-            for (a, b) in c.remove.iter().chain(&c.add) {
-                touched.extend([*a, *b]);
-            }
-        }
-        for c in [
-            &diff.filtered_pods,
-            &diff.icmp_allowed_pods,
-            &diff.unmapped_lbs,
-            &diff.ranged_lbs,
-        ] {
-            touched.extend(c.remove.iter().chain(&c.add).copied());
-        }
-        touched.extend(
-            diff.guard
-                .remove
-                .iter()
-                .chain(&diff.guard.add)
-                .map(|(a, _)| *a),
-        );
-        touched.extend(
-            diff.routes
-                .remove
-                .iter()
-                .chain(&diff.routes.add)
-                .map(|(a, _)| *a),
-        );
-        // A filtered pod's policy is on its LB IP too, and an LB IP's
-        // ranges on its pod.
-        for pod in diff
-            .filtered_pods
-            .remove
-            .iter()
-            .chain(&diff.filtered_pods.add)
-        {
-            touched.extend(desired.pod_svc.get(pod).copied());
-        }
-        for lb in diff.ranged_lbs.remove.iter().chain(&diff.ranged_lbs.add) {
-            touched.extend(desired.svc_pod.get(lb).copied());
-        }
-        for pod in diff
-            .icmp_allowed_pods
-            .remove
-            .iter()
-            .chain(&diff.icmp_allowed_pods.add)
-        {
-            touched.extend(desired.pod_svc.get(pod).copied());
-        }
         if touched.is_empty() {
             return Ok(());
         }
-        let current = self.known_entries()?.clone();
-        let mut slots = Slots::of(&current);
-        let remote_pods: BTreeMap<IpAddr, IpAddr> =
-            desired.remote.iter().map(|(lb, pod)| (*pod, *lb)).collect();
+        self.known_entries()?;
+        // Taken out while written: after an error both are read again.
+        let mut known = self.known.take().unwrap_or_default();
+        let mut slots = self.slots.take().unwrap_or_else(|| Slots::of(&known));
+        slots.given.clear();
         // Removals first: a slot freed here may serve a mapping added below.
         let mut writes = Vec::new();
-        for a in &touched {
-            match entry(a, desired, &remote_pods, peer_links) {
+        for a in touched {
+            match entry(a, desired, remote_pods, peer_links) {
                 None => {
-                    if let Some(old) = current.get(a) {
+                    if let Some(old) = known.get(a) {
                         slots.release(old, &mut self.stats)?;
                     }
                     absent_ok(self.addrs.remove(&key(a))).map_err(named(names::ADDRS))?;
-                    if let Some(k) = self.known.as_mut() {
-                        k.remove(a);
-                    }
+                    known.remove(a);
                 }
                 Some(info) => writes.push((*a, info)),
             }
         }
         for (a, mut info) in writes {
+            let local_lb = |i: &AddrInfo| i.flags & addr::LB != 0 && i.flags & addr::LOCAL != 0;
+            if let Some(old) = known
+                .get(&a)
+                .filter(|old| local_lb(old) && !local_lb(&info))
+            {
+                // No longer a local mapping (its pod went elsewhere): its
+                // slot is free again.
+                slots.release(old, &mut self.stats)?;
+            }
             if info.flags & addr::LOCAL != 0 {
                 // The LB IP and its pod share the mapping's slot.
                 let lb = if info.flags & addr::LB != 0 {
@@ -601,15 +609,15 @@ impl Maps {
                 } else {
                     ip(&info.peer)
                 };
-                info.slot = slots.of_lb(&lb, &current, &mut self.stats)?;
+                info.slot = slots.of_lb(&lb, &known, &mut self.stats)?;
             }
             self.addrs
                 .insert(key(&a), info, 0)
                 .map_err(named(names::ADDRS))?;
-            if let Some(k) = self.known.as_mut() {
-                k.insert(a, info);
-            }
+            known.insert(a, info);
         }
+        self.known = Some(known);
+        self.slots = Some(slots);
         Ok(())
     }
 
@@ -747,32 +755,62 @@ fn mark_cluster(bits: &mut Prefilter, c: &Cidr) {
     }
 }
 
-/// The addresses `addrs` holds for `desired` (those [`entry`] describes).
-fn addresses_of(desired: &DatapathState) -> BTreeSet<IpKey> {
-    let mut out = BTreeSet::new();
-    for m in [&desired.svc_pod, &desired.pod_svc, &desired.remote] {
-        for (a, b) in m {
-            out.extend([key(a), key(b)]);
+/// The addresses whose `addrs` entry `diff` may change: those it names,
+/// and the other half of a local mapping whose policy it changes (a
+/// filtered pod's policy is on its LB IP too, an LB IP's ranges on its pod).
+fn touched_addresses(diff: &StateDiff, desired: &DatapathState) -> BTreeSet<IpAddr> {
+    let mut touched: BTreeSet<IpAddr> = BTreeSet::new();
+    for c in [&diff.pod_svc, &diff.svc_pod, &diff.remote] {
+        for (a, b) in c.remove.iter().chain(&c.add) {
+            touched.extend([*a, *b]);
         }
     }
-    out.extend(desired.unmapped_lbs.iter().map(key));
-    out
+    for c in [
+        &diff.filtered_pods,
+        &diff.icmp_allowed_pods,
+        &diff.unmapped_lbs,
+        &diff.ranged_lbs,
+    ] {
+        touched.extend(c.remove.iter().chain(&c.add).copied());
+    }
+    touched.extend(
+        diff.guard
+            .remove
+            .iter()
+            .chain(&diff.guard.add)
+            .map(|(a, _)| *a),
+    );
+    touched.extend(
+        diff.routes
+            .remove
+            .iter()
+            .chain(&diff.routes.add)
+            .map(|(a, _)| *a),
+    );
+    for pod in diff
+        .filtered_pods
+        .remove
+        .iter()
+        .chain(&diff.filtered_pods.add)
+        .chain(diff.icmp_allowed_pods.remove.iter())
+        .chain(&diff.icmp_allowed_pods.add)
+    {
+        touched.extend(desired.pod_svc.get(pod).copied());
+    }
+    for lb in diff.ranged_lbs.remove.iter().chain(&diff.ranged_lbs.add) {
+        touched.extend(desired.svc_pod.get(lb).copied());
+    }
+    touched
 }
 
-/// The pods whose flows the programs remember: replies to them pass the
-/// port filter (filtered pods) and the source ranges (ranged LB IPs).
-pub fn remembering(desired: &DatapathState) -> BTreeSet<IpAddr> {
-    let ranged = desired
-        .svc_pod
-        .iter()
-        .filter(|(lb, _)| desired.ranged_lbs.contains(lb))
-        .map(|(_, pod)| *pod);
-    desired
-        .filtered_pods
-        .iter()
-        .copied()
-        .chain(ranged)
-        .collect()
+/// Whether the programs remember `pod`'s flows: replies to it pass the
+/// port filter (a filtered pod) and the source ranges (a ranged LB IP's).
+fn remembers(pod: &IpAddr, desired: &DatapathState) -> bool {
+    desired.filtered_pods.contains(pod)
+        || desired
+            .pod_svc
+            .get(pod)
+            .is_some_and(|lb| desired.ranged_lbs.contains(lb))
 }
 
 /// What `addrs` must say about address `a` in `desired` (`None`: nothing).
@@ -836,10 +874,11 @@ fn entry(
 }
 
 /// The counter slots of local mappings: kept while a mapping lives (its
-/// counts go on), zeroed when it goes (a new mapping starts at 0).
-struct Slots {
+/// counts go on), zeroed when it goes (a new mapping starts at 0). Kept
+/// from one apply to the next.
+pub struct Slots {
     used: BTreeSet<u16>,
-    /// Slots assigned during this update, by LB IP.
+    /// Slots assigned during the current update, by LB IP.
     given: BTreeMap<IpAddr, u16>,
     /// Where the search for a free slot starts: after the last one given
     /// (a search from 0 each time made a full sync quadratic: 43 s for
@@ -852,7 +891,7 @@ impl Slots {
         Slots {
             used: current
                 .values()
-                .filter(|i| i.flags & addr::LOCAL != 0)
+                .filter(|i| i.flags & addr::LB != 0 && i.flags & addr::LOCAL != 0)
                 .map(|i| i.slot)
                 .collect(),
             given: BTreeMap::new(),

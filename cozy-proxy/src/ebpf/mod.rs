@@ -1,6 +1,7 @@
 //! The eBPF datapath: TC programs on the node's interfaces, BPF maps kept
 //! equal to the node's state, and one host route per mapping that steers
 //! the LB IP toward its pod (see docs/ebpf-datapath.md for why).
+mod addr_bits;
 mod bpffs;
 mod links;
 mod maps;

@@ -18,17 +18,8 @@ impl<'a> SliceIndex<'a> {
     pub fn new(slices: &'a [EndpointSlice]) -> Self {
         let mut by_service: HashMap<ServiceRef, Vec<&'a EndpointSlice>> = HashMap::new();
         for slice in slices {
-            let owner = slice
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(SERVICE_NAME_LABEL));
-            if let Some(owner) = owner {
-                let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
-                by_service
-                    .entry(ServiceRef::new(namespace, owner.as_str()))
-                    .or_default()
-                    .push(slice);
+            if let Some(owner) = slice_owner(slice) {
+                by_service.entry(owner).or_default().push(slice);
             }
         }
         SliceIndex { by_service }
@@ -37,6 +28,14 @@ impl<'a> SliceIndex<'a> {
     pub fn slices_of(&self, service: &ServiceRef) -> &[&'a EndpointSlice] {
         self.by_service.get(service).map_or(&[], Vec::as_slice)
     }
+}
+
+/// The Service an EndpointSlice belongs to (its `kubernetes.io/service-name`
+/// label, in its namespace).
+pub fn slice_owner(slice: &EndpointSlice) -> Option<ServiceRef> {
+    let owner = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
+    Some(ServiceRef::new(namespace, owner.as_str()))
 }
 
 /// A ready endpoint address, with the nodes its endpoints name (none when

@@ -3,19 +3,22 @@
 mod cidr;
 pub mod cluster;
 mod endpoints;
+pub mod incremental;
 mod plan;
 mod service;
 mod types;
 mod warning;
 
 pub use cidr::{merge as merge_ranges, Cidr, IpRange};
-pub use endpoints::SERVICE_NAME_LABEL;
+pub use endpoints::{slice_owner, SERVICE_NAME_LABEL};
+pub use incremental::{LbChange, PlanState, PlanSummary};
 pub use plan::{compute_plan, Outcome};
 pub use service::{
-    is_selected, ALLOW_ICMP_ANNOTATION, PROXY_NAME, PROXY_NAME_LABEL, WHOLE_IP_ANNOTATION,
+    is_selected, service_ref, ALLOW_ICMP_ANNOTATION, PROXY_NAME, PROXY_NAME_LABEL,
+    WHOLE_IP_ANNOTATION,
 };
-pub use types::{Family, Mapping, Mode, Plan, PortRule, Protocol, ServiceRef};
+pub use types::{Family, LbResult, Mapping, Mode, Plan, PortRule, Protocol, ServiceRef};
 pub use warning::{Warning, WarningKind};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -2,7 +2,7 @@
 use super::cluster::node_addresses;
 use super::endpoints::{ready_addresses, Backends, SliceIndex};
 use super::service::{is_selected, read_intent, service_ref, ServiceIntent};
-use super::types::{Family, Mapping, Plan};
+use super::types::{Family, Mapping, Plan, ServiceRef};
 use super::warning::{Warning, WarningKind, Warnings};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
@@ -22,12 +22,13 @@ pub struct Outcome {
 }
 
 /// One family's wish of one Service, before conflicts are settled.
-struct Candidate {
-    lb_ip: IpAddr,
+#[derive(Clone, Debug)]
+pub(crate) struct Candidate {
+    pub lb_ip: IpAddr,
     /// `None`: no single ready endpoint; the LB IP stays unmapped.
-    pod_ip: Option<IpAddr>,
+    pub pod_ip: Option<IpAddr>,
     /// The endpoint's node, when its endpoints name exactly one.
-    node: Option<String>,
+    pub node: Option<String>,
 }
 
 /// Why an address must never be translated: `None` if it may be.
@@ -51,6 +52,108 @@ fn forbidden(ip: &IpAddr, node_addresses: &BTreeSet<IpAddr>) -> Option<&'static 
     }
 }
 
+/// One Service's wish, from its own objects alone: what it asks for, the
+/// candidates per family, and the problems found in its objects. Conflicts
+/// between Services are settled after ([`compute_plan`], or
+/// [`super::incremental::PlanState`] one Service at a time).
+#[derive(Clone, Debug)]
+pub(crate) struct Wish {
+    pub intent: ServiceIntent,
+    pub candidates: Vec<Candidate>,
+    pub warnings: Vec<Warning>,
+}
+
+/// Who wins a conflict: the older Service, ties broken by namespace/name,
+/// so that every node decides the same way.
+pub(crate) type Rank = (Option<k8s_openapi::jiff::Timestamp>, ServiceRef);
+
+impl Wish {
+    pub fn rank(&self) -> Rank {
+        (self.intent.created, self.intent.service.clone())
+    }
+
+    pub fn candidate(&self, lb_ip: &IpAddr) -> Option<&Candidate> {
+        self.candidates.iter().find(|c| c.lb_ip == *lb_ip)
+    }
+
+    /// The mapping of candidate `c` to `pod_ip`.
+    pub fn mapping(&self, c: &Candidate, pod_ip: IpAddr) -> Mapping {
+        let intent = &self.intent;
+        let family = Family::of(&c.lb_ip);
+        Mapping {
+            service: intent.service.clone(),
+            lb_ip: c.lb_ip,
+            pod_ip,
+            mode: intent.mode.clone(),
+            node: c.node.clone(),
+            source_ranges: intent.source_ranges.as_ref().map(|r| {
+                r.iter()
+                    .filter(|c| Family::of(&c.addr()) == family)
+                    .copied()
+                    .collect()
+            }),
+        }
+    }
+}
+
+/// What a Service that lost LB IP `lb_ip` to `owner` is told.
+pub(crate) fn lb_conflict(service: &ServiceRef, lb_ip: &IpAddr, owner: &ServiceRef) -> Warning {
+    Warning {
+        service: service.clone(),
+        kind: WarningKind::LoadBalancerIpConflict,
+        message: format!("load-balancer IP {lb_ip} is already claimed by older Service {owner}"),
+    }
+}
+
+/// What the owner of `lb_ip` whose pod `pod_ip` went to `owner` is told.
+pub(crate) fn pod_conflict(
+    service: &ServiceRef,
+    lb_ip: &IpAddr,
+    pod_ip: &IpAddr,
+    owner: &ServiceRef,
+) -> Warning {
+    Warning {
+        service: service.clone(),
+        kind: WarningKind::PodIpConflict,
+        message: format!(
+            "pod IP {pod_ip} is already mapped for older Service {owner}; {lb_ip} stays unmapped"
+        ),
+    }
+}
+
+/// The wish of Service `svc` (a selected one) with `slices`, the
+/// EndpointSlices labelled with its name.
+pub(crate) fn wish_of(
+    svc: &Service,
+    slices: &[&EndpointSlice],
+    node_ips: &BTreeSet<IpAddr>,
+) -> Wish {
+    let service = service_ref(svc);
+    let mut warnings = Vec::new();
+    let mut sink = Warnings {
+        service: &service,
+        out: &mut warnings,
+    };
+    let mut intent = read_intent(svc, &mut sink);
+    intent.lb_ips.retain(|ip| match forbidden(ip, node_ips) {
+        None => true,
+        Some(why) => {
+            sink.push(
+                WarningKind::ForbiddenAddress,
+                format!("load-balancer IP {ip} is {why}; never translated"),
+            );
+            false
+        }
+    });
+    let backends = ready_addresses(slices, &mut sink);
+    let candidates = candidates(&intent, &backends, node_ips, &mut sink);
+    Wish {
+        intent,
+        candidates,
+        warnings,
+    }
+}
+
 /// Computes the NAT plan. Pure and deterministic: the same objects in any
 /// order give the same outcome, on every node. `nodes` tell which addresses
 /// are the nodes' own (never translated).
@@ -58,65 +161,40 @@ pub fn compute_plan(services: &[Service], slices: &[EndpointSlice], nodes: &[Nod
     let index = SliceIndex::new(slices);
     let node_ips = node_addresses(nodes);
     let mut warnings = Vec::new();
-    let mut wishes: Vec<(ServiceIntent, Vec<Candidate>)> = Vec::new();
-    for svc in unique_services(services) {
-        let service = service_ref(svc);
-        let mut sink = Warnings {
-            service: &service,
-            out: &mut warnings,
-        };
-        let mut intent = read_intent(svc, &mut sink);
-        intent.lb_ips.retain(|ip| match forbidden(ip, &node_ips) {
-            None => true,
-            Some(why) => {
-                sink.push(
-                    WarningKind::ForbiddenAddress,
-                    format!("load-balancer IP {ip} is {why}; never translated"),
-                );
-                false
-            }
-        });
-        let backends = ready_addresses(index.slices_of(&service), &mut sink);
-        let candidates = candidates(&intent, &backends, &node_ips, &mut sink);
-        wishes.push((intent, candidates));
-    }
-    // Older Services win conflicts; ties broken by namespace/name so that
-    // every node decides the same way.
-    wishes.sort_by(|(a, _), (b, _)| (&a.created, &a.service).cmp(&(&b.created, &b.service)));
+    let mut wishes: Vec<Wish> = unique_services(services)
+        .into_iter()
+        .map(|svc| wish_of(svc, index.slices_of(&service_ref(svc)), &node_ips))
+        .collect();
+    wishes.sort_by_cached_key(Wish::rank);
 
     let mut plan = Plan::default();
     let mut lb_owner: HashMap<IpAddr, usize> = HashMap::new();
     let mut pod_owner: HashMap<IpAddr, usize> = HashMap::new();
-    for (i, (intent, candidates)) in wishes.iter().enumerate() {
-        let mut sink = Warnings {
-            service: &intent.service,
-            out: &mut warnings,
-        };
-        for c in candidates {
+    for (i, wish) in wishes.iter().enumerate() {
+        let service = &wish.intent.service;
+        warnings.extend(wish.warnings.iter().cloned());
+        for c in &wish.candidates {
             // The older Service owns its LB IP even while it has no ready
             // endpoint: a newer one must not take the traffic over whenever
             // the owner's pod restarts.
             if let Some(&owner) = lb_owner.get(&c.lb_ip) {
-                sink.push(
-                    WarningKind::LoadBalancerIpConflict,
-                    format!(
-                        "load-balancer IP {} is already claimed by older Service {}",
-                        c.lb_ip, wishes[owner].0.service
-                    ),
-                );
+                warnings.push(lb_conflict(
+                    service,
+                    &c.lb_ip,
+                    &wishes[owner].intent.service,
+                ));
                 continue;
             }
             lb_owner.insert(c.lb_ip, i);
             let pod_ip = match c.pod_ip {
                 Some(pod_ip) => match pod_owner.get(&pod_ip) {
                     Some(&owner) => {
-                        sink.push(
-                            WarningKind::PodIpConflict,
-                            format!(
-                                "pod IP {pod_ip} is already mapped for older Service {}; {} stays unmapped",
-                                wishes[owner].0.service, c.lb_ip
-                            ),
-                        );
+                        warnings.push(pod_conflict(
+                            service,
+                            &c.lb_ip,
+                            &pod_ip,
+                            &wishes[owner].intent.service,
+                        ));
                         None
                     }
                     None => Some(pod_ip),
@@ -126,23 +204,10 @@ pub fn compute_plan(services: &[Service], slices: &[EndpointSlice], nodes: &[Nod
             match pod_ip {
                 Some(pod_ip) => {
                     pod_owner.insert(pod_ip, i);
-                    let family = Family::of(&c.lb_ip);
-                    plan.mappings.push(Mapping {
-                        service: intent.service.clone(),
-                        lb_ip: c.lb_ip,
-                        pod_ip,
-                        mode: intent.mode.clone(),
-                        node: c.node.clone(),
-                        source_ranges: intent.source_ranges.as_ref().map(|r| {
-                            r.iter()
-                                .filter(|c| Family::of(&c.addr()) == family)
-                                .copied()
-                                .collect()
-                        }),
-                    });
+                    plan.mappings.push(wish.mapping(c, pod_ip));
                 }
                 None => {
-                    plan.unmapped_lb_ips.insert(c.lb_ip, intent.service.clone());
+                    plan.unmapped_lb_ips.insert(c.lb_ip, service.clone());
                 }
             }
         }
@@ -155,26 +220,27 @@ pub fn compute_plan(services: &[Service], slices: &[EndpointSlice], nodes: &[Nod
 
 /// The selected Services, one per namespace/name. Two objects with one name
 /// (a broken input, e.g. two manifest files) are settled by content, never
-/// by input order: the older, then the smaller serialization.
+/// by input order: see [`choose`].
 fn unique_services(services: &[Service]) -> Vec<&Service> {
     let mut by_name: BTreeMap<_, Vec<&Service>> = BTreeMap::new();
     for svc in services.iter().filter(|s| is_selected(s)) {
         by_name.entry(service_ref(svc)).or_default().push(svc);
     }
-    by_name
-        .into_values()
-        .filter_map(|mut group| {
-            if group.len() > 1 {
-                group.sort_by_cached_key(|s| {
-                    (
-                        s.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                        serde_json::to_string(s).unwrap_or_default(),
-                    )
-                });
-            }
-            group.into_iter().next()
-        })
-        .collect()
+    by_name.into_values().filter_map(choose).collect()
+}
+
+/// The one of several selected objects with one namespace/name that
+/// counts: the older, then the smaller serialization.
+pub(crate) fn choose(mut group: Vec<&Service>) -> Option<&Service> {
+    if group.len() > 1 {
+        group.sort_by_cached_key(|s| {
+            (
+                s.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                serde_json::to_string(s).unwrap_or_default(),
+            )
+        });
+    }
+    group.into_iter().next()
 }
 
 /// Per family: the first LB IP and the one ready backend, if exactly one.

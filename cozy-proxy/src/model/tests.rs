@@ -8,7 +8,10 @@ use k8s_openapi::api::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use proptest::prelude::*;
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("test constant")
@@ -597,7 +600,7 @@ const PODS: [&str; 5] = [
 ];
 const WHOLE: [&str; 4] = ["", "true", "false", "garbage"];
 
-fn arb_world() -> impl Strategy<Value = (Vec<Service>, Vec<EndpointSlice>)> {
+pub(crate) fn arb_world() -> impl Strategy<Value = (Vec<Service>, Vec<EndpointSlice>)> {
     let svc = (
         0usize..6,                                                                         // name
         any::<bool>(),                                                                     // label
@@ -683,5 +686,97 @@ proptest! {
             ..Default::default()
         });
         let _ = compute_plan(&[svc], &[slice("vm", "IPv4", &[(&addr, None)])], &[]);
+    }
+}
+
+/// The objects of Service `name` in a world: its Service objects and the
+/// slices labelled with its name.
+pub(crate) fn objects_of<'a>(
+    name: &str,
+    services: &'a [Service],
+    slices: &'a [EndpointSlice],
+) -> (Vec<&'a Service>, Vec<&'a EndpointSlice>) {
+    let svcs = services
+        .iter()
+        .filter(|s| s.metadata.name.as_deref() == Some(name))
+        .collect();
+    let owned = slices
+        .iter()
+        .filter(|e| {
+            e.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("kubernetes.io/service-name"))
+                .map(String::as_str)
+                == Some(name)
+        })
+        .collect();
+    (svcs, owned)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+    /// After any sequence of worlds, each given to the incremental state
+    /// only for the Services whose objects changed, it holds what the full
+    /// computation gives, and the changes it reported turn the previous
+    /// outcome into the new one (results and warnings alike).
+    #[test]
+    fn incremental_plan_equals_the_full_computation(
+        worlds in proptest::collection::vec(arb_world(), 1..8),
+    ) {
+        let mut state = PlanState::default();
+        let mut results: BTreeMap<std::net::IpAddr, LbResult> = BTreeMap::new();
+        let mut warnings: BTreeSet<Warning> = BTreeSet::new();
+        let (mut before_s, mut before_e): (Vec<Service>, Vec<EndpointSlice>) = (vec![], vec![]);
+        for (services, slices) in worlds {
+            for i in 0..6 {
+                let name = format!("s{i}");
+                let now = objects_of(&name, &services, &slices);
+                if now != objects_of(&name, &before_s, &before_e) {
+                    state.update(&ServiceRef::new("ns", name.as_str()), &now.0, &now.1);
+                }
+            }
+            let full = compute_plan(&services, &slices, &[]);
+            prop_assert_eq!(&state.outcome(), &full);
+            for c in state.take_changes() {
+                prop_assert_eq!(results.get(&c.lb_ip), c.old.as_ref());
+                match c.new {
+                    Some(r) => results.insert(c.lb_ip, r),
+                    None => results.remove(&c.lb_ip),
+                };
+            }
+            let rebuilt: BTreeMap<_, _> = state.results().map(|(k, v)| (*k, v.clone())).collect();
+            prop_assert_eq!(&results, &rebuilt);
+            let (appeared, gone) = state.take_warning_changes();
+            for w in gone {
+                prop_assert!(warnings.remove(&w));
+            }
+            for w in appeared {
+                prop_assert!(warnings.insert(w));
+            }
+            prop_assert_eq!(warnings.iter().cloned().collect::<Vec<_>>(), full.warnings.clone());
+            let s = state.summary();
+            let filtered = full
+                .plan
+                .mappings
+                .iter()
+                .filter(|m| matches!(m.mode, Mode::PortFilter { .. }))
+                .count();
+            prop_assert_eq!(s.port_filter, filtered);
+            prop_assert_eq!(s.passthrough, full.plan.mappings.len() - filtered);
+            prop_assert_eq!(s.unmapped, full.plan.unmapped_lb_ips.len());
+            let mut kinds: BTreeMap<WarningKind, usize> = BTreeMap::new();
+            for w in &full.warnings {
+                *kinds.entry(w.kind).or_default() += 1;
+            }
+            let counted: BTreeMap<WarningKind, usize> =
+                s.warnings.iter().filter(|(_, n)| **n > 0).map(|(k, n)| (*k, *n)).collect();
+            prop_assert_eq!(counted, kinds);
+            prop_assert_eq!(
+                &PlanState::build(&services, &slices, &[]).outcome(),
+                &full
+            );
+            (before_s, before_e) = (services, slices);
+        }
     }
 }

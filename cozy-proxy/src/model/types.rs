@@ -120,3 +120,12 @@ pub struct Plan {
     /// dropped on the node instead of being routed back out (no loop).
     pub unmapped_lb_ips: BTreeMap<IpAddr, ServiceRef>,
 }
+
+/// What became of one LB IP a Service owns.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum LbResult {
+    Mapped(Mapping),
+    /// No single ready endpoint, or its pod lost a conflict: traffic to
+    /// the LB IP is dropped.
+    Unmapped(ServiceRef),
+}

@@ -3,8 +3,8 @@
 //! marks the state dirty. Objects are trimmed as they arrive (managedFields,
 //! and a Node's images and conditions): the model never reads them, and
 //! every node caches every object of the cluster.
-use super::{Snapshot, Source};
-use crate::model::SERVICE_NAME_LABEL;
+use super::{ServiceObjects, Snapshot, Source, Update};
+use crate::model::{service_ref, slice_owner, ServiceRef, SERVICE_NAME_LABEL};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
@@ -19,7 +19,11 @@ use kube::{
     },
     Api, Client, Resource, ResourceExt,
 };
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 use tokio::{
     sync::{watch, Notify},
     task::JoinHandle,
@@ -34,14 +38,103 @@ pub struct KubeSource {
     /// read them.
     service_cidrs: watch::Receiver<CidrWatch>,
     dirty: Arc<Notify>,
+    changes: Arc<Mutex<Changes>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
-/// Drives one reflector; every event (or error) marks the state dirty.
-/// Errors are retried by the watcher's backoff (410 Gone relists).
+/// What changed since the last round, as the watch events tell.
+#[derive(Default)]
+struct Changes {
+    /// Everything is read again: at the start, after a relist, after a
+    /// change of a Node's addresses or pod networks or of a ServiceCIDR.
+    full: bool,
+    /// Services whose object or slices changed.
+    services: HashSet<ServiceRef>,
+    /// Service -> the names of its EndpointSlices (a slice's Service never
+    /// changes: the label is set by the EndpointSlice controller). A name
+    /// whose slice is gone is dropped when looked up.
+    slices: HashMap<ServiceRef, HashSet<String>>,
+    /// Node -> what the model reads of it, to tell a change that matters
+    /// from a status heartbeat.
+    nodes: HashMap<String, String>,
+}
+
+impl Changes {
+    fn service(&mut self, svc: &Service) {
+        self.services.insert(service_ref(svc));
+    }
+
+    fn slice(&mut self, slice: &EndpointSlice, present: bool) {
+        let Some(owner) = slice_owner(slice) else {
+            return;
+        };
+        let name = slice.metadata.name.clone().unwrap_or_default();
+        let names = self.slices.entry(owner.clone()).or_default();
+        if present {
+            names.insert(name);
+        } else {
+            names.remove(&name);
+        }
+        self.services.insert(owner);
+    }
+
+    fn node(&mut self, node: &Node, present: bool) {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let read = present.then(|| {
+            let pod_cidrs = node.spec.as_ref().map(|s| (&s.pod_cidr, &s.pod_cidrs));
+            let addresses = node.status.as_ref().map(|s| &s.addresses);
+            serde_json::to_string(&(pod_cidrs, addresses)).unwrap_or_default()
+        });
+        let before = match read {
+            Some(r) => self.nodes.insert(name, r.clone()) != Some(r),
+            None => self.nodes.remove(&name).is_some(),
+        };
+        self.full |= before;
+    }
+}
+
+/// Records what one watch event changed.
+type Record<K> = fn(&mut Changes, &watcher::Event<K>);
+
+fn record_service(c: &mut Changes, e: &watcher::Event<Service>) {
+    match e {
+        watcher::Event::Apply(s) | watcher::Event::Delete(s) | watcher::Event::InitApply(s) => {
+            c.service(s)
+        }
+        watcher::Event::Init => {}
+        watcher::Event::InitDone => c.full = true,
+    }
+}
+
+fn record_slice(c: &mut Changes, e: &watcher::Event<EndpointSlice>) {
+    match e {
+        watcher::Event::Apply(s) | watcher::Event::InitApply(s) => c.slice(s, true),
+        watcher::Event::Delete(s) => c.slice(s, false),
+        watcher::Event::Init => {}
+        watcher::Event::InitDone => c.full = true,
+    }
+}
+
+fn record_node(c: &mut Changes, e: &watcher::Event<Node>) {
+    match e {
+        watcher::Event::Apply(n) | watcher::Event::InitApply(n) => c.node(n, true),
+        watcher::Event::Delete(n) => c.node(n, false),
+        watcher::Event::Init => {}
+        watcher::Event::InitDone => c.full = true,
+    }
+}
+
+fn record_any<K>(c: &mut Changes, _: &watcher::Event<K>) {
+    c.full = true;
+}
+
+/// Drives one reflector; every event is recorded and marks the state
+/// dirty. Errors are retried by the watcher's backoff (410 Gone relists).
 async fn drive<K>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     dirty: Arc<Notify>,
+    changes: Arc<Mutex<Changes>>,
+    record: Record<K>,
     kind: &'static str,
 ) where
     K: Resource + Send + 'static,
@@ -49,7 +142,10 @@ async fn drive<K>(
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
         match event {
-            Ok(_) => dirty.notify_one(),
+            Ok(e) => {
+                record(&mut changes.lock().unwrap_or_else(|p| p.into_inner()), &e);
+                dirty.notify_one()
+            }
             Err(e) => {
                 warn!(kind, error = %e, "watch failed; retrying with backoff (the datapath keeps its state)")
             }
@@ -93,7 +189,7 @@ fn reflector<K>(
     api: Api<K>,
     config: watcher::Config,
     trim: fn(&mut K),
-    dirty: &Arc<Notify>,
+    feed: &Feed<K>,
     kind: &'static str,
 ) -> (
     Store<K>,
@@ -104,7 +200,31 @@ where
 {
     let (store, writer) = reflector::store();
     let stream = reflector::reflector(writer, watcher(api, config).modify(trim)).default_backoff();
-    (store, drive(stream, dirty.clone(), kind))
+    let task = drive(
+        stream,
+        feed.dirty.clone(),
+        feed.changes.clone(),
+        feed.record,
+        kind,
+    );
+    (store, task)
+}
+
+/// Where a reflector's events go.
+struct Feed<K> {
+    dirty: Arc<Notify>,
+    changes: Arc<Mutex<Changes>>,
+    record: Record<K>,
+}
+
+impl<K> Feed<K> {
+    fn new(dirty: &Arc<Notify>, changes: &Arc<Mutex<Changes>>, record: Record<K>) -> Self {
+        Feed {
+            dirty: dirty.clone(),
+            changes: changes.clone(),
+            record,
+        }
+    }
 }
 
 /// A reflector over `api` (see [`reflector`]), driven by a task of its own.
@@ -112,14 +232,14 @@ fn reflect<K>(
     api: Api<K>,
     config: watcher::Config,
     trim: fn(&mut K),
-    dirty: &Arc<Notify>,
+    feed: &Feed<K>,
     kind: &'static str,
     tasks: &mut Vec<JoinHandle<()>>,
 ) -> Store<K>
 where
     K: Watched,
 {
-    let (store, task) = reflector(api, config, trim, dirty, kind);
+    let (store, task) = reflector(api, config, trim, feed, kind);
     tasks.push(tokio::spawn(task));
     store
 }
@@ -185,12 +305,16 @@ impl KubeSource {
     /// Nodes and ServiceCIDRs: all (the in-cluster ranges).
     pub async fn start(client: Client) -> Self {
         let dirty = Arc::new(Notify::new());
+        let changes = Arc::new(Mutex::new(Changes {
+            full: true,
+            ..Default::default()
+        }));
         let mut tasks = Vec::new();
         let services = reflect(
             Api::<Service>::all(client.clone()),
             watcher::Config::default(),
             trim_meta,
-            &dirty,
+            &Feed::new(&dirty, &changes, record_service),
             "Service",
             &mut tasks,
         );
@@ -198,7 +322,7 @@ impl KubeSource {
             Api::<EndpointSlice>::all(client.clone()),
             watcher::Config::default().labels(SERVICE_NAME_LABEL),
             trim_meta,
-            &dirty,
+            &Feed::new(&dirty, &changes, record_slice),
             "EndpointSlice",
             &mut tasks,
         );
@@ -206,13 +330,13 @@ impl KubeSource {
             Api::<Node>::all(client.clone()),
             watcher::Config::default(),
             trim_node,
-            &dirty,
+            &Feed::new(&dirty, &changes, record_node),
             "Node",
             &mut tasks,
         );
         let (decided, service_cidrs) = watch::channel(CidrWatch::Probing);
         let cidr_api = Api::<ServiceCIDR>::all(client);
-        let cidr_dirty = dirty.clone();
+        let cidr_feed = Feed::new(&dirty, &changes, record_any);
         tasks.push(tokio::spawn(async move {
             if !service_cidrs_served(&cidr_api).await {
                 decided.send_replace(CidrWatch::NotServed);
@@ -222,7 +346,7 @@ impl KubeSource {
                 cidr_api,
                 watcher::Config::default(),
                 trim_meta,
-                &cidr_dirty,
+                &cidr_feed,
                 "ServiceCIDR",
             );
             decided.send_replace(CidrWatch::Watching(store));
@@ -234,6 +358,7 @@ impl KubeSource {
             nodes,
             service_cidrs,
             dirty,
+            changes,
             tasks,
         }
     }
@@ -309,6 +434,47 @@ impl Source for KubeSource {
         self.dirty.notified().await;
     }
 
+    fn update(&mut self, full: bool) -> Update {
+        let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        if full || changes.full {
+            changes.full = false;
+            changes.services.clear();
+            drop(changes);
+            return Update::Full(self.snapshot());
+        }
+        let touched = std::mem::take(&mut changes.services);
+        let mut out = Vec::with_capacity(touched.len());
+        for service in touched {
+            let key = reflector::ObjectRef::new(&service.name).within(&service.namespace);
+            let objects = self.services.get(&key).into_iter().collect();
+            let mut slices = Vec::new();
+            if let Some(names) = changes.slices.get_mut(&service) {
+                names.retain(|name| {
+                    let key = reflector::ObjectRef::new(name).within(&service.namespace);
+                    match self.slices.get(&key) {
+                        Some(s) => {
+                            slices.push(s);
+                            true
+                        }
+                        None => false,
+                    }
+                });
+                if names.is_empty() {
+                    changes.slices.remove(&service);
+                }
+            }
+            out.push(ServiceObjects {
+                service,
+                objects,
+                slices,
+            });
+        }
+        Update::Services(out)
+    }
+}
+
+impl KubeSource {
+    /// Every object, copied out of the caches.
     fn snapshot(&mut self) -> Snapshot {
         Snapshot {
             services: objects(&self.services),

@@ -4,12 +4,13 @@
 pub mod kube;
 pub mod manifests;
 
+use crate::model::ServiceRef;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
     networking::v1::ServiceCIDR,
 };
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 use tracing::warn;
 
 /// A snapshot of the objects the model reads.
@@ -24,6 +25,27 @@ pub struct Snapshot {
     pub service_cidrs: Vec<ServiceCIDR>,
 }
 
+/// What a round reconciles.
+#[derive(Clone, Debug)]
+pub enum Update {
+    /// Every object as it is now: the first round, a resync, a relist, a
+    /// change of Nodes or ServiceCIDRs (they concern every Service).
+    Full(Snapshot),
+    /// Only these Services changed (their objects or their slices): the
+    /// plan is updated for them alone.
+    Services(Vec<ServiceObjects>),
+}
+
+/// One Service's objects as they are now.
+#[derive(Clone, Debug)]
+pub struct ServiceObjects {
+    pub service: ServiceRef,
+    /// None: deleted (several: a broken input, settled by the model).
+    pub objects: Vec<Arc<Service>>,
+    /// The EndpointSlices labelled with its name.
+    pub slices: Vec<Arc<EndpointSlice>>,
+}
+
 /// A source of objects for the reconcile loop.
 #[allow(async_fn_in_trait)]
 pub trait Source {
@@ -34,8 +56,9 @@ pub trait Source {
     /// Resolves when something may have changed (bursts are coalesced).
     async fn changed(&mut self);
 
-    /// The objects as they are now.
-    fn snapshot(&mut self) -> Snapshot;
+    /// What changed since the last call; everything when `full` is asked
+    /// for (a resync) or the source cannot tell.
+    fn update(&mut self, full: bool) -> Update;
 }
 
 /// The standalone source: manifests in a directory, polled.
@@ -98,6 +121,13 @@ impl Source for ManifestSource {
         }
     }
 
+    /// Manifests change rarely and are read whole: every round is full.
+    fn update(&mut self, _full: bool) -> Update {
+        Update::Full(self.snapshot())
+    }
+}
+
+impl ManifestSource {
     fn snapshot(&mut self) -> Snapshot {
         let last = || {
             let files = self
@@ -134,7 +164,7 @@ impl Source for ManifestSource {
 
 #[cfg(test)]
 mod tests {
-    use super::{ManifestSource, Source, EMPTY_MARKER};
+    use super::{ManifestSource, EMPTY_MARKER};
     use std::time::Duration;
 
     const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: vm1, namespace: default}\nspec: {type: LoadBalancer}\n";

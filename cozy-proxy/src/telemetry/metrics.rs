@@ -1,7 +1,7 @@
 //! The metrics: sync timing and errors, Services per mode, warnings by
 //! reason, and the eBPF datapath's own counters.
 use crate::datapath::Counters;
-use crate::model::{Mode, Outcome};
+use crate::model::PlanSummary;
 use prometheus_client::{
     collector::Collector,
     encoding::{text::encode, DescriptorEncoder, EncodeMetric},
@@ -14,10 +14,7 @@ use prometheus_client::{
     },
     registry::Registry,
 };
-use std::{
-    collections::BTreeMap,
-    sync::{Arc, Mutex},
-};
+use std::sync::{Arc, Mutex};
 
 type Labels = Vec<(String, String)>;
 
@@ -149,27 +146,21 @@ impl Metrics {
     }
 
     /// Updates the gauges derived from a plan.
-    pub fn observe_outcome(&self, outcome: &Outcome, elements: usize) {
-        let mut per_mode: BTreeMap<&str, i64> =
-            BTreeMap::from([("passthrough", 0), ("port_filter", 0)]);
-        for m in &outcome.plan.mappings {
-            let mode = match m.mode {
-                Mode::Passthrough => "passthrough",
-                Mode::PortFilter { .. } => "port_filter",
-            };
-            *per_mode.entry(mode).or_default() += 1;
-        }
-        for (mode, n) in per_mode {
+    pub fn observe_plan(&self, summary: &PlanSummary, elements: usize) {
+        for (mode, n) in [
+            ("passthrough", summary.passthrough),
+            ("port_filter", summary.port_filter),
+        ] {
             self.services
                 .get_or_create(&labels(&[("mode", mode)]))
-                .set(n);
+                .set(n as i64);
         }
-        self.unmapped.set(outcome.plan.unmapped_lb_ips.len() as i64);
+        self.unmapped.set(summary.unmapped as i64);
         self.warnings.clear();
-        for w in &outcome.warnings {
+        for (kind, n) in summary.warnings.iter().filter(|(_, n)| **n > 0) {
             self.warnings
-                .get_or_create(&labels(&[("reason", w.kind.as_str())]))
-                .inc();
+                .get_or_create(&labels(&[("reason", kind.as_str())]))
+                .inc_by(*n as i64);
         }
         self.datapath_elements.set(elements as i64);
     }

@@ -1,0 +1,96 @@
+//! The address half of the prefilter, kept as `addrs` changes: which
+//! addresses are in the map and how many of them set each bit (several
+//! addresses hash to one bit; it is cleared when the last one leaves).
+//! A change costs what it touches, not a pass over every address.
+use cozy_proxy_common::{prefilter, IpKey};
+use std::collections::{HashMap, HashSet};
+
+pub struct AddrBits {
+    present: HashSet<IpKey>,
+    /// Bit index (word * 64 + bit) -> addresses that set it.
+    counts: HashMap<u32, u32>,
+    words: Box<[u64]>,
+}
+
+impl AddrBits {
+    pub fn of(addresses: impl IntoIterator<Item = IpKey>) -> Self {
+        let mut bits = AddrBits {
+            present: HashSet::new(),
+            counts: HashMap::new(),
+            words: vec![0; prefilter::WORDS].into_boxed_slice(),
+        };
+        for a in addresses {
+            bits.add(a);
+        }
+        bits
+    }
+
+    pub fn contains(&self, a: &IpKey) -> bool {
+        self.present.contains(a)
+    }
+
+    /// Sets `a`'s bit (if it was not there).
+    pub fn add(&mut self, a: IpKey) {
+        if !self.present.insert(a) {
+            return;
+        }
+        let (word, bit) = prefilter::slot(a.fold());
+        *self.counts.entry(index(word, bit)).or_default() += 1;
+        self.words[word] |= bit;
+    }
+
+    /// Clears `a`'s bit unless another address still sets it.
+    pub fn remove(&mut self, a: &IpKey) {
+        if !self.present.remove(a) {
+            return;
+        }
+        let (word, bit) = prefilter::slot(a.fold());
+        let i = index(word, bit);
+        if let Some(n) = self.counts.get_mut(&i) {
+            *n -= 1;
+            if *n == 0 {
+                self.counts.remove(&i);
+                self.words[word] &= !bit;
+            }
+        }
+    }
+
+    pub fn words(&self) -> &[u64] {
+        &self.words
+    }
+}
+
+fn index(word: usize, bit: u64) -> u32 {
+    (word as u32) * 64 + bit.trailing_zeros()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::IpAddr;
+
+    fn key(s: &str) -> IpKey {
+        let ip: IpAddr = s.parse().expect("ip");
+        IpKey::from(ip)
+    }
+
+    #[test]
+    fn a_bit_shared_by_two_addresses_stays_until_both_leave() {
+        // Find two addresses on one bit.
+        let base = key("192.0.2.1");
+        let slot = prefilter::slot(base.fold());
+        let other = (2..=255)
+            .map(|i| key(&format!("198.51.100.{i}")))
+            .chain((0..65535).map(|i| key(&format!("2001:db8::{i:x}"))))
+            .find(|k| prefilter::slot(k.fold()) == slot)
+            .expect("a colliding address");
+        let mut bits = AddrBits::of([base, other]);
+        assert_ne!(bits.words()[slot.0] & slot.1, 0);
+        bits.remove(&base);
+        assert_ne!(bits.words()[slot.0] & slot.1, 0, "still set by the other");
+        bits.remove(&base);
+        bits.remove(&other);
+        assert_eq!(bits.words()[slot.0] & slot.1, 0);
+        assert!(bits.words().iter().all(|w| *w == 0));
+    }
+}

@@ -1,0 +1,332 @@
+//! The plan kept up to date one Service at a time: O(what an event
+//! touches) per change instead of O(every Service). [`compute_plan`] stays
+//! the reference (and the resync's safety net): after any sequence of
+//! updates, [`PlanState::outcome`] equals it on the same objects (a property
+//! test checks this).
+//!
+//! What couples Services is the conflict rules: an LB IP belongs to its
+//! oldest claimant (whether or not it has a ready endpoint), and a pod IP to
+//! the oldest LB owner whose endpoint it is. So a change of one Service can
+//! change the outcome of its own LB IPs, and of the LB IPs that claim the
+//! same pods (two steps, never further: pod ownership does not feed back
+//! into LB ownership).
+//!
+//! [`compute_plan`]: super::compute_plan
+use super::cluster::node_addresses;
+use super::plan::{choose, lb_conflict, pod_conflict, wish_of, Outcome, Rank, Wish};
+use super::service::is_selected;
+use super::types::{LbResult, Mode, Plan, ServiceRef};
+use super::warning::{Warning, WarningKind};
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::IpAddr,
+};
+
+#[derive(Default)]
+pub struct PlanState {
+    /// The nodes' own addresses (never translated). A change of them
+    /// changes every wish: the state is built again ([`PlanState::build`]).
+    node_ips: BTreeSet<IpAddr>,
+    wishes: HashMap<ServiceRef, Wish>,
+    /// Every LB IP asked for, with its claimants; the first is the owner.
+    lb_claims: HashMap<IpAddr, BTreeSet<Rank>>,
+    /// Pod IP -> the LB owners whose one endpoint it is (rank, LB IP); the
+    /// first gets the pod.
+    pod_claims: HashMap<IpAddr, BTreeSet<(Rank, IpAddr)>>,
+    /// LB IP -> the pod claim its owner holds in `pod_claims`.
+    claimed_pod: HashMap<IpAddr, (Rank, IpAddr)>,
+    /// The outcome of every owned LB IP.
+    results: HashMap<IpAddr, LbResult>,
+    /// The conflict warnings about one LB IP (its losers, its owner's pod).
+    conflicts: HashMap<IpAddr, Vec<Warning>>,
+    /// Every current warning, with how many places raise it (the plan's
+    /// list holds each once).
+    warnings: BTreeMap<Warning, u32>,
+    /// LB IPs changed since the last [`PlanState::take_changes`], with the
+    /// result they had then.
+    changed: BTreeMap<IpAddr, Option<LbResult>>,
+    /// Warnings that came or went since the last
+    /// [`PlanState::take_warning_changes`], with whether they were there.
+    flipped: BTreeMap<Warning, bool>,
+    summary: PlanSummary,
+}
+
+/// The plan in numbers, kept as it changes (for the metrics).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlanSummary {
+    pub passthrough: usize,
+    pub port_filter: usize,
+    pub unmapped: usize,
+    /// Distinct warnings by kind.
+    pub warnings: BTreeMap<WarningKind, usize>,
+}
+
+impl PlanSummary {
+    fn count(&mut self, r: &LbResult, add: bool) {
+        let n = match r {
+            LbResult::Mapped(m) => match m.mode {
+                Mode::Passthrough => &mut self.passthrough,
+                Mode::PortFilter { .. } => &mut self.port_filter,
+            },
+            LbResult::Unmapped(_) => &mut self.unmapped,
+        };
+        if add {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    fn count_warning(&mut self, kind: WarningKind, add: bool) {
+        let n = self.warnings.entry(kind).or_default();
+        if add {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+/// One LB IP whose outcome changed: what it was, what it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LbChange {
+    pub lb_ip: IpAddr,
+    pub old: Option<LbResult>,
+    pub new: Option<LbResult>,
+}
+
+impl PlanState {
+    /// The state of every Service at once (as [`super::compute_plan`] reads
+    /// them).
+    pub fn build(services: &[Service], slices: &[EndpointSlice], nodes: &[Node]) -> Self {
+        let mut state = PlanState {
+            node_ips: node_addresses(nodes),
+            ..Default::default()
+        };
+        let index = super::endpoints::SliceIndex::new(slices);
+        let mut by_name: BTreeMap<ServiceRef, Vec<&Service>> = BTreeMap::new();
+        for svc in services {
+            by_name
+                .entry(super::service::service_ref(svc))
+                .or_default()
+                .push(svc);
+        }
+        for (service, objects) in by_name {
+            state.update(&service, &objects, index.slices_of(&service));
+        }
+        state
+    }
+
+    /// Service `service` is now `objects` (none: deleted; several: a broken
+    /// input, settled as the full computation does) with `slices`.
+    pub fn update(
+        &mut self,
+        service: &ServiceRef,
+        objects: &[&Service],
+        slices: &[&EndpointSlice],
+    ) {
+        let selected: Vec<&Service> = objects.iter().copied().filter(|s| is_selected(s)).collect();
+        let new = choose(selected).map(|svc| wish_of(svc, slices, &self.node_ips));
+        let mut lbs = BTreeSet::new();
+        if let Some(old) = self.wishes.remove(service) {
+            let rank = old.rank();
+            for c in &old.candidates {
+                lbs.insert(c.lb_ip);
+                if let Some(claims) = self.lb_claims.get_mut(&c.lb_ip) {
+                    claims.remove(&rank);
+                    if claims.is_empty() {
+                        self.lb_claims.remove(&c.lb_ip);
+                    }
+                }
+            }
+            for w in &old.warnings {
+                self.count(w, false);
+            }
+        }
+        if let Some(new) = new {
+            let rank = new.rank();
+            for c in &new.candidates {
+                lbs.insert(c.lb_ip);
+                self.lb_claims
+                    .entry(c.lb_ip)
+                    .or_default()
+                    .insert(rank.clone());
+            }
+            for w in &new.warnings {
+                self.count(w, true);
+            }
+            self.wishes.insert(service.clone(), new);
+        }
+        self.settle(lbs);
+    }
+
+    /// Settles the owners of `lbs` (their claimants changed), then the
+    /// pods they claim, then every LB IP whose outcome may follow.
+    fn settle(&mut self, lbs: BTreeSet<IpAddr>) {
+        let mut pods = BTreeSet::new();
+        for lb in &lbs {
+            if let Some((rank, pod)) = self.claimed_pod.remove(lb) {
+                if let Some(claims) = self.pod_claims.get_mut(&pod) {
+                    claims.remove(&(rank, *lb));
+                    if claims.is_empty() {
+                        self.pod_claims.remove(&pod);
+                    }
+                }
+                pods.insert(pod);
+            }
+            let Some(owner) = self.lb_claims.get(lb).and_then(|c| c.first()) else {
+                continue;
+            };
+            let pod = self
+                .wishes
+                .get(&owner.1)
+                .and_then(|w| w.candidate(lb))
+                .and_then(|c| c.pod_ip);
+            if let Some(pod) = pod {
+                self.pod_claims
+                    .entry(pod)
+                    .or_default()
+                    .insert((owner.clone(), *lb));
+                self.claimed_pod.insert(*lb, (owner.clone(), pod));
+                pods.insert(pod);
+            }
+        }
+        let mut affected = lbs;
+        for pod in &pods {
+            if let Some(claims) = self.pod_claims.get(pod) {
+                affected.extend(claims.iter().map(|(_, lb)| *lb));
+            }
+        }
+        for lb in affected {
+            self.refresh(lb);
+        }
+    }
+
+    /// Recomputes the outcome of `lb` and its conflict warnings.
+    fn refresh(&mut self, lb: IpAddr) {
+        let mut warnings = Vec::new();
+        let result = self.lb_claims.get(&lb).and_then(|claims| {
+            let owner = &claims.first()?.1;
+            for (_, loser) in claims.iter().skip(1) {
+                warnings.push(lb_conflict(loser, &lb, owner));
+            }
+            let wish = self.wishes.get(owner)?;
+            let c = wish.candidate(&lb)?;
+            let Some(pod) = c.pod_ip else {
+                return Some(LbResult::Unmapped(owner.clone()));
+            };
+            let pod_owner = self.pod_claims.get(&pod).and_then(|p| p.first());
+            match pod_owner {
+                Some((_, winner)) if *winner == lb => Some(LbResult::Mapped(wish.mapping(c, pod))),
+                Some(((_, other), _)) => {
+                    warnings.push(pod_conflict(owner, &lb, &pod, other));
+                    Some(LbResult::Unmapped(owner.clone()))
+                }
+                None => Some(LbResult::Unmapped(owner.clone())),
+            }
+        });
+        let old_warnings = if warnings.is_empty() {
+            self.conflicts.remove(&lb)
+        } else {
+            self.conflicts.insert(lb, warnings.clone())
+        };
+        for w in old_warnings.iter().flatten() {
+            self.count(w, false);
+        }
+        for w in &warnings {
+            self.count(w, true);
+        }
+        let old = match &result {
+            Some(r) => self.results.insert(lb, r.clone()),
+            None => self.results.remove(&lb),
+        };
+        if old != result {
+            if let Some(r) = &old {
+                self.summary.count(r, false);
+            }
+            if let Some(r) = &result {
+                self.summary.count(r, true);
+            }
+            self.changed.entry(lb).or_insert(old);
+        }
+    }
+
+    fn count(&mut self, w: &Warning, add: bool) {
+        let before = self.warnings.contains_key(w);
+        if add {
+            *self.warnings.entry(w.clone()).or_default() += 1;
+        } else if let Some(n) = self.warnings.get_mut(w) {
+            *n -= 1;
+            if *n == 0 {
+                self.warnings.remove(w);
+            }
+        }
+        if before != self.warnings.contains_key(w) {
+            self.summary.count_warning(w.kind, !before);
+            self.flipped.entry(w.clone()).or_insert(before);
+        }
+    }
+
+    /// The LB IPs whose outcome changed since the last call.
+    pub fn take_changes(&mut self) -> Vec<LbChange> {
+        std::mem::take(&mut self.changed)
+            .into_iter()
+            .filter_map(|(lb_ip, old)| {
+                let new = self.results.get(&lb_ip).cloned();
+                (old != new).then_some(LbChange { lb_ip, old, new })
+            })
+            .collect()
+    }
+
+    /// The warnings that appeared and those that went away since the last
+    /// call.
+    pub fn take_warning_changes(&mut self) -> (Vec<Warning>, Vec<Warning>) {
+        let mut appeared = Vec::new();
+        let mut gone = Vec::new();
+        for (w, was) in std::mem::take(&mut self.flipped) {
+            match (was, self.warnings.contains_key(&w)) {
+                (false, true) => appeared.push(w),
+                (true, false) => gone.push(w),
+                _ => {}
+            }
+        }
+        (appeared, gone)
+    }
+
+    /// Every owned LB IP's outcome.
+    pub fn results(&self) -> impl Iterator<Item = (&IpAddr, &LbResult)> {
+        self.results.iter()
+    }
+
+    /// Every current warning, sorted.
+    pub fn warnings(&self) -> impl Iterator<Item = &Warning> {
+        self.warnings.keys()
+    }
+
+    pub fn summary(&self) -> &PlanSummary {
+        &self.summary
+    }
+
+    /// The whole plan, as [`super::compute_plan`] gives it (O(every
+    /// Service): for tests and reports, not for each change).
+    pub fn outcome(&self) -> Outcome {
+        let mut plan = Plan::default();
+        for (lb, r) in &self.results {
+            match r {
+                LbResult::Mapped(m) => plan.mappings.push(m.clone()),
+                LbResult::Unmapped(s) => {
+                    plan.unmapped_lb_ips.insert(*lb, s.clone());
+                }
+            }
+        }
+        plan.mappings.sort_by_key(|m| m.lb_ip);
+        Outcome {
+            plan,
+            warnings: self.warnings.keys().cloned().collect(),
+        }
+    }
+}
