@@ -409,17 +409,36 @@ async fn handle(server: Arc<Server>, mut stream: TcpStream) -> std::io::Result<(
         if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
             return watch_stream(server, stream, kind, q).await;
         }
-        let (items, rv) = {
+        // Pages of `limit` items, as the API server cuts them (the
+        // `continue` token: the list's resourceVersion and the next offset).
+        let (rv, offset) = match q.get("continue").and_then(|c| c.split_once(':')) {
+            Some((rv, at)) => (rv.parse().ok(), at.parse().unwrap_or(0)),
+            None => (None, 0),
+        };
+        let limit: usize = q
+            .get("limit")
+            .and_then(|l| l.parse().ok())
+            .filter(|l| *l > 0)
+            .unwrap_or(usize::MAX);
+        let (items, rv, more) = {
             let st = server.state.lock().expect("lock");
-            let items: Vec<Value> = st
+            let mut matching = st
                 .objects
                 .iter()
                 .filter(|(k, o)| k.0 == kind && selected(o, &q))
+                .skip(offset);
+            let items: Vec<Value> = matching
+                .by_ref()
+                .take(limit)
                 .map(|(_, o)| o.clone())
                 .collect();
-            (items, st.rv)
+            (items, rv.unwrap_or(st.rv), matching.next().is_some())
         };
-        let body = json!({"kind": list, "apiVersion": api_version, "metadata": {"resourceVersion": rv.to_string()}, "items": items});
+        let mut metadata = json!({"resourceVersion": rv.to_string()});
+        if more {
+            metadata["continue"] = json!(format!("{rv}:{}", offset + limit));
+        }
+        let body = json!({"kind": list, "apiVersion": api_version, "metadata": metadata, "items": items});
         return respond(&mut stream, "200 OK", &body).await;
     }
     // GET of one object: a Node, or our DaemonSet.
@@ -636,6 +655,9 @@ async fn serve_with(listener: TcpListener, dir: PathBuf, rescan: bool) {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
+        // As Go's net package does for every TCP connection of the API
+        // server: no Nagle delay on the small chunks of a watch.
+        let _ = stream.set_nodelay(true);
         let server = server.clone();
         tokio::spawn(async move {
             let _ = handle(server, stream).await;

@@ -7,7 +7,7 @@ use crate::datapath::worker::Worker;
 use crate::datapath::Datapath;
 use crate::model::Warning;
 use crate::reconcile::Reconciler;
-use crate::source::Source;
+use crate::source::{Source, Update};
 use crate::telemetry::Telemetry;
 use std::{future::Future, time::Duration, time::Instant};
 use tracing::{error, info, warn};
@@ -72,10 +72,15 @@ where
         if pending {
             let started = Instant::now();
             let update = source.update(full);
+            let was_full = matches!(update, Update::Full(_));
             // Taken into the plan even when the sync fails: a retry needs
             // only what changed since.
             full = false;
-            match datapath.call(move |r| r.reconcile(&update)).await {
+            let round = datapath.call(move |r| r.reconcile(&update)).await;
+            if was_full {
+                crate::memory::release_freed();
+            }
+            match round {
                 Ok(Ok(report)) => {
                     pending = false;
                     failures = 0;
@@ -142,7 +147,7 @@ mod tests {
     use super::*;
     use crate::datapath::fake::{FakeHandle, FakeKernel};
     use crate::datapath::{DatapathState, Synced};
-    use crate::source::{Snapshot, Update};
+    use crate::source::Snapshot;
     use std::sync::{Arc, Mutex};
     use tokio::sync::{mpsc, Notify};
 

@@ -16,6 +16,7 @@ pub mod datapath;
 pub mod ebpf;
 pub mod events;
 pub mod fingerprint;
+pub mod memory;
 pub mod model;
 pub mod netlink;
 pub mod nft;

@@ -8,7 +8,7 @@ use crate::model::cluster::{cluster_ranges, ClusterConfig, ClusterRanges};
 use crate::model::{PlanState, PlanSummary, Warning};
 use crate::source::{Snapshot, Update};
 use std::collections::BTreeSet;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Who this node is, and where its in-cluster ranges come from.
 #[derive(Clone, Debug, Default)]
@@ -84,11 +84,13 @@ impl<D: Datapath> Reconciler<D> {
         };
         let (sync, new_warnings, resolved_warnings) = match update {
             Update::Full(snapshot) => {
+                debug!(services = snapshot.services.len(), "full round");
                 self.rebuild(snapshot);
                 let (new, gone) = self.report(self.plan.warnings().cloned().collect());
                 (self.datapath.sync(&self.planned)?, new, gone)
             }
             Update::Services(services) => {
+                debug!(services = services.len(), "incremental round");
                 for s in services {
                     let objects: Vec<_> = s.objects.iter().map(AsRef::as_ref).collect();
                     let slices: Vec<_> = s.slices.iter().map(AsRef::as_ref).collect();
@@ -276,7 +278,11 @@ pub(crate) mod tests {
                     let last = e.addresses.first().and_then(|a| a.chars().last());
                     e.node_name = Some(if last == Some('1') { "n1" } else { "n2" }.into());
                 }
-                let now = Snapshot { services, endpoint_slices: slices, ..Default::default() };
+                let now = Snapshot {
+                    services: services.into_iter().map(std::sync::Arc::new).collect(),
+                    endpoint_slices: slices.into_iter().map(std::sync::Arc::new).collect(),
+                    ..Default::default()
+                };
                 let update = if i == 0 || fulls[i] {
                     Update::Full(now.clone())
                 } else {

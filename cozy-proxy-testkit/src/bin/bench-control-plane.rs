@@ -11,19 +11,27 @@ use cozy_proxy_testkit as harness;
 
 use anyhow::{bail, Context, Result};
 use cozy_proxy::{
-    datapath::{Datapath, DatapathState, Synced},
+    datapath::{Datapath, DatapathState, NodeView, Synced},
     ebpf::{EbpfConfig, EbpfKernel, Interfaces},
-    model::compute_plan,
+    model::{
+        cluster::{cluster_ranges, ClusterConfig},
+        compute_plan, ServiceRef,
+    },
+    netlink::{route, NlSocket},
     nft::NftKernel,
+    reconcile::Reconciler,
+    source::{ServiceObjects, Snapshot, Update},
 };
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use serde_json::{json, Value};
 use std::{
     fs,
+    io::{Read, Write},
     net::IpAddr,
     os::fd::AsRawFd,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::Command,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -57,7 +65,7 @@ fn addresses(i: usize) -> (String, String) {
     }
 }
 
-fn objects(n: usize) -> (Vec<Service>, Vec<EndpointSlice>) {
+fn objects(n: usize) -> (Vec<Arc<Service>>, Vec<Arc<EndpointSlice>>) {
     let mut yaml = String::new();
     for i in 0..n {
         yaml += &manifest(i, None);
@@ -66,6 +74,36 @@ fn objects(n: usize) -> (Vec<Service>, Vec<EndpointSlice>) {
         cozy_proxy::source::manifests::parse(&[(PathBuf::from("bench.yaml"), yaml.into_bytes())]);
     assert!(loaded.skipped.is_empty(), "{:?}", loaded.skipped.first());
     (loaded.snapshot.services, loaded.snapshot.endpoint_slices)
+}
+
+/// The pod Service i moves to in change `round`: a new address each round
+/// (IPv4 from 198.51.100.0/24 for the first 250 Services, IPv6 after).
+fn moved_pod(i: usize, round: usize) -> String {
+    if i < 250 {
+        format!("198.51.100.{}", round % 254 + 1)
+    } else {
+        format!("2001:db8:2::f:{round:x}")
+    }
+}
+
+/// Service i's EndpointSlice with its endpoint on `pod`.
+fn slice_on(i: usize, pod: &str) -> Result<Arc<EndpointSlice>> {
+    let loaded = cozy_proxy::source::manifests::parse(&[(
+        PathBuf::from("one.yaml"),
+        manifest(i, Some(pod)).into_bytes(),
+    )]);
+    loaded
+        .snapshot
+        .endpoint_slices
+        .into_iter()
+        .next()
+        .context("the moved slice")
+}
+
+/// Which Service a change moves: spread over all of them, and never one of
+/// the first 250 twice within 254 rounds (their new pods would collide).
+fn victim(round: usize, n: usize) -> usize {
+    (round * 7919) % n
 }
 
 /// YAML of Service i and its EndpointSlice; `pod` overrides the endpoint.
@@ -102,6 +140,7 @@ impl Netns {
             "ip link set pods-peer up",
             "ip link set pods up",
             "ip route add 192.0.2.0/24 dev pods",
+            "ip route add 198.51.100.0/24 dev pods",
             "ip -6 route add 2001:db8:2::/64 dev pods",
         ] {
             let words: Vec<&str> = cmd.split_whitespace().collect();
@@ -131,78 +170,79 @@ impl Drop for Netns {
     }
 }
 
-/// A state with mapping `i` moved to another pod (one Service's endpoint
-/// changes: a delete and an add in each map, routes re-pointed).
-fn moved(state: &DatapathState, i: usize, round: usize) -> DatapathState {
-    let mut s = state.clone();
-    let (lb, pod) = addresses(i);
-    let (lb, pod): (IpAddr, IpAddr) = (lb.parse().expect("lb"), pod.parse().expect("pod"));
-    let new_pod: IpAddr = if pod.is_ipv4() {
-        // Stay inside 192.0.2.0/24: swap with an address no mapping uses.
-        format!("192.0.2.{}", 251 + round % 4).parse().expect("v4")
-    } else {
-        format!("2001:db8:2::f:{:x}", round).parse().expect("v6")
-    };
-    s.pod_svc.remove(&pod);
-    s.pod_svc.insert(new_pod, lb);
-    s.svc_pod.insert(lb, new_pod);
-    if s.filtered_pods.remove(&pod) {
-        s.filtered_pods.insert(new_pod);
-        let ports: Vec<_> = s
-            .allowed_ports
-            .iter()
-            .filter(|p| p.pod == pod)
-            .copied()
-            .collect();
-        for mut p in ports {
-            s.allowed_ports.remove(&p);
-            p.pod = new_pod;
-            s.allowed_ports.insert(p);
-        }
-    }
-    s
-}
-
+/// The controller's own part on one backend, in this process: the reconcile
+/// rounds the loop runs (plan, datapath state, kernel), from an update
+/// naming the Services that changed, as the kube source gives it. Initial
+/// sync (empty kernel, full round), one change (one Service's endpoint
+/// moved: an incremental round), a resync round (the kernel read again, the
+/// plan computed from every object), and the rebuild-everything peer
+/// (empty the datapath, then a full round).
 fn bench_backend<D: Datapath>(
-    mut d: D,
-    plan_state: &DatapathState,
-    n: usize,
+    d: D,
+    services: &[Arc<Service>],
+    slices: &[Arc<EndpointSlice>],
     changes: usize,
     rebuilds: usize,
 ) -> Result<Value> {
+    let n = services.len();
+    let fail = |e: D::Error| anyhow::anyhow!("{e}");
+    let mut r = Reconciler::new(d, Default::default());
+    let mut snapshot = Snapshot {
+        services: services.to_vec(),
+        endpoint_slices: slices.to_vec(),
+        ..Default::default()
+    };
     let started = Instant::now();
-    d.sync(plan_state).map_err(|e| anyhow::anyhow!("{e}"))?;
+    r.reconcile(&Update::Full(snapshot.clone())).map_err(fail)?;
     let initial = started.elapsed();
-    let mut current = plan_state.clone();
     let mut one = Vec::new();
     for round in 0..changes {
-        let next = moved(plan_state, (round * 7919) % n, round);
+        let i = victim(round, n);
+        let slice = slice_on(i, &moved_pod(i, round))?;
+        let update = Update::Services(vec![ServiceObjects {
+            service: ServiceRef::new("bench", format!("s{i}")),
+            objects: vec![services[i].clone()],
+            slices: vec![slice.clone()],
+        }]);
         let t = Instant::now();
-        d.sync(&next).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let report = r.reconcile(&update).map_err(fail)?;
         one.push(ms(t.elapsed()));
-        current = next;
+        if report.sync.changed_elements == 0 {
+            bail!("change {round} (Service {i}) changed nothing");
+        }
+        snapshot.endpoint_slices[i] = slice;
     }
-    let empty = DatapathState::default();
-    let mut rebuild = Vec::new();
-    for round in 0..rebuilds {
-        let next = moved(plan_state, (round * 104_729) % n, round + changes);
+    let full = Update::Full(snapshot.clone());
+    let mut resync = Vec::new();
+    for _ in 0..rebuilds {
+        r.datapath_mut().forget();
         let t = Instant::now();
-        d.sync(&empty).map_err(|e| anyhow::anyhow!("{e}"))?;
-        d.sync(&next).map_err(|e| anyhow::anyhow!("{e}"))?;
+        r.reconcile(&full).map_err(fail)?;
+        resync.push(ms(t.elapsed()));
+    }
+    let mut rebuild = Vec::new();
+    for _ in 0..rebuilds {
+        let t = Instant::now();
+        r.datapath_mut()
+            .sync(&DatapathState::default())
+            .map_err(fail)?;
+        r.reconcile(&full).map_err(fail)?;
         rebuild.push(ms(t.elapsed()));
-        current = next;
     }
     std::thread::sleep(Duration::from_secs(2));
-    let live = d.dump().map_err(|e| anyhow::anyhow!("{e}"))?;
-    // What the plan decides; the guards and routes come from the pods'
-    // paths in this namespace, not from the plan: compared without them.
+    let live = r.datapath().dump().map_err(fail)?;
+    // What the plan decides, computed from scratch; the guards and routes
+    // come from the pods' paths in this namespace: compared without them.
+    let outcome = compute_plan(&snapshot.services, &snapshot.endpoint_slices, &[]);
+    let ranges = cluster_ranges(&ClusterConfig::default(), &[], &[]).ranges;
+    let mut expected = DatapathState::for_node(&outcome.plan, &ranges, NodeView { name: None });
     let mut live_state = live.state;
-    for s in [&mut live_state, &mut current] {
+    for s in [&mut live_state, &mut expected] {
         s.guard.clear();
         s.routes.clear();
     }
-    if live_state != current {
-        let d = live_state.diff(&current);
+    if live_state != expected {
+        let d = live_state.diff(&expected);
         bail!(
             "the datapath does not hold the last state after the run: {} elements differ (pod_svc -{} +{}, svc_pod -{} +{}, ports -{} +{})",
             d.size(),
@@ -214,81 +254,234 @@ fn bench_backend<D: Datapath>(
             d.allowed_ports.add.len()
         );
     }
-    d.cleanup().map_err(|e| anyhow::anyhow!("{e}"))?;
+    r.datapath_mut().cleanup().map_err(fail)?;
     let (_, one_med, one_p99, _) = stats(one);
+    let (_, rs_med, _, _) = stats(resync);
     let (_, rb_med, rb_p99, _) = stats(rebuild);
     Ok(json!({
         "initial_sync_ms": ms(initial),
         "one_change_median_ms": one_med,
         "one_change_p99_ms": one_p99,
+        "resync_median_ms": rs_med,
         "rebuild_median_ms": rb_med,
         "rebuild_p99_ms": rb_p99,
         "rebuild_over_incremental": rb_med / one_med,
-        "elements": plan_state.len(),
+        "elements": live_state.len(),
     }))
 }
 
-/// Peak RSS (VmHWM, MiB) of `cozy-proxy run` on the same Services.
-fn controller_rss(n: usize, backend: &str) -> Result<f64> {
-    let name = format!("cpbench-rss-{}", std::process::id());
+/// Writes the manifests of Services `0..n` into `dir`, 1 000 per file
+/// (the manifest source skips files over 4 MiB).
+fn write_manifests(dir: &Path, n: usize, unmanaged: usize) -> Result<()> {
+    let mut i = 0;
+    while i < n {
+        let end = (i + 1000).min(n);
+        let yaml: String = (i..end).map(|j| manifest(j, None)).collect();
+        fs::write(dir.join(format!("services-{i:06}.yaml")), yaml)?;
+        i = end;
+    }
+    let mut i = 0;
+    while i < unmanaged {
+        let end = (i + 1000).min(unmanaged);
+        let yaml: String = (i..end).map(unmanaged_manifest).collect();
+        fs::write(dir.join(format!("unmanaged-{i:06}.yaml")), yaml)?;
+        i = end;
+    }
+    Ok(())
+}
+
+/// An ordinary Service (not ours) with its EndpointSlice, as a cluster
+/// has many: every node's watch receives them.
+fn unmanaged_manifest(i: usize) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: u{i}\n  namespace: other\n  labels: {{app: u{i}}}\n  annotations: {{owner: team-{t}}}\n\
+         spec:\n  type: ClusterIP\n  clusterIP: 10.96.{a}.{b}\n  selector: {{app: u{i}}}\n  ports: [{{name: http, port: 80, targetPort: 8080, protocol: TCP}}, {{name: https, port: 443, targetPort: 8443, protocol: TCP}}]\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: u{i}-abcde\n  namespace: other\n  labels: {{kubernetes.io/service-name: u{i}, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}\n\
+         addressType: IPv4\nendpoints: [{{addresses: [\"10.244.{a}.{b}\"], conditions: {{ready: true, serving: true, terminating: false}}, nodeName: node-{t}}}]\nports: [{{name: http, port: 8080, protocol: TCP}}, {{name: https, port: 8443, protocol: TCP}}]\n",
+        t = i % 100,
+        a = (i / 250) % 250,
+        b = i % 250 + 1
+    )
+}
+
+/// Where a measured controller reads its objects.
+#[derive(Clone, Copy)]
+enum Objects {
+    /// `--manifests`: the files themselves.
+    Manifests,
+    /// `--kubeconfig`: the real kube-rs client against the API stand-in,
+    /// with this `--debounce`; changes are written through its API.
+    Api { debounce_ms: u64 },
+}
+
+/// `VmHWM` or `VmRSS` of a process, MiB.
+fn memory_mib(pid: u32, field: &str) -> Result<f64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .context(field.to_string())?;
+    Ok(kib / 1024.0)
+}
+
+/// `POST path` with a JSON body to the stand-in; waits for the status line.
+fn post_json(addr: &str, path: &str, body: &Value) -> Result<()> {
+    let mut s = std::net::TcpStream::connect(addr)?;
+    let b = body.to_string();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: standin\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+        b.len()
+    )?;
+    let mut head = [0u8; 64];
+    let got = s.read(&mut head)?;
+    if !head[..got].starts_with(b"HTTP/1.1 200") {
+        bail!("stand-in: {}", String::from_utf8_lossy(&head[..got]));
+    }
+    Ok(())
+}
+
+/// The real controller (`cozy-proxy run`) on `n` managed and `unmanaged`
+/// other Services (and their EndpointSlices) in a namespace of its own:
+/// time to the first sync, peak and current RSS after it, and, through the
+/// API, the latency from a write (an EndpointSlice moved to a new pod) to
+/// the change visible in the kernel (the LB IP's host route, which the
+/// datapath changes last, read back with a route lookup), over `changes`
+/// writes, one at a time.
+fn controller_run(
+    n: usize,
+    unmanaged: usize,
+    backend: &str,
+    objects: Objects,
+    changes: usize,
+) -> Result<Value> {
+    let name = format!("cpbench-run-{}", std::process::id());
     let ns = Netns::enter(&name)?;
     let dir = std::env::temp_dir().join(format!("{name}-manifests"));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
-    let mut yaml = String::new();
-    for i in 0..n {
-        yaml += &manifest(i, None);
-    }
-    fs::write(dir.join("services.yaml"), yaml)?;
+    write_manifests(&dir, n, unmanaged)?;
     let pins = harness::test_bpffs()?.join(&name);
     let log = dir.join("log");
-    let mut child = Command::new(harness::bin())
-        .args([
-            "run",
-            "--backend",
-            backend,
-            "--metrics-addr",
-            "",
-            "--manifests",
-        ])
-        .arg(&dir)
-        .arg("--bpf-pin-dir")
-        .arg(&pins)
-        .stderr(fs::File::create(&log)?)
-        .spawn()?;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while !fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("datapath synced")
-    {
-        if Instant::now() > deadline || child.try_wait()?.is_some() {
-            bail!(
-                "controller did not sync: {}",
-                fs::read_to_string(&log).unwrap_or_default()
-            );
+    // CPBENCH_WRAP: a profiler to run the controller under (e.g.
+    // "heaptrack -o /tmp/cp"); its numbers are then the profiler's too.
+    let wrap = std::env::var("CPBENCH_WRAP").unwrap_or_default();
+    let mut words = wrap.split_whitespace();
+    let mut cmd = match words.next() {
+        Some(tool) => {
+            let mut c = Command::new(tool);
+            c.args(words).arg(harness::bin());
+            c
         }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_millis(500));
-    let status = fs::read_to_string(format!("/proc/{}/status", child.id()))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .context("VmHWM")?;
+        None => Command::new(harness::bin()),
+    };
+    cmd.args(["run", "--backend", backend, "--metrics-addr", ""])
+        .arg("--bpf-pin-dir")
+        .arg(&pins);
+    const ADDR: &str = "127.0.0.1:6443";
+    let loading = Instant::now();
+    let _server = match objects {
+        Objects::Manifests => {
+            cmd.arg("--manifests").arg(&dir);
+            None
+        }
+        Objects::Api { debounce_ms } => {
+            let server = harness::standin::Running::start_static(&name, dir.clone(), ADDR)?;
+            let kubeconfig = dir.join("kubeconfig");
+            fs::write(
+                &kubeconfig,
+                format!(
+                    "apiVersion: v1\nkind: Config\nclusters:\n- name: s\n  cluster: {{server: \"http://{ADDR}\"}}\n\
+                     users:\n- name: u\n  user: {{token: t}}\ncontexts:\n- name: s\n  context: {{cluster: s, user: u}}\ncurrent-context: s\n"
+                ),
+            )?;
+            cmd.arg("--kubeconfig")
+                .arg(&kubeconfig)
+                .arg("--debounce")
+                .arg(format!("{debounce_ms}ms"));
+            Some(server)
+        }
+    };
+    let loaded = loading.elapsed();
+    let started = Instant::now();
+    let mut child = cmd.stderr(fs::File::create(&log)?).spawn()?;
+    let result = (|| -> Result<Value> {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while !fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("datapath synced")
+        {
+            if Instant::now() > deadline || child.try_wait()?.is_some() {
+                bail!(
+                    "controller did not sync: {}",
+                    fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let synced = started.elapsed();
+        std::thread::sleep(Duration::from_millis(500));
+        let mut out = json!({
+            "first_sync_s": synced.as_secs_f64(),
+            "peak_rss_mib": memory_mib(child.id(), "VmHWM:")?,
+            "rss_mib": memory_mib(child.id(), "VmRSS:")?,
+        });
+        if let Objects::Api { .. } = objects {
+            let sock = NlSocket::open(libc::NETLINK_ROUTE)?;
+            let mut latency = Vec::new();
+            for round in 0..changes {
+                let i = victim(round, n);
+                let pod = moved_pod(i, round + 1000);
+                let lb: IpAddr = addresses(i).0.parse()?;
+                let want: IpAddr = pod.parse()?;
+                let slice = serde_json::to_value(&*slice_on(i, &pod)?)?;
+                let t = Instant::now();
+                post_json(ADDR, "/control/apply", &slice)?;
+                if std::env::var_os("CPBENCH_TRACE").is_some() {
+                    eprintln!("{} posted in {:.3} ms", chrono_now(), ms(t.elapsed()));
+                }
+                loop {
+                    let via = route::lookup(&sock, &lb).map(|l| l.via.gateway);
+                    if matches!(via, Ok(Some(g)) if g == want) {
+                        break;
+                    }
+                    if t.elapsed() > Duration::from_secs(10) {
+                        bail!("change {round}: {lb} not routed to {pod} after 10 s");
+                    }
+                    // Not a spin: the controller and the stand-in share
+                    // the CPUs with this loop.
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                latency.push(ms(t.elapsed()));
+            }
+            let (min, med, p99, max) = stats(latency);
+            out["api_to_kernel_ms"] =
+                json!({"min": min, "median": med, "p99": p99, "max": max, "changes": changes});
+            out["peak_rss_after_changes_mib"] = json!(memory_mib(child.id(), "VmHWM:")?);
+        }
+        out["stand_in_load_s"] = json!(loaded.as_secs_f64());
+        Ok(out)
+    })();
     // SAFETY: signal to our own child.
     unsafe {
         libc::kill(child.id() as i32, libc::SIGTERM);
     }
     child.wait()?;
+    if let Objects::Api { debounce_ms } = objects {
+        let _ = fs::copy(
+            &log,
+            format!("/tmp/cpbench-{backend}-{n}-{debounce_ms}.log"),
+        );
+    }
     let _ = Command::new(harness::bin())
         .args(["cleanup", "--bpf-pin-dir"])
         .arg(&pins)
         .status();
     drop(ns);
     let _ = fs::remove_dir_all(&dir);
-    Ok(kib / 1024.0)
+    result
 }
 
 fn control_plane(args: &[String]) -> Result<()> {
@@ -315,11 +508,6 @@ fn control_plane(args: &[String]) -> Result<()> {
                 outcome.warnings.first()
             );
         }
-        let state = DatapathState::for_node(
-            &outcome.plan,
-            &Default::default(),
-            cozy_proxy::datapath::NodeView { name: None },
-        );
         let (_, plan_med, _, _) = stats(plan_ms);
         let changes = if n >= 10_000 { 100 } else { 200 };
         let rebuilds = if n >= 10_000 { 5 } else { 20 };
@@ -328,9 +516,13 @@ fn control_plane(args: &[String]) -> Result<()> {
             let name = format!("cpbench-{}-{backend}-{n}", std::process::id());
             let ns = Netns::enter(&name)?;
             let r = match backend {
-                "nft" => {
-                    bench_backend(Synced::new(NftKernel::new()?), &state, n, changes, rebuilds)?
-                }
+                "nft" => bench_backend(
+                    Synced::new(NftKernel::new()?),
+                    &services,
+                    &slices,
+                    changes,
+                    rebuilds,
+                )?,
                 _ => {
                     let cfg = EbpfConfig {
                         pin_dir: bpffs.join(&name),
@@ -340,16 +532,29 @@ fn control_plane(args: &[String]) -> Result<()> {
                     };
                     bench_backend(
                         Synced::new(EbpfKernel::start(cfg)?),
-                        &state,
-                        n,
+                        &services,
+                        &slices,
                         changes,
                         rebuilds,
                     )?
                 }
             };
             drop(ns);
-            let rss = controller_rss(n, backend)?;
-            row[backend] = json!({ "apply": r, "controller_peak_rss_mib": rss });
+            let manifests = controller_run(n, 0, backend, Objects::Manifests, 0)?;
+            row[backend] = json!({
+                "apply": r,
+                "controller_peak_rss_mib": manifests["peak_rss_mib"],
+            });
+            if n >= 1000 {
+                // As many unmanaged Services as managed ones; the
+                // controller's default debounce and none.
+                for debounce_ms in [0, 50] {
+                    let writes = if debounce_ms == 0 { 100 } else { 40 };
+                    let api = Objects::Api { debounce_ms };
+                    row[backend][format!("api_debounce_{debounce_ms}ms")] =
+                        controller_run(n, n, backend, api, writes)?;
+                }
+            }
             eprintln!("control-plane n={n} {backend}: {}", row[backend]);
         }
         results.push(row);
@@ -359,4 +564,11 @@ fn control_plane(args: &[String]) -> Result<()> {
         serde_json::to_string_pretty(&json!({"control_plane": results}))?
     );
     Ok(())
+}
+
+fn chrono_now() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{}.{:06}", d.as_secs() % 86400, d.subsec_micros())
 }

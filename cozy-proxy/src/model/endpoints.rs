@@ -3,6 +3,7 @@ use super::types::{Family, ServiceRef};
 use super::warning::{WarningKind, Warnings};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::{
+    borrow::Borrow,
     collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
 };
@@ -15,9 +16,9 @@ pub struct SliceIndex<'a> {
 }
 
 impl<'a> SliceIndex<'a> {
-    pub fn new(slices: &'a [EndpointSlice]) -> Self {
+    pub fn new<E: Borrow<EndpointSlice>>(slices: &'a [E]) -> Self {
         let mut by_service: HashMap<ServiceRef, Vec<&'a EndpointSlice>> = HashMap::new();
-        for slice in slices {
+        for slice in slices.iter().map(Borrow::borrow) {
             if let Some(owner) = slice_owner(slice) {
                 by_service.entry(owner).or_default().push(slice);
             }

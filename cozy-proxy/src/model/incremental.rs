@@ -22,6 +22,7 @@ use k8s_openapi::api::{
     discovery::v1::EndpointSlice,
 };
 use std::{
+    borrow::Borrow,
     collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
 };
@@ -102,14 +103,18 @@ pub struct LbChange {
 impl PlanState {
     /// The state of every Service at once (as [`super::compute_plan`] reads
     /// them).
-    pub fn build(services: &[Service], slices: &[EndpointSlice], nodes: &[Node]) -> Self {
+    pub fn build<S, E>(services: &[S], slices: &[E], nodes: &[Node]) -> Self
+    where
+        S: Borrow<Service>,
+        E: Borrow<EndpointSlice>,
+    {
         let mut state = PlanState {
             node_ips: node_addresses(nodes),
             ..Default::default()
         };
         let index = super::endpoints::SliceIndex::new(slices);
         let mut by_name: BTreeMap<ServiceRef, Vec<&Service>> = BTreeMap::new();
-        for svc in services {
+        for svc in services.iter().map(Borrow::borrow) {
             by_name
                 .entry(super::service::service_ref(svc))
                 .or_default()

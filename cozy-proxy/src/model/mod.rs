@@ -6,6 +6,7 @@ mod endpoints;
 pub mod incremental;
 mod plan;
 mod service;
+pub mod trim;
 mod types;
 mod warning;
 

@@ -9,6 +9,7 @@ use k8s_openapi::api::{
     discovery::v1::EndpointSlice,
 };
 use std::{
+    borrow::Borrow,
     collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
 };
@@ -157,7 +158,11 @@ pub(crate) fn wish_of(
 /// Computes the NAT plan. Pure and deterministic: the same objects in any
 /// order give the same outcome, on every node. `nodes` tell which addresses
 /// are the nodes' own (never translated).
-pub fn compute_plan(services: &[Service], slices: &[EndpointSlice], nodes: &[Node]) -> Outcome {
+pub fn compute_plan<S, E>(services: &[S], slices: &[E], nodes: &[Node]) -> Outcome
+where
+    S: Borrow<Service>,
+    E: Borrow<EndpointSlice>,
+{
     let index = SliceIndex::new(slices);
     let node_ips = node_addresses(nodes);
     let mut warnings = Vec::new();
@@ -221,9 +226,13 @@ pub fn compute_plan(services: &[Service], slices: &[EndpointSlice], nodes: &[Nod
 /// The selected Services, one per namespace/name. Two objects with one name
 /// (a broken input, e.g. two manifest files) are settled by content, never
 /// by input order: see [`choose`].
-fn unique_services(services: &[Service]) -> Vec<&Service> {
+fn unique_services<S: Borrow<Service>>(services: &[S]) -> Vec<&Service> {
     let mut by_name: BTreeMap<_, Vec<&Service>> = BTreeMap::new();
-    for svc in services.iter().filter(|s| is_selected(s)) {
+    for svc in services
+        .iter()
+        .map(Borrow::borrow)
+        .filter(|s| is_selected(s))
+    {
         by_name.entry(service_ref(svc)).or_default().push(svc);
     }
     by_name.into_values().filter_map(choose).collect()

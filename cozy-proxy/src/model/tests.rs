@@ -8,7 +8,11 @@ use k8s_openapi::api::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use proptest::prelude::*;
+/// No EndpointSlices (typed, for `compute_plan`).
+const NO_SLICES: &[EndpointSlice] = &[];
+
 use std::{
+    borrow::Borrow,
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
 };
@@ -425,7 +429,7 @@ fn bad_addresses_hostnames_and_extra_ips() {
         ..Default::default()
     });
     assert_eq!(
-        kinds(&compute_plan(&[only_host], &[], &[])),
+        kinds(&compute_plan(&[only_host], NO_SLICES, &[])),
         vec![WarningKind::HostnameOnly]
     );
     let pending = service(SvcSpec {
@@ -433,7 +437,7 @@ fn bad_addresses_hostnames_and_extra_ips() {
         ..Default::default()
     });
     assert_eq!(
-        kinds(&compute_plan(&[pending], &[], &[])),
+        kinds(&compute_plan(&[pending], NO_SLICES, &[])),
         vec![WarningKind::NoLoadBalancerIp]
     );
 }
@@ -691,17 +695,19 @@ proptest! {
 
 /// The objects of Service `name` in a world: its Service objects and the
 /// slices labelled with its name.
-pub(crate) fn objects_of<'a>(
+pub(crate) fn objects_of<'a, S: Borrow<Service>, E: Borrow<EndpointSlice>>(
     name: &str,
-    services: &'a [Service],
-    slices: &'a [EndpointSlice],
+    services: &'a [S],
+    slices: &'a [E],
 ) -> (Vec<&'a Service>, Vec<&'a EndpointSlice>) {
     let svcs = services
         .iter()
+        .map(Borrow::borrow)
         .filter(|s| s.metadata.name.as_deref() == Some(name))
         .collect();
     let owned = slices
         .iter()
+        .map(Borrow::borrow)
         .filter(|e| {
             e.metadata
                 .labels
@@ -779,4 +785,48 @@ proptest! {
             (before_s, before_e) = (services, slices);
         }
     }
+}
+
+proptest! {
+    /// Trimmed as they arrive from the API, the objects give the same plan.
+    #[test]
+    fn trimmed_objects_give_the_same_plan((services, slices) in arb_world()) {
+        let full = compute_plan(&services, &slices, &[]);
+        let mut s2 = services.clone();
+        s2.iter_mut().for_each(trim::trim_service);
+        let mut e2 = slices.clone();
+        e2.iter_mut().for_each(trim::trim_slice);
+        prop_assert_eq!(compute_plan(&s2, &e2, &[]), full);
+    }
+}
+
+#[test]
+fn a_trimmed_node_keeps_its_addresses_and_pod_networks() {
+    use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeSpec, NodeStatus};
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some("n1".into()),
+            annotations: Some([("big".to_string(), "x".repeat(4096))].into()),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            pod_cidrs: Some(vec!["192.0.2.0/25".into(), "2001:db8:42::/64".into()]),
+            provider_id: Some("metal://1".into()),
+            ..Default::default()
+        }),
+        status: Some(NodeStatus {
+            addresses: Some(vec![NodeAddress {
+                address: "198.51.100.7".into(),
+                type_: "InternalIP".into(),
+            }]),
+            ..Default::default()
+        }),
+    };
+    let mut trimmed = node.clone();
+    trim::trim_node(&mut trimmed);
+    assert!(trimmed.metadata.annotations.is_none());
+    assert_eq!(
+        cluster::cluster_ranges(&Default::default(), &[trimmed], &[]),
+        cluster::cluster_ranges(&Default::default(), &[node], &[])
+    );
 }

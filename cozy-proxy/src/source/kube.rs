@@ -1,10 +1,10 @@
 //! The Kubernetes source: reflectors (watch + cache) of Services,
-//! EndpointSlices, Nodes and ServiceCIDRs, kept by kube-rs; every event only
-//! marks the state dirty. Objects are trimmed as they arrive (managedFields,
-//! and a Node's images and conditions): the model never reads them, and
-//! every node caches every object of the cluster.
+//! EndpointSlices, Nodes and ServiceCIDRs, kept by kube-rs; every event
+//! records what it changed and marks the state dirty. Objects are trimmed
+//! as they arrive to what the model reads ([`crate::model::trim`]): every
+//! node caches every object of the cluster, and most are not ours.
 use super::{ServiceObjects, Snapshot, Source, Update};
-use crate::model::{service_ref, slice_owner, ServiceRef, SERVICE_NAME_LABEL};
+use crate::model::{service_ref, slice_owner, trim, ServiceRef, SERVICE_NAME_LABEL};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
@@ -248,18 +248,6 @@ fn trim_meta<K: ResourceExt>(obj: &mut K) {
     obj.managed_fields_mut().clear();
 }
 
-fn trim_node(n: &mut Node) {
-    trim_meta(n);
-    if let Some(status) = n.status.as_mut() {
-        // Kept: addresses. The rest (images, conditions, capacity, ...) is
-        // the bulk of a Node and the model never reads it.
-        *status = k8s_openapi::api::core::v1::NodeStatus {
-            addresses: status.addresses.take(),
-            ..Default::default()
-        };
-    }
-}
-
 /// How long a 403 on ServiceCIDRs is taken for a server still loading its
 /// RBAC rules (seen right after a kube-apiserver restart) before it is
 /// taken for a ServiceAccount without that rule.
@@ -313,7 +301,7 @@ impl KubeSource {
         let services = reflect(
             Api::<Service>::all(client.clone()),
             watcher::Config::default(),
-            trim_meta,
+            trim::trim_service,
             &Feed::new(&dirty, &changes, record_service),
             "Service",
             &mut tasks,
@@ -321,7 +309,7 @@ impl KubeSource {
         let slices = reflect(
             Api::<EndpointSlice>::all(client.clone()),
             watcher::Config::default().labels(SERVICE_NAME_LABEL),
-            trim_meta,
+            trim::trim_slice,
             &Feed::new(&dirty, &changes, record_slice),
             "EndpointSlice",
             &mut tasks,
@@ -329,7 +317,7 @@ impl KubeSource {
         let nodes = reflect(
             Api::<Node>::all(client.clone()),
             watcher::Config::default(),
-            trim_node,
+            trim::trim_node,
             &Feed::new(&dirty, &changes, record_node),
             "Node",
             &mut tasks,
@@ -477,8 +465,8 @@ impl KubeSource {
     /// Every object, copied out of the caches.
     fn snapshot(&mut self) -> Snapshot {
         Snapshot {
-            services: objects(&self.services),
-            endpoint_slices: objects(&self.slices),
+            services: self.services.state(),
+            endpoint_slices: self.slices.state(),
             nodes: objects(&self.nodes),
             service_cidrs: match &*self.service_cidrs.borrow() {
                 CidrWatch::Watching(store) => objects(store),

@@ -2,6 +2,7 @@
 //! manifests in a directory (multi-document YAML allowed).
 use super::Snapshot;
 use serde::Deserialize;
+use std::sync::Arc;
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -139,12 +140,12 @@ fn add_object(snapshot: &mut Snapshot, value: serde_yaml::Value) -> Result<(), S
     match (api_version.as_str(), kind.as_str()) {
         ("v1", "Service") => {
             let svc = serde_yaml::from_value(value).map_err(|e| format!("invalid Service: {e}"))?;
-            snapshot.services.push(svc);
+            snapshot.services.push(Arc::new(svc));
         }
         ("discovery.k8s.io/v1", "EndpointSlice") => {
             let slice =
                 serde_yaml::from_value(value).map_err(|e| format!("invalid EndpointSlice: {e}"))?;
-            snapshot.endpoint_slices.push(slice);
+            snapshot.endpoint_slices.push(Arc::new(slice));
         }
         ("v1", "Node") => {
             let node = serde_yaml::from_value(value).map_err(|e| format!("invalid Node: {e}"))?;

@@ -16,8 +16,9 @@ use tracing::warn;
 /// A snapshot of the objects the model reads.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
-    pub services: Vec<Service>,
-    pub endpoint_slices: Vec<EndpointSlice>,
+    /// Shared with the caches they come from, not copied.
+    pub services: Vec<Arc<Service>>,
+    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
     /// Every Node: their addresses (never translated, in-cluster) and pod
     /// networks (in-cluster).
     pub nodes: Vec<Node>,

@@ -1,0 +1,13 @@
+//! Handing freed memory back to the kernel.
+
+/// glibc keeps what a full round frees (every object read and copied, the
+/// plan built again) in its arenas, in pieces too small to give back on
+/// its own: measured at 10 000 Services, 86 MiB resident for a 14 MiB heap
+/// peak (heaptrack). `malloc_trim` returns the free pages of every arena.
+pub fn release_freed() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
