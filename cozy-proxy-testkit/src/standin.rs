@@ -438,7 +438,8 @@ async fn handle(server: Arc<Server>, mut stream: TcpStream) -> std::io::Result<(
         if more {
             metadata["continue"] = json!(format!("{rv}:{}", offset + limit));
         }
-        let body = json!({"kind": list, "apiVersion": api_version, "metadata": metadata, "items": items});
+        let body =
+            json!({"kind": list, "apiVersion": api_version, "metadata": metadata, "items": items});
         return respond(&mut stream, "200 OK", &body).await;
     }
     // GET of one object: a Node, or our DaemonSet.

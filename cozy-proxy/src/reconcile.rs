@@ -92,9 +92,9 @@ impl<D: Datapath> Reconciler<D> {
             Update::Services(services) => {
                 debug!(services = services.len(), "incremental round");
                 for s in services {
-                    let objects: Vec<_> = s.objects.iter().map(AsRef::as_ref).collect();
                     let slices: Vec<_> = s.slices.iter().map(AsRef::as_ref).collect();
-                    self.plan.update(&s.service, &objects, &slices);
+                    self.plan
+                        .update_read(&s.service, s.read.as_deref(), &slices);
                 }
                 let change = DatapathState::change_of(&self.plan.take_changes(), me);
                 let (new, gone) = self.plan.take_warning_changes();
@@ -142,8 +142,9 @@ impl<D: Datapath> Reconciler<D> {
 
     /// The plan and its state from every object.
     fn rebuild(&mut self, snapshot: &Snapshot) {
-        self.plan = PlanState::build(
+        self.plan = PlanState::build_with(
             &snapshot.services,
+            &snapshot.read_services,
             &snapshot.endpoint_slices,
             &snapshot.nodes,
         );
@@ -293,7 +294,7 @@ pub(crate) mod tests {
                         if (svcs.clone(), eps.clone()) != crate::model::tests::objects_of(&name, &before.services, &before.endpoint_slices) {
                             changed.push(crate::source::ServiceObjects {
                                 service: crate::model::ServiceRef::new("ns", name.as_str()),
-                                objects: svcs.into_iter().cloned().map(std::sync::Arc::new).collect(),
+                                read: crate::model::read_chosen(&svcs).map(std::sync::Arc::new),
                                 slices: eps.into_iter().cloned().map(std::sync::Arc::new).collect(),
                             });
                         }

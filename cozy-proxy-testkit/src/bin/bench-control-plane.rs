@@ -15,7 +15,7 @@ use cozy_proxy::{
     ebpf::{EbpfConfig, EbpfKernel, Interfaces},
     model::{
         cluster::{cluster_ranges, ClusterConfig},
-        compute_plan, ServiceRef,
+        compute_plan, read_service, ServiceRef,
     },
     netlink::{route, NlSocket},
     nft::NftKernel,
@@ -201,7 +201,7 @@ fn bench_backend<D: Datapath>(
         let slice = slice_on(i, &moved_pod(i, round))?;
         let update = Update::Services(vec![ServiceObjects {
             service: ServiceRef::new("bench", format!("s{i}")),
-            objects: vec![services[i].clone()],
+            read: Some(Arc::new(read_service(&services[i]))),
             slices: vec![slice.clone()],
         }]);
         let t = Instant::now();
@@ -406,7 +406,11 @@ fn controller_run(
     };
     let loaded = loading.elapsed();
     let started = Instant::now();
-    let mut child = cmd.stderr(fs::File::create(&log)?).spawn()?;
+    // A group of its own: a profiler and the controller under it stop
+    // together.
+    let mut child = std::os::unix::process::CommandExt::process_group(&mut cmd, 0)
+        .stderr(fs::File::create(&log)?)
+        .spawn()?;
     let result = (|| -> Result<Value> {
         let deadline = Instant::now() + Duration::from_secs(600);
         while !fs::read_to_string(&log)
@@ -464,9 +468,9 @@ fn controller_run(
         out["stand_in_load_s"] = json!(loaded.as_secs_f64());
         Ok(out)
     })();
-    // SAFETY: signal to our own child.
+    // SAFETY: signal to our own child's process group.
     unsafe {
-        libc::kill(child.id() as i32, libc::SIGTERM);
+        libc::kill(-(child.id() as i32), libc::SIGTERM);
     }
     child.wait()?;
     if let Objects::Api { debounce_ms } = objects {

@@ -13,10 +13,10 @@ mod warning;
 pub use cidr::{merge as merge_ranges, Cidr, IpRange};
 pub use endpoints::{slice_owner, SERVICE_NAME_LABEL};
 pub use incremental::{LbChange, PlanState, PlanSummary};
-pub use plan::{compute_plan, Outcome};
+pub use plan::{compute_plan, read_chosen, Outcome};
 pub use service::{
-    is_selected, service_ref, ALLOW_ICMP_ANNOTATION, PROXY_NAME, PROXY_NAME_LABEL,
-    WHOLE_IP_ANNOTATION,
+    is_selected, read_service, service_ref, ReadService, ALLOW_ICMP_ANNOTATION, PROXY_NAME,
+    PROXY_NAME_LABEL, WHOLE_IP_ANNOTATION,
 };
 pub use types::{Family, LbResult, Mapping, Mode, Plan, PortRule, Protocol, ServiceRef};
 pub use warning::{Warning, WarningKind};

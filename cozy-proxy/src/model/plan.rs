@@ -1,7 +1,7 @@
 //! From Services and EndpointSlices to the NAT plan.
 use super::cluster::node_addresses;
 use super::endpoints::{ready_addresses, Backends, SliceIndex};
-use super::service::{is_selected, read_intent, service_ref, ServiceIntent};
+use super::service::{is_selected, read_service, service_ref, ReadService, ServiceIntent};
 use super::types::{Family, Mapping, Plan, ServiceRef};
 use super::warning::{Warning, WarningKind, Warnings};
 use k8s_openapi::api::{
@@ -125,17 +125,17 @@ pub(crate) fn pod_conflict(
 /// The wish of Service `svc` (a selected one) with `slices`, the
 /// EndpointSlices labelled with its name.
 pub(crate) fn wish_of(
-    svc: &Service,
+    read: &ReadService,
     slices: &[&EndpointSlice],
     node_ips: &BTreeSet<IpAddr>,
 ) -> Wish {
-    let service = service_ref(svc);
-    let mut warnings = Vec::new();
+    let service = read.intent.service.clone();
+    let mut warnings = read.warnings.clone();
     let mut sink = Warnings {
         service: &service,
         out: &mut warnings,
     };
-    let mut intent = read_intent(svc, &mut sink);
+    let mut intent = read.intent.clone();
     intent.lb_ips.retain(|ip| match forbidden(ip, node_ips) {
         None => true,
         Some(why) => {
@@ -168,7 +168,13 @@ where
     let mut warnings = Vec::new();
     let mut wishes: Vec<Wish> = unique_services(services)
         .into_iter()
-        .map(|svc| wish_of(svc, index.slices_of(&service_ref(svc)), &node_ips))
+        .map(|svc| {
+            wish_of(
+                &read_service(svc),
+                index.slices_of(&service_ref(svc)),
+                &node_ips,
+            )
+        })
         .collect();
     wishes.sort_by_cached_key(Wish::rank);
 
@@ -238,9 +244,16 @@ fn unique_services<S: Borrow<Service>>(services: &[S]) -> Vec<&Service> {
     by_name.into_values().filter_map(choose).collect()
 }
 
+/// What the model reads of the objects of one Service name: the one that
+/// counts among the selected ones (see [`choose`]), if any.
+pub fn read_chosen(objects: &[&Service]) -> Option<ReadService> {
+    let selected = objects.iter().copied().filter(|s| is_selected(s)).collect();
+    choose(selected).map(read_service)
+}
+
 /// The one of several selected objects with one namespace/name that
 /// counts: the older, then the smaller serialization.
-pub(crate) fn choose(mut group: Vec<&Service>) -> Option<&Service> {
+fn choose(mut group: Vec<&Service>) -> Option<&Service> {
     if group.len() > 1 {
         group.sort_by_cached_key(|s| {
             (

@@ -1,6 +1,6 @@
 //! Reading one Service: is it ours, which LoadBalancer IPs, which mode.
 use super::types::{Mode, PortRule, Protocol, ServiceRef};
-use super::warning::{WarningKind, Warnings};
+use super::warning::{Warning, WarningKind, Warnings};
 use super::Cidr;
 use k8s_openapi::api::core::v1::Service;
 use std::{collections::BTreeSet, net::IpAddr};
@@ -23,6 +23,34 @@ pub struct ServiceIntent {
     /// `spec.loadBalancerSourceRanges` (both families); `None`: unrestricted;
     /// an empty set after an invalid entry: nothing passes.
     pub source_ranges: Option<BTreeSet<Cidr>>,
+}
+
+/// A selected Service as the model reads it, kept by the Kubernetes
+/// source instead of the object (a fraction of its size): what it asks
+/// for, the problems found in it, and its uid (Events name it).
+#[derive(Clone, Debug)]
+pub struct ReadService {
+    pub intent: ServiceIntent,
+    pub warnings: Vec<Warning>,
+    pub uid: Option<String>,
+}
+
+/// Reads a selected Service.
+pub fn read_service(svc: &Service) -> ReadService {
+    let service = service_ref(svc);
+    let mut warnings = Vec::new();
+    let intent = read_intent(
+        svc,
+        &mut Warnings {
+            service: &service,
+            out: &mut warnings,
+        },
+    );
+    ReadService {
+        intent,
+        warnings,
+        uid: svc.metadata.uid.clone(),
+    }
 }
 
 /// Is this Service one cozy-proxy manages?

@@ -130,3 +130,68 @@ pub fn trim_node(n: &mut Node) {
         status,
     };
 }
+
+/// An EndpointSlice as a cache keeps it: the endpoints' addresses, ready
+/// condition and node, nothing else (an FQDN slice is not kept at all).
+/// Every node keeps one per EndpointSlice of the cluster, ours or not (a
+/// Service may become ours later): about a tenth of the object's size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompactSlice {
+    ipv6: bool,
+    endpoints: Box<[CompactEndpoint]>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct CompactEndpoint {
+    addresses: Box<[Box<str>]>,
+    ready: Option<bool>,
+    node: Option<Box<str>>,
+}
+
+impl CompactSlice {
+    /// `None` for a slice the model never reads (not IPv4 or IPv6).
+    pub fn of(slice: &EndpointSlice) -> Option<CompactSlice> {
+        let ipv6 = match slice.address_type.as_str() {
+            "IPv4" => false,
+            "IPv6" => true,
+            _ => return None,
+        };
+        let endpoints = slice
+            .endpoints
+            .iter()
+            .map(|e| CompactEndpoint {
+                addresses: e.addresses.iter().map(|a| a.as_str().into()).collect(),
+                ready: e.conditions.as_ref().and_then(|c| c.ready),
+                node: e.node_name.as_deref().map(Into::into),
+            })
+            .collect();
+        Some(CompactSlice { ipv6, endpoints })
+    }
+
+    /// The slice `name` of Service `owner` again, as the model reads it.
+    pub fn to_slice(&self, name: &str, owner: &super::ServiceRef) -> EndpointSlice {
+        EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(owner.namespace.clone()),
+                labels: Some([(SERVICE_NAME_LABEL.to_string(), owner.name.clone())].into()),
+                ..Default::default()
+            },
+            address_type: if self.ipv6 { "IPv6" } else { "IPv4" }.into(),
+            endpoints: self
+                .endpoints
+                .iter()
+                .map(|e| Endpoint {
+                    addresses: e.addresses.iter().map(|a| a.to_string()).collect(),
+                    conditions: Some(EndpointConditions {
+                        ready: e.ready,
+                        ..Default::default()
+                    }),
+                    node_name: e.node.as_deref().map(Into::into),
+                    ..Default::default()
+                })
+                .collect(),
+            ports: None,
+        }
+    }
+}

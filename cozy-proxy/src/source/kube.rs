@@ -3,8 +3,9 @@
 //! records what it changed and marks the state dirty. Objects are trimmed
 //! as they arrive to what the model reads ([`crate::model::trim`]): every
 //! node caches every object of the cluster, and most are not ours.
-use super::{ServiceObjects, Snapshot, Source, Update};
-use crate::model::{service_ref, slice_owner, trim, ServiceRef, SERVICE_NAME_LABEL};
+use super::cache::Cache;
+use super::{Snapshot, Source, Update};
+use crate::model::{trim, SERVICE_NAME_LABEL};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
@@ -20,7 +21,6 @@ use kube::{
     Api, Client, Resource, ResourceExt,
 };
 use std::{
-    collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -31,110 +31,32 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 pub struct KubeSource {
-    services: Store<Service>,
-    slices: Store<EndpointSlice>,
     nodes: Store<Node>,
     /// Not served where the API server is older than 1.33 or we may not
     /// read them.
     service_cidrs: watch::Receiver<CidrWatch>,
     dirty: Arc<Notify>,
-    changes: Arc<Mutex<Changes>>,
+    /// Our Services, every slice (compact), and what changed.
+    cache: Arc<Mutex<Cache>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
-/// What changed since the last round, as the watch events tell.
-#[derive(Default)]
-struct Changes {
-    /// Everything is read again: at the start, after a relist, after a
-    /// change of a Node's addresses or pod networks or of a ServiceCIDR.
-    full: bool,
-    /// Services whose object or slices changed.
-    services: HashSet<ServiceRef>,
-    /// Service -> the names of its EndpointSlices (a slice's Service never
-    /// changes: the label is set by the EndpointSlice controller). A name
-    /// whose slice is gone is dropped when looked up.
-    slices: HashMap<ServiceRef, HashSet<String>>,
-    /// Node -> what the model reads of it, to tell a change that matters
-    /// from a status heartbeat.
-    nodes: HashMap<String, String>,
+fn lock(cache: &Mutex<Cache>) -> std::sync::MutexGuard<'_, Cache> {
+    cache.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Changes {
-    fn service(&mut self, svc: &Service) {
-        self.services.insert(service_ref(svc));
-    }
+/// Records one watch event in the cache.
+type Record<K> = fn(&mut Cache, &watcher::Event<K>);
 
-    fn slice(&mut self, slice: &EndpointSlice, present: bool) {
-        let Some(owner) = slice_owner(slice) else {
-            return;
-        };
-        let name = slice.metadata.name.clone().unwrap_or_default();
-        let names = self.slices.entry(owner.clone()).or_default();
-        if present {
-            names.insert(name);
-        } else {
-            names.remove(&name);
-        }
-        self.services.insert(owner);
-    }
-
-    fn node(&mut self, node: &Node, present: bool) {
-        let name = node.metadata.name.clone().unwrap_or_default();
-        let read = present.then(|| {
-            let pod_cidrs = node.spec.as_ref().map(|s| (&s.pod_cidr, &s.pod_cidrs));
-            let addresses = node.status.as_ref().map(|s| &s.addresses);
-            serde_json::to_string(&(pod_cidrs, addresses)).unwrap_or_default()
-        });
-        let before = match read {
-            Some(r) => self.nodes.insert(name, r.clone()) != Some(r),
-            None => self.nodes.remove(&name).is_some(),
-        };
-        self.full |= before;
-    }
-}
-
-/// Records what one watch event changed.
-type Record<K> = fn(&mut Changes, &watcher::Event<K>);
-
-fn record_service(c: &mut Changes, e: &watcher::Event<Service>) {
-    match e {
-        watcher::Event::Apply(s) | watcher::Event::Delete(s) | watcher::Event::InitApply(s) => {
-            c.service(s)
-        }
-        watcher::Event::Init => {}
-        watcher::Event::InitDone => c.full = true,
-    }
-}
-
-fn record_slice(c: &mut Changes, e: &watcher::Event<EndpointSlice>) {
-    match e {
-        watcher::Event::Apply(s) | watcher::Event::InitApply(s) => c.slice(s, true),
-        watcher::Event::Delete(s) => c.slice(s, false),
-        watcher::Event::Init => {}
-        watcher::Event::InitDone => c.full = true,
-    }
-}
-
-fn record_node(c: &mut Changes, e: &watcher::Event<Node>) {
-    match e {
-        watcher::Event::Apply(n) | watcher::Event::InitApply(n) => c.node(n, true),
-        watcher::Event::Delete(n) => c.node(n, false),
-        watcher::Event::Init => {}
-        watcher::Event::InitDone => c.full = true,
-    }
-}
-
-fn record_any<K>(c: &mut Changes, _: &watcher::Event<K>) {
+fn record_any<K>(c: &mut Cache, _: &watcher::Event<K>) {
     c.full = true;
 }
 
-/// Drives one reflector; every event is recorded and marks the state
-/// dirty. Errors are retried by the watcher's backoff (410 Gone relists).
+/// Drives one watch; every event is recorded and marks the state dirty.
+/// Errors are retried by the watcher's backoff (410 Gone relists).
 async fn drive<K>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-    dirty: Arc<Notify>,
-    changes: Arc<Mutex<Changes>>,
-    record: Record<K>,
+    feed: Feed<K>,
     kind: &'static str,
 ) where
     K: Resource + Send + 'static,
@@ -143,8 +65,8 @@ async fn drive<K>(
     while let Some(event) = stream.next().await {
         match event {
             Ok(e) => {
-                record(&mut changes.lock().unwrap_or_else(|p| p.into_inner()), &e);
-                dirty.notify_one()
+                (feed.record)(&mut lock(&feed.cache), &e);
+                feed.dirty.notify_one()
             }
             Err(e) => {
                 warn!(kind, error = %e, "watch failed; retrying with backoff (the datapath keeps its state)")
@@ -200,28 +122,47 @@ where
 {
     let (store, writer) = reflector::store();
     let stream = reflector::reflector(writer, watcher(api, config).modify(trim)).default_backoff();
-    let task = drive(
-        stream,
-        feed.dirty.clone(),
-        feed.changes.clone(),
-        feed.record,
-        kind,
-    );
-    (store, task)
+    (store, drive(stream, feed.clone(), kind))
 }
 
-/// Where a reflector's events go.
+/// A watch over `api` without a store of kube-rs's: its events (objects
+/// passed through `trim`) go to the cache only. Its task, to be spawned.
+fn watch_into_cache<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+    feed: &Feed<K>,
+    kind: &'static str,
+) -> JoinHandle<()>
+where
+    K: Watched,
+{
+    let stream = watcher(api, config).modify(trim).default_backoff();
+    tokio::spawn(drive(stream, feed.clone(), kind))
+}
+
+/// Where a watch's events go.
 struct Feed<K> {
     dirty: Arc<Notify>,
-    changes: Arc<Mutex<Changes>>,
+    cache: Arc<Mutex<Cache>>,
     record: Record<K>,
 }
 
+impl<K> Clone for Feed<K> {
+    fn clone(&self) -> Self {
+        Feed {
+            dirty: self.dirty.clone(),
+            cache: self.cache.clone(),
+            record: self.record,
+        }
+    }
+}
+
 impl<K> Feed<K> {
-    fn new(dirty: &Arc<Notify>, changes: &Arc<Mutex<Changes>>, record: Record<K>) -> Self {
+    fn new(dirty: &Arc<Notify>, cache: &Arc<Mutex<Cache>>, record: Record<K>) -> Self {
         Feed {
             dirty: dirty.clone(),
-            changes: changes.clone(),
+            cache: cache.clone(),
             record,
         }
     }
@@ -293,38 +234,34 @@ impl KubeSource {
     /// Nodes and ServiceCIDRs: all (the in-cluster ranges).
     pub async fn start(client: Client) -> Self {
         let dirty = Arc::new(Notify::new());
-        let changes = Arc::new(Mutex::new(Changes {
-            full: true,
-            ..Default::default()
-        }));
-        let mut tasks = Vec::new();
-        let services = reflect(
-            Api::<Service>::all(client.clone()),
-            watcher::Config::default(),
-            trim::trim_service,
-            &Feed::new(&dirty, &changes, record_service),
-            "Service",
-            &mut tasks,
-        );
-        let slices = reflect(
-            Api::<EndpointSlice>::all(client.clone()),
-            watcher::Config::default().labels(SERVICE_NAME_LABEL),
-            trim::trim_slice,
-            &Feed::new(&dirty, &changes, record_slice),
-            "EndpointSlice",
-            &mut tasks,
-        );
+        let cache = Arc::new(Mutex::new(Cache::new()));
+        let mut tasks = vec![
+            watch_into_cache(
+                Api::<Service>::all(client.clone()),
+                watcher::Config::default(),
+                trim::trim_service,
+                &Feed::new(&dirty, &cache, Cache::service_event),
+                "Service",
+            ),
+            watch_into_cache(
+                Api::<EndpointSlice>::all(client.clone()),
+                watcher::Config::default().labels(SERVICE_NAME_LABEL),
+                trim::trim_slice,
+                &Feed::new(&dirty, &cache, Cache::slice_event),
+                "EndpointSlice",
+            ),
+        ];
         let nodes = reflect(
             Api::<Node>::all(client.clone()),
             watcher::Config::default(),
             trim::trim_node,
-            &Feed::new(&dirty, &changes, record_node),
+            &Feed::new(&dirty, &cache, Cache::node_event),
             "Node",
             &mut tasks,
         );
         let (decided, service_cidrs) = watch::channel(CidrWatch::Probing);
         let cidr_api = Api::<ServiceCIDR>::all(client);
-        let cidr_feed = Feed::new(&dirty, &changes, record_any);
+        let cidr_feed = Feed::new(&dirty, &cache, record_any);
         tasks.push(tokio::spawn(async move {
             if !service_cidrs_served(&cidr_api).await {
                 decided.send_replace(CidrWatch::NotServed);
@@ -341,12 +278,10 @@ impl KubeSource {
             task.await;
         }));
         KubeSource {
-            services,
-            slices,
             nodes,
             service_cidrs,
             dirty,
-            changes,
+            cache,
             tasks,
         }
     }
@@ -355,23 +290,22 @@ impl KubeSource {
     /// which node publishes a Service's Events.
     pub fn cluster_view(&self) -> CacheView {
         CacheView {
-            services: self.services.clone(),
+            cache: self.cache.clone(),
             nodes: self.nodes.clone(),
         }
     }
 }
 
-/// The reflectors' caches, as the Event publisher reads them.
+/// The caches, as the Event publisher reads them.
 #[derive(Clone)]
 pub struct CacheView {
-    services: Store<Service>,
+    cache: Arc<Mutex<Cache>>,
     nodes: Store<Node>,
 }
 
 impl crate::events::ClusterView for CacheView {
     fn service_uid(&self, namespace: &str, name: &str) -> Option<String> {
-        let key = reflector::ObjectRef::new(name).within(namespace);
-        self.services.get(&key).and_then(|s| s.metadata.uid.clone())
+        lock(&self.cache).service_uid(namespace, name)
     }
 
     fn owner(&self, namespace: &str, name: &str) -> Option<String> {
@@ -399,8 +333,14 @@ fn objects<K: Clone + Resource<DynamicType = ()>>(store: &Store<K>) -> Vec<K> {
 
 impl Source for KubeSource {
     async fn ready(&mut self) {
-        let _ = self.services.wait_until_ready().await;
-        let _ = self.slices.wait_until_ready().await;
+        // Our Services and slices: their first lists are complete.
+        loop {
+            let notified = self.dirty.notified();
+            if lock(&self.cache).listed() {
+                break;
+            }
+            notified.await;
+        }
         let _ = self.nodes.wait_until_ready().await;
         let store = match self
             .service_cidrs
@@ -423,55 +363,19 @@ impl Source for KubeSource {
     }
 
     fn update(&mut self, full: bool) -> Update {
-        let mut changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
-        if full || changes.full {
-            changes.full = false;
-            changes.services.clear();
-            drop(changes);
-            return Update::Full(self.snapshot());
-        }
-        let touched = std::mem::take(&mut changes.services);
-        let mut out = Vec::with_capacity(touched.len());
-        for service in touched {
-            let key = reflector::ObjectRef::new(&service.name).within(&service.namespace);
-            let objects = self.services.get(&key).into_iter().collect();
-            let mut slices = Vec::new();
-            if let Some(names) = changes.slices.get_mut(&service) {
-                names.retain(|name| {
-                    let key = reflector::ObjectRef::new(name).within(&service.namespace);
-                    match self.slices.get(&key) {
-                        Some(s) => {
-                            slices.push(s);
-                            true
-                        }
-                        None => false,
-                    }
-                });
-                if names.is_empty() {
-                    changes.slices.remove(&service);
-                }
-            }
-            out.push(ServiceObjects {
-                service,
-                objects,
-                slices,
+        let mut cache = lock(&self.cache);
+        if full || cache.full {
+            let snapshot = cache.snapshot();
+            drop(cache);
+            return Update::Full(Snapshot {
+                nodes: objects(&self.nodes),
+                service_cidrs: match &*self.service_cidrs.borrow() {
+                    CidrWatch::Watching(store) => objects(store),
+                    _ => Vec::new(),
+                },
+                ..snapshot
             });
         }
-        Update::Services(out)
-    }
-}
-
-impl KubeSource {
-    /// Every object, copied out of the caches.
-    fn snapshot(&mut self) -> Snapshot {
-        Snapshot {
-            services: self.services.state(),
-            endpoint_slices: self.slices.state(),
-            nodes: objects(&self.nodes),
-            service_cidrs: match &*self.service_cidrs.borrow() {
-                CidrWatch::Watching(store) => objects(store),
-                _ => Vec::new(),
-            },
-        }
+        Update::Services(cache.take_touched())
     }
 }

@@ -1,10 +1,11 @@
 //! Where Services and EndpointSlices come from: a directory of manifests
 //! (standalone) or the Kubernetes API (the DaemonSet). Both feed the same
 //! reconcile loop through [`Source`].
+mod cache;
 pub mod kube;
 pub mod manifests;
 
-use crate::model::ServiceRef;
+use crate::model::{ReadService, ServiceRef};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
@@ -18,6 +19,9 @@ use tracing::warn;
 pub struct Snapshot {
     /// Shared with the caches they come from, not copied.
     pub services: Vec<Arc<Service>>,
+    /// Services given as what the model reads of them (the Kubernetes
+    /// source keeps no more).
+    pub read_services: Vec<Arc<ReadService>>,
     pub endpoint_slices: Vec<Arc<EndpointSlice>>,
     /// Every Node: their addresses (never translated, in-cluster) and pod
     /// networks (in-cluster).
@@ -41,8 +45,8 @@ pub enum Update {
 #[derive(Clone, Debug)]
 pub struct ServiceObjects {
     pub service: ServiceRef,
-    /// None: deleted (several: a broken input, settled by the model).
-    pub objects: Vec<Arc<Service>>,
+    /// What the model reads of it; `None`: deleted, or not ours.
+    pub read: Option<Arc<ReadService>>,
     /// The EndpointSlices labelled with its name.
     pub slices: Vec<Arc<EndpointSlice>>,
 }
