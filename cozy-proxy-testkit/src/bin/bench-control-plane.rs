@@ -381,7 +381,6 @@ fn controller_run(
         .arg("--bpf-pin-dir")
         .arg(&pins);
     const ADDR: &str = "127.0.0.1:6443";
-    let loading = Instant::now();
     let _server = match objects {
         Objects::Manifests => {
             cmd.arg("--manifests").arg(&dir);
@@ -404,7 +403,6 @@ fn controller_run(
             Some(server)
         }
     };
-    let loaded = loading.elapsed();
     let started = Instant::now();
     // A group of its own: a profiler and the controller under it stop
     // together.
@@ -443,9 +441,6 @@ fn controller_run(
                 let slice = serde_json::to_value(&*slice_on(i, &pod)?)?;
                 let t = Instant::now();
                 post_json(ADDR, "/control/apply", &slice)?;
-                if std::env::var_os("CPBENCH_TRACE").is_some() {
-                    eprintln!("{} posted in {:.3} ms", chrono_now(), ms(t.elapsed()));
-                }
                 loop {
                     let via = route::lookup(&sock, &lb).map(|l| l.via.gateway);
                     if matches!(via, Ok(Some(g)) if g == want) {
@@ -465,7 +460,6 @@ fn controller_run(
                 json!({"min": min, "median": med, "p99": p99, "max": max, "changes": changes});
             out["peak_rss_after_changes_mib"] = json!(memory_mib(child.id(), "VmHWM:")?);
         }
-        out["stand_in_load_s"] = json!(loaded.as_secs_f64());
         Ok(out)
     })();
     // SAFETY: signal to our own child's process group.
@@ -473,12 +467,6 @@ fn controller_run(
         libc::kill(-(child.id() as i32), libc::SIGTERM);
     }
     child.wait()?;
-    if let Objects::Api { debounce_ms } = objects {
-        let _ = fs::copy(
-            &log,
-            format!("/tmp/cpbench-{backend}-{n}-{debounce_ms}.log"),
-        );
-    }
     let _ = Command::new(harness::bin())
         .args(["cleanup", "--bpf-pin-dir"])
         .arg(&pins)
@@ -544,6 +532,11 @@ fn control_plane(args: &[String]) -> Result<()> {
                 }
             };
             drop(ns);
+            if std::env::var_os("CPBENCH_APPLY_ONLY").is_some() {
+                row[backend] = json!({ "apply": r });
+                eprintln!("control-plane n={n} {backend}: {}", row[backend]);
+                continue;
+            }
             let manifests = controller_run(n, 0, backend, Objects::Manifests, 0)?;
             row[backend] = json!({
                 "apply": r,
@@ -568,11 +561,4 @@ fn control_plane(args: &[String]) -> Result<()> {
         serde_json::to_string_pretty(&json!({"control_plane": results}))?
     );
     Ok(())
-}
-
-fn chrono_now() -> String {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    format!("{}.{:06}", d.as_secs() % 86400, d.subsec_micros())
 }
