@@ -1,5 +1,6 @@
-//! The reconcile loop every source shares: level-triggered (events only
-//! mark the state dirty; each round recomputes the plan from the whole
+//! The reconcile loop every source shares: events mark the state dirty and
+//! the source tells which Services changed; each round updates the plan
+//! for them (a full round at start and at each resync rebuilds it from the whole
 //! snapshot), coalesced, with a periodic resync that repairs drift. The
 //! reconciler and its datapath live on a thread of their own
 //! ([`Worker`]): the loop only waits for it, never blocks on a syscall.

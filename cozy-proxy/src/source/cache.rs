@@ -200,3 +200,114 @@ impl Cache {
             .and_then(|s| s.uid.clone())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reconcile::tests::{service, snapshot};
+
+    fn objects(name: &str, lb: &str, pod: &str) -> (Service, EndpointSlice) {
+        let s = snapshot(&service(name, lb, pod, "true"));
+        ((*s.services[0]).clone(), (*s.endpoint_slices[0]).clone())
+    }
+
+    #[test]
+    fn only_our_services_are_kept_and_a_service_that_becomes_ours_finds_its_slices() {
+        let mut c = Cache::new();
+        let (ours, ours_slice) = objects("a", "203.0.113.10", "192.0.2.11");
+        let (mut other, other_slice) = objects("b", "203.0.113.20", "192.0.2.12");
+        other.metadata.labels = None;
+        other.metadata.annotations = None;
+        for e in [
+            Event::Init,
+            Event::InitApply(ours.clone()),
+            Event::InitApply(other.clone()),
+            Event::InitDone,
+        ] {
+            c.service_event(&e);
+        }
+        assert!(!c.listed(), "the slices are not listed yet");
+        for e in [
+            Event::Init,
+            Event::InitApply(ours_slice),
+            Event::InitApply(other_slice),
+            Event::InitDone,
+        ] {
+            c.slice_event(&e);
+        }
+        assert!(c.listed() && c.full);
+        let full = c.snapshot();
+        assert_eq!(
+            full.read_services.len(),
+            1,
+            "the unlabelled Service is not kept"
+        );
+        assert_eq!(
+            full.endpoint_slices.len(),
+            1,
+            "only our Services' slices are handed out"
+        );
+        assert!(!c.full && c.take_touched().is_empty());
+
+        // The other Service gets the label: it is touched, with its slice.
+        let mut labelled = other.clone();
+        labelled.metadata.labels = ours.metadata.labels.clone();
+        c.service_event(&Event::Apply(labelled));
+        let touched = c.take_touched();
+        assert_eq!(touched.len(), 1);
+        assert_eq!(touched[0].service, ServiceRef::new("t", "b"));
+        assert!(touched[0].read.is_some());
+        assert_eq!(touched[0].slices.len(), 1);
+
+        // Deleted: touched, with nothing.
+        c.service_event(&Event::Delete(ours));
+        let touched = c.take_touched();
+        assert_eq!(touched[0].service, ServiceRef::new("t", "a"));
+        assert!(touched[0].read.is_none());
+    }
+
+    #[test]
+    fn a_relist_replaces_the_cache_and_asks_for_a_full_round() {
+        let mut c = Cache::new();
+        let (a, _) = objects("a", "203.0.113.10", "192.0.2.11");
+        let (b, _) = objects("b", "203.0.113.20", "192.0.2.12");
+        for e in [Event::Init, Event::InitApply(a.clone()), Event::InitDone] {
+            c.service_event(&e);
+        }
+        c.snapshot();
+        // `a` was deleted while the watch was down: the relist has only `b`.
+        for e in [Event::Init, Event::InitApply(b), Event::InitDone] {
+            c.service_event(&e);
+        }
+        assert!(c.full);
+        let names: Vec<String> = c
+            .snapshot()
+            .read_services
+            .iter()
+            .map(|r| r.intent.service.name.clone())
+            .collect();
+        assert_eq!(names, vec!["b".to_string()]);
+    }
+
+    #[test]
+    fn a_node_heartbeat_is_not_a_change_but_new_addresses_are() {
+        use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus};
+        let mut c = Cache::new();
+        let mut n = Node::default();
+        n.metadata.name = Some("n1".into());
+        c.node_event(&Event::Apply(n.clone()));
+        c.snapshot();
+        // The same addresses again (a status heartbeat, trimmed): nothing.
+        c.node_event(&Event::Apply(n.clone()));
+        assert!(!c.full);
+        n.status = Some(NodeStatus {
+            addresses: Some(vec![NodeAddress {
+                address: "198.51.100.7".into(),
+                type_: "InternalIP".into(),
+            }]),
+            ..Default::default()
+        });
+        c.node_event(&Event::Apply(n));
+        assert!(c.full);
+    }
+}
