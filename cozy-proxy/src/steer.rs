@@ -129,6 +129,11 @@ impl Steering {
 }
 
 fn next_hop(v: &Via) -> NextHop {
+    // The kernel shows an IPv6 unreachable route on `lo`; we install it on
+    // no interface (and compare it so).
+    if v.unreachable {
+        return NextHop::UNREACHABLE;
+    }
     NextHop {
         gateway: v.gateway,
         oif: v.oif,

@@ -81,6 +81,17 @@ impl NlSocket {
         Ok(sock)
     }
 
+    /// Joins or leaves multicast group `group` (a group number, as
+    /// `libc::NFNLGRP_NFTABLES`; not a mask).
+    pub fn set_membership(&self, group: u32, member: bool) -> Result<(), NetlinkError> {
+        let opt = if member {
+            libc::NETLINK_ADD_MEMBERSHIP
+        } else {
+            libc::NETLINK_DROP_MEMBERSHIP
+        };
+        Ok(self.setsockopt(libc::SOL_NETLINK, opt, group as libc::c_int)?)
+    }
+
     /// Drains the notifications waiting on a subscribed socket, counting
     /// those `relevant` says matter (`msg_type`, payload); an overrun (lost
     /// notifications) counts as one: something may have changed.

@@ -1,10 +1,11 @@
 //! nfnetlink framing for nf_tables: transactions (batches) and dump requests.
 use super::sys::{
     NFNETLINK_V0, NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END, NFNL_SUBSYS_NFTABLES, NFPROTO_UNSPEC,
+    NFTA_GEN_ID, NFT_MSG_GETGEN,
 };
 use crate::netlink::{
     socket::{next_seq, NetlinkError, NlSocket},
-    wire::{Writer, NLM_F_ACK, NLM_F_DUMP},
+    wire::{attrs, Writer, NLM_F_ACK, NLM_F_DUMP},
 };
 
 /// The nfgenmsg header.
@@ -110,4 +111,30 @@ pub fn dump(
         body,
     );
     sock.dump(&w.into_bytes(), seq, &format!("nf_tables dump {msg}"))
+}
+
+/// The ruleset's generation: it goes up by one with every committed
+/// transaction, ours or anyone else's.
+pub fn generation(sock: &NlSocket) -> Result<u32, NetlinkError> {
+    let seq = next_seq();
+    let mut w = Writer::new();
+    w.message(
+        (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN,
+        NLM_F_ACK,
+        seq,
+        &nfgen(NFPROTO_UNSPEC, 0),
+        |_| {},
+    );
+    let answers = sock.dump(&w.into_bytes(), seq, "nf_tables generation")?;
+    answers
+        .iter()
+        .find_map(|a| {
+            let (_, id) = attrs(a.get(4..)?).find(|(t, _)| *t == NFTA_GEN_ID)?;
+            Some(u32::from_be_bytes(id.get(..4)?.try_into().ok()?))
+        })
+        .ok_or_else(|| {
+            NetlinkError::Io(std::io::Error::other(
+                "no NFTA_GEN_ID in the nf_tables generation answer",
+            ))
+        })
 }

@@ -34,6 +34,7 @@ pub const NFT_MSG_DELSET: u16 = libc::NFT_MSG_DELSET as u16;
 pub const NFT_MSG_NEWSETELEM: u16 = libc::NFT_MSG_NEWSETELEM as u16;
 pub const NFT_MSG_GETSETELEM: u16 = libc::NFT_MSG_GETSETELEM as u16;
 pub const NFT_MSG_DELSETELEM: u16 = libc::NFT_MSG_DELSETELEM as u16;
+pub const NFT_MSG_GETGEN: u16 = libc::NFT_MSG_GETGEN as u16;
 pub const NFT_PAYLOAD_NETWORK_HEADER: u32 = libc::NFT_PAYLOAD_NETWORK_HEADER as u32;
 pub const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = libc::NFT_PAYLOAD_TRANSPORT_HEADER as u32;
 pub const NFT_PAYLOAD_CSUM_NONE: u32 = libc::NFT_PAYLOAD_CSUM_NONE as u32;
@@ -58,6 +59,7 @@ pub const NFT_CMP_GTE: u32 = libc::NFT_CMP_GTE as u32;
 
 // From <linux/netfilter/nf_tables.h> and <linux/netfilter/nf_conntrack_common.h>.
 pub const NFTA_TABLE_NAME: u16 = 1;
+pub const NFTA_GEN_ID: u16 = 1;
 pub const NFTA_TABLE_FLAGS: u16 = 2;
 pub const NFTA_TABLE_USERDATA: u16 = 6;
 pub const NFTA_CHAIN_TABLE: u16 = 1;
