@@ -84,8 +84,13 @@ impl<D: Datapath> Reconciler<D> {
         };
         let (sync, new_warnings, resolved_warnings) = match update {
             Update::Full(snapshot) => {
-                debug!(services = snapshot.services.len(), "full round");
+                let started = std::time::Instant::now();
                 self.rebuild(snapshot);
+                debug!(
+                    services = snapshot.services.len() + snapshot.read_services.len(),
+                    took = ?started.elapsed(),
+                    "full round: plan built"
+                );
                 let (new, gone) = self.report(self.plan.warnings().cloned().collect());
                 (self.datapath.sync(&self.planned)?, new, gone)
             }

@@ -43,42 +43,28 @@ impl Steering {
         &mut self,
         pods: &BTreeSet<IpAddr>,
     ) -> Result<BTreeMap<IpAddr, Path>, NetlinkError> {
+        let unknown: Vec<IpAddr> = pods
+            .iter()
+            .filter(|p| !self.cache.contains_key(p))
+            .copied()
+            .collect();
+        // Many lookups per sendmsg: a full sync of 50 000 pods took 0.7 s
+        // one lookup at a time.
+        for (pod, found) in route::lookup_many(&self.rtnl, &unknown)? {
+            // No route at all (ENETUNREACH, EHOSTUNREACH): no path.
+            let path = found.ok().and_then(|l| path_of(&pod, &l));
+            self.cache.insert(pod, path);
+        }
         let mut out = BTreeMap::new();
         for pod in pods {
-            let path = match self.cache.get(pod) {
-                Some(p) => *p,
-                None => {
-                    let p = self.resolve(pod)?;
-                    self.cache.insert(*pod, p);
-                    p
-                }
-            };
-            if let Some(p) = path {
-                out.insert(*pod, p);
+            if let Some(Some(p)) = self.cache.get(pod) {
+                out.insert(*pod, *p);
             }
         }
         // Paths of pods no longer asked for stay until the next change of
         // routes or links (or the resync) clears the cache: an incremental
         // sync asks for a few pods, not for all.
         Ok(out)
-    }
-
-    fn resolve(&self, pod: &IpAddr) -> Result<Option<Path>, NetlinkError> {
-        let found = match route::lookup(&self.rtnl, pod) {
-            Ok(l) => l,
-            // No route at all (ENETUNREACH, EHOSTUNREACH): no path.
-            Err(NetlinkError::Refused { .. }) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        if found.prefix_len == 0 || found.via.unreachable || found.via.oif == 0 {
-            warn!(pod = %pod, "no specific route to this pod: its LB IP is not steered here (unreachable)");
-            return Ok(None);
-        }
-        Ok(Some(Path {
-            oif: found.via.oif,
-            gateway: found.via.gateway,
-            onlink: found.via.onlink,
-        }))
     }
 
     /// Forgets every resolved path (a resync reads them all again).
@@ -126,6 +112,20 @@ impl Steering {
         let all: Vec<IpAddr> = self.routes()?.into_keys().collect();
         route::delete_host_routes(&self.rtnl, ROUTE_PROTO, &all)
     }
+}
+
+/// The path of the route `found` toward `pod`. Only a specific route
+/// counts: a pod reached only through the default route has no path.
+fn path_of(pod: &IpAddr, found: &route::Lookup) -> Option<Path> {
+    if found.prefix_len == 0 || found.via.unreachable || found.via.oif == 0 {
+        warn!(pod = %pod, "no specific route to this pod: its LB IP is not steered here (unreachable)");
+        return None;
+    }
+    Some(Path {
+        oif: found.via.oif,
+        gateway: found.via.gateway,
+        onlink: found.via.onlink,
+    })
 }
 
 fn next_hop(v: &Via) -> NextHop {

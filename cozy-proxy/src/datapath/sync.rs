@@ -7,7 +7,7 @@ use std::{
     collections::{BTreeSet, HashMap},
     net::IpAddr,
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub struct Synced<K: Kernel> {
     kernel: K,
@@ -38,8 +38,10 @@ impl<K: Kernel> Synced<K> {
     }
 
     fn try_sync(&mut self, desired: &DatapathState) -> Result<SyncReport, K::Error> {
+        let started = std::time::Instant::now();
         let mut desired = desired.clone();
         let paths = self.kernel.paths(&desired.pods())?;
+        debug!(pods = paths.len(), took = ?started.elapsed(), "paths toward the pods");
         desired.resolve(&paths);
         let desired = &desired;
         let (known, found) = match self.known.take() {

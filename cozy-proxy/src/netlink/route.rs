@@ -235,6 +235,45 @@ pub fn lookup(sock: &NlSocket, dst: &IpAddr) -> Result<Lookup, NetlinkError> {
     })
 }
 
+/// Lookups sent per sendmsg by [`lookup_many`].
+const LOOKUPS_PER_SEND: usize = 1000;
+
+/// [`lookup`] of every address in `dsts`, many per sendmsg: one answer
+/// each, the route or the errno the kernel gave (ENETUNREACH, ...).
+pub fn lookup_many(
+    sock: &NlSocket,
+    dsts: &[IpAddr],
+) -> Result<Vec<(IpAddr, Result<Lookup, i32>)>, NetlinkError> {
+    let mut out = Vec::with_capacity(dsts.len());
+    for chunk in dsts.chunks(LOOKUPS_PER_SEND) {
+        let mut w = Writer::new();
+        let mut seqs = Vec::with_capacity(chunk.len());
+        for dst in chunk {
+            let seq = next_seq();
+            let mut header = rtmsg(family(dst), host_prefix(dst), 0, 0);
+            header[8..12].copy_from_slice(&(RTM_F_LOOKUP_TABLE | RTM_F_FIB_MATCH).to_ne_bytes());
+            w.message(RTM_GETROUTE, 0, seq, &header, |w| {
+                w.put(RTA_DST, &bytes(dst))
+            });
+            seqs.push(seq);
+        }
+        let mut answers = sock.requests(&w.into_bytes(), &seqs)?;
+        for (dst, seq) in chunk.iter().zip(&seqs) {
+            let found = match answers.remove(seq) {
+                Some(Ok(a)) if a.len() >= RTMSG_LEN => Ok(Lookup {
+                    via: Via::from_answer(&a),
+                    prefix_len: a[1],
+                }),
+                Some(Ok(_)) => Err(libc::EBADMSG),
+                Some(Err(errno)) => Err(errno),
+                None => return Err(NetlinkError::MissingAcks(1)),
+            };
+            out.push((*dst, found));
+        }
+    }
+    Ok(out)
+}
+
 /// Deletes the tagged host routes to `dsts`, in one request.
 pub fn delete_host_routes(
     sock: &NlSocket,

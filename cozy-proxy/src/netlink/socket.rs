@@ -264,6 +264,41 @@ impl NlSocket {
         Ok(())
     }
 
+    /// Sends `bytes`: requests that each get exactly one answer (sent
+    /// without NLM_F_ACK: the answer, or an error), with sequence numbers
+    /// `seqs`; returns, by sequence number, the answer's payload or the
+    /// errno. Many requests per sendmsg, each answer matched to its own.
+    pub fn requests(
+        &self,
+        bytes: &[u8],
+        seqs: &[u32],
+    ) -> Result<HashMap<u32, Result<Vec<u8>, i32>>, NetlinkError> {
+        let mut out = HashMap::with_capacity(seqs.len());
+        if seqs.is_empty() {
+            return Ok(out);
+        }
+        let wanted: std::collections::HashSet<u32> = seqs.iter().copied().collect();
+        self.send(bytes)?;
+        let mut buf = vec![0u8; 1 << 20];
+        while out.len() < wanted.len() {
+            let n = self.recv(&mut buf, false)?.unwrap_or(0);
+            for m in messages(&buf[..n]) {
+                if !wanted.contains(&m.seq) {
+                    continue;
+                }
+                let answer = match m.msg_type {
+                    NLMSG_ERROR => match parse_error(&m) {
+                        Some((errno, _)) => Err(errno),
+                        None => continue,
+                    },
+                    _ => Ok(m.payload.to_vec()),
+                };
+                out.insert(m.seq, answer);
+            }
+        }
+        Ok(out)
+    }
+
     /// Sends a dump request (one message, sequence number `seq`) and returns
     /// the payload (after nlmsghdr) of every answer. A dump the kernel marks
     /// interrupted (NLM_F_DUMP_INTR: the table changed while it was read)
