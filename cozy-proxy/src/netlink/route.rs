@@ -235,15 +235,15 @@ pub fn lookup(sock: &NlSocket, dst: &IpAddr) -> Result<Lookup, NetlinkError> {
     })
 }
 
+/// A destination and what its lookup found: the route, or the errno.
+pub type Found = (IpAddr, Result<Lookup, i32>);
+
 /// Lookups sent per sendmsg by [`lookup_many`].
 const LOOKUPS_PER_SEND: usize = 1000;
 
 /// [`lookup`] of every address in `dsts`, many per sendmsg: one answer
 /// each, the route or the errno the kernel gave (ENETUNREACH, ...).
-pub fn lookup_many(
-    sock: &NlSocket,
-    dsts: &[IpAddr],
-) -> Result<Vec<(IpAddr, Result<Lookup, i32>)>, NetlinkError> {
+pub fn lookup_many(sock: &NlSocket, dsts: &[IpAddr]) -> Result<Vec<Found>, NetlinkError> {
     let mut out = Vec::with_capacity(dsts.len());
     for chunk in dsts.chunks(LOOKUPS_PER_SEND) {
         let mut w = Writer::new();
