@@ -29,14 +29,24 @@ const METRICS: [(&str, &str, bool); 6] = [
     ),
 ];
 
-const CASES: [&str; 6] = [
-    "baseline",
-    "baseline_again",
-    "nft",
-    "ebpf",
-    "ebpf_fast",
-    "conntrack_dnat",
-];
+/// The cases of a datapath run, in the order the benchmark measured them
+/// (its `cases`; an older result without it: its keys, baseline first).
+fn cases(d: &Value, r: &Value) -> Vec<String> {
+    if let Some(list) = d["cases"].as_array() {
+        return list
+            .iter()
+            .filter_map(|c| c.as_str().map(String::from))
+            .collect();
+    }
+    let mut keys: Vec<String> = r
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, _)| k.clone())
+        .collect();
+    keys.sort_by_key(|k| (!k.starts_with("baseline"), k.clone()));
+    keys
+}
 
 /// A case's ratio to the baseline, and whether it is within the A/A
 /// spread (no difference).
@@ -96,15 +106,16 @@ pub fn benchmarks_md(
             }
             for dir in ["ingress", "egress"] {
                 let _ = writeln!(md, "### {title}: {dir}\n");
+                let cases = cases(&d, r);
                 let _ = writeln!(
                     md,
                     "| measure | {} |\n|---|{}",
-                    CASES.join(" | "),
-                    "---|".repeat(CASES.len())
+                    cases.join(" | "),
+                    "---|".repeat(cases.len())
                 );
                 for (key, label, _) in METRICS {
                     let mut row = format!("| {label} |");
-                    for case in CASES {
+                    for case in &cases {
                         let m = &r[case][dir][key];
                         let (med, min, max) = (f(&m["median"]), f(&m["min"]), f(&m["max"]));
                         let note = if case == "baseline" {

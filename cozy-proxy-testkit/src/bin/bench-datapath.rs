@@ -398,7 +398,7 @@ mod datapath {
         println!(
             "{}",
             serde_json::to_string_pretty(&json!({
-                "datapath": results, "repetitions": reps, "seconds_per_run": SECONDS,
+                "datapath": results, "cases": CASES, "repetitions": reps, "seconds_per_run": SECONDS,
             }))?
         );
         Ok(())

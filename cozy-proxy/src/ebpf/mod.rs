@@ -313,10 +313,10 @@ impl EbpfKernel {
         self.maps.as_ref().ok_or_else(|| self.no_pins())
     }
 
-    /// Recounts each pod's remembered flows (as the sweep does).
+    /// Recounts every pod's remembered flows (as after a read of the maps).
     pub fn count_flows(&mut self) -> Result<(), EbpfError> {
         match self.maps.as_mut() {
-            Some(m) => m.count_flows(),
+            Some(m) => m.count_flows(true, &Default::default()),
             None => Err(self.no_pins()),
         }
     }
@@ -428,7 +428,7 @@ impl Kernel for EbpfKernel {
         maps.apply(diff, desired, &peer_links)?;
         if found.is_some() {
             // After a read (startup, resync): the counts as they are.
-            maps.count_flows()?;
+            maps.count_flows(true, &Default::default())?;
         }
         self.follow_node_addresses(false)?;
         self.steering.apply(&diff.routes)?;
