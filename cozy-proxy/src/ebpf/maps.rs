@@ -712,7 +712,14 @@ impl Maps {
             bytes: c.bytes,
         };
         let mut out = Counters::default();
-        for (k, info) in self.entries()? {
+        // The slots of our local LB IPs: from what we last wrote when we
+        // know it (reading `addrs` back is a syscall per entry, on the
+        // datapath's thread, holding up changes meanwhile).
+        let local_lbs: Vec<(IpKey, AddrInfo)> = match &self.known {
+            Some(known) => known.iter().map(|(a, i)| (key(a), *i)).collect(),
+            None => self.entries()?,
+        };
+        for (k, info) in local_lbs {
             if info.flags & addr::LB == 0 || info.flags & addr::LOCAL == 0 {
                 continue;
             }
