@@ -253,10 +253,12 @@ pub fn benchmarks_md(
         );
     }
     md.push_str(&targets(&control_ref, &datapath_ref, &packet_ref));
+    if datapath_ref.is_some() || control_ref.is_some() {
+        md.push_str("## Known weaknesses of these numbers\n\n");
+    }
     if datapath_ref.is_some() {
         md.push_str(
-            "## Known weaknesses of these numbers\n\n\
-             - Everything runs on one 2-core machine: sender, node and receiver share the CPUs (trafgen's \
+            "- Everything runs on one 2-core machine: sender, node and receiver share the CPUs (trafgen's \
              packets are forwarded in its own softirq), so the baseline is the limit of this machine's veth \
              path, not of a NIC, and a cheaper datapath shows as a higher rate only as far as the sender leaves \
              CPU to it.\n\
