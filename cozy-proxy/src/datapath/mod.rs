@@ -17,7 +17,9 @@ pub mod worker;
 
 pub use counters::{Count, Counters, ServiceCount};
 pub use render::render_text;
-pub use state::{AllowedPort, Change, DatapathState, NextHop, NodeView, Path, StateDiff};
+pub use state::{
+    AllowedPort, Change, DatapathState, NextHop, NodeView, Path, RemotePods, StateDiff,
+};
 pub use sync::Synced;
 
 use serde::Serialize;

@@ -6,7 +6,7 @@
 use crate::model::{merge_ranges, Cidr, IpRange, LbChange, LbResult, Mapping, Mode, Plan};
 use serde::{Deserialize, Serialize};
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
 };
 
@@ -86,6 +86,38 @@ pub struct DatapathState {
     /// Resolved from the kernel's paths: LB IP -> where its host route
     /// (`proto 249`) sends it, along the path toward its pod.
     pub routes: BTreeMap<IpAddr, NextHop>,
+}
+
+/// The reverse of a state's `remote` (pod -> LB IP): a remote pod is
+/// looked up by its address (its guard, its `addrs` entry). Kept beside
+/// the state it mirrors, changed with it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RemotePods(BTreeMap<IpAddr, IpAddr>);
+
+impl RemotePods {
+    pub fn of(s: &DatapathState) -> Self {
+        RemotePods(s.remote.iter().map(|(lb, pod)| (*pod, *lb)).collect())
+    }
+
+    /// Follows a change of `remote`.
+    pub fn apply(&mut self, change: &Change<(IpAddr, IpAddr)>) {
+        for (lb, pod) in &change.remove {
+            if self.0.get(pod) == Some(lb) {
+                self.0.remove(pod);
+            }
+        }
+        self.0
+            .extend(change.add.iter().map(|(lb, pod)| (*pod, *lb)));
+    }
+
+    /// The LB IP of remote pod `pod`.
+    pub fn lb_of(&self, pod: &IpAddr) -> Option<&IpAddr> {
+        self.0.get(pod)
+    }
+
+    pub fn contains(&self, pod: &IpAddr) -> bool {
+        self.0.contains_key(pod)
+    }
 }
 
 /// Which node this is, for [`DatapathState::for_node`].
@@ -198,7 +230,7 @@ impl DatapathState {
     pub fn resolve(&mut self, paths: &BTreeMap<IpAddr, Path>) {
         self.guard.clear();
         self.routes.clear();
-        let remote_pods: HashSet<IpAddr> = self.remote.values().copied().collect();
+        let remote_pods = RemotePods::of(self);
         let mut guarded: BTreeSet<IpAddr> = self.unmapped_lbs.clone();
         for (lb, pod) in self.svc_pod.iter().chain(&self.remote) {
             guarded.extend([*lb, *pod]);
@@ -385,6 +417,11 @@ impl<T: Ord + Clone> Change<T> {
         self.remove.is_empty() && self.add.is_empty()
     }
 
+    /// Every element removed or added.
+    pub fn elements(&self) -> impl Iterator<Item = &T> {
+        self.remove.iter().chain(&self.add)
+    }
+
     pub fn size(&self) -> usize {
         self.remove.len() + self.add.len()
     }
@@ -422,6 +459,19 @@ pub struct StateDiff {
 }
 
 impl StateDiff {
+    /// The addresses of the mappings and unmapped LB IPs it changes (LB
+    /// IPs and pods, local and remote): those whose guard, route or
+    /// `addrs` entry may follow.
+    pub fn mapping_addresses(&self) -> BTreeSet<IpAddr> {
+        let mut out: BTreeSet<IpAddr> = self.unmapped_lbs.elements().copied().collect();
+        for c in [&self.pod_svc, &self.svc_pod, &self.remote] {
+            for (a, b) in c.elements() {
+                out.extend([*a, *b]);
+            }
+        }
+        out
+    }
+
     pub fn is_empty(&self) -> bool {
         self.size() == 0
     }

@@ -2,11 +2,10 @@
 //! adoption of what a previous instance left, the diff, and the retry
 //! policy, for every backend alike.
 use super::Counters;
-use super::{BackendKind, Change, Datapath, DatapathState, Dump, Kernel, StateDiff, SyncReport};
-use std::{
-    collections::{BTreeSet, HashMap},
-    net::IpAddr,
+use super::{
+    BackendKind, Change, Datapath, DatapathState, Dump, Kernel, RemotePods, StateDiff, SyncReport,
 };
+use std::{collections::BTreeSet, net::IpAddr};
 use tracing::{debug, info, warn};
 
 pub struct Synced<K: Kernel> {
@@ -15,9 +14,9 @@ pub struct Synced<K: Kernel> {
     /// before the first sync, after a failure and after [`Datapath::forget`]:
     /// the next sync reads the kernel again.
     known: Option<DatapathState>,
-    /// The reverse of `known.remote` (pod -> LB IP): the guards of an
-    /// incremental sync look a remote pod up by its address.
-    remote_pods: HashMap<IpAddr, IpAddr>,
+    /// The reverse of `known.remote`: the guards of an incremental sync
+    /// look a remote pod up by its address.
+    remote_pods: RemotePods,
     /// The kernel's paths may have changed since `known` was resolved: the
     /// next sync resolves every address again.
     stale_paths: bool,
@@ -28,7 +27,7 @@ impl<K: Kernel> Synced<K> {
         Synced {
             kernel,
             known: None,
-            remote_pods: HashMap::new(),
+            remote_pods: RemotePods::default(),
             stale_paths: false,
         }
     }
@@ -54,7 +53,7 @@ impl<K: Kernel> Synced<K> {
         let diff = known.diff(desired);
         let applied = self.kernel.apply(&diff, desired, found)?;
         self.known = Some(desired.clone());
-        self.remote_pods = desired.remote.iter().map(|(lb, pod)| (*pod, *lb)).collect();
+        self.remote_pods = RemotePods::of(desired);
         self.stale_paths = false;
         Ok(SyncReport {
             changed_elements: diff.size() + applied.extra_changes,
@@ -75,30 +74,12 @@ impl<K: Kernel> Synced<K> {
         if self.stale_paths || self.known.is_none() {
             return Ok(None);
         }
-        let mut touched: BTreeSet<IpAddr> = change
-            .unmapped_lbs
-            .remove
-            .iter()
-            .chain(&change.unmapped_lbs.add)
-            .copied()
-            .collect();
-        for c in [&change.svc_pod, &change.remote, &change.pod_svc] {
-            for (a, b) in c.remove.iter().chain(&c.add) {
-                touched.extend([*a, *b]);
-            }
-        }
-        for (lb, pod) in &change.remote.remove {
-            if self.remote_pods.get(pod) == Some(lb) {
-                self.remote_pods.remove(pod);
-            }
-        }
-        for (lb, pod) in &change.remote.add {
-            self.remote_pods.insert(*pod, *lb);
-        }
+        let touched = change.mapping_addresses();
+        self.remote_pods.apply(&change.remote);
         let pods: BTreeSet<IpAddr> = touched
             .iter()
             .flat_map(|a| {
-                let own = desired.pod_svc.contains_key(a) || self.remote_pods.contains_key(a);
+                let own = desired.pod_svc.contains_key(a) || self.remote_pods.contains(a);
                 let its = desired.svc_pod.get(a).or_else(|| desired.remote.get(a));
                 own.then_some(*a).into_iter().chain(its.copied())
             })
@@ -113,7 +94,7 @@ impl<K: Kernel> Synced<K> {
             ..change.clone()
         };
         for a in &touched {
-            let guard = desired.guard_of(a, self.remote_pods.contains_key(a), &paths);
+            let guard = desired.guard_of(a, self.remote_pods.contains(a), &paths);
             changed_entry(&mut diff.guard, a, known.guard.get(a), guard.as_ref());
             let route = desired.route_of(a, &paths);
             changed_entry(&mut diff.routes, a, known.routes.get(a), route.as_ref());

@@ -2,7 +2,9 @@
 //! to the node's state, and read back for `dump`.
 use super::addr_bits::AddrBits;
 use super::EbpfError;
-use crate::datapath::{AllowedPort, Count, Counters, DatapathState, ServiceCount, StateDiff};
+use crate::datapath::{
+    AllowedPort, Count, Counters, DatapathState, RemotePods, ServiceCount, StateDiff,
+};
 use crate::model::{merge_ranges, Cidr, IpRange};
 use aya::maps::{lpm_trie::Key, Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray};
 use cozy_proxy_common::{
@@ -175,7 +177,7 @@ pub struct Maps {
     slots: Option<Slots>,
     /// Pod -> LB IP of the remote mappings of the state last applied
     /// (`None`: build it from the next state).
-    remote_pods: Option<BTreeMap<IpAddr, IpAddr>>,
+    remote_pods: Option<RemotePods>,
     /// Counter slots the last count of flows found flows for.
     counted: std::collections::HashSet<u16>,
     prefilter_written: bool,
@@ -390,24 +392,15 @@ impl Maps {
         Ok(())
     }
 
-    /// Pod -> LB IP of `desired`'s remote mappings: the last state's,
-    /// changed by `diff` (built once after a read).
-    fn remote_pods_after(
-        &mut self,
-        diff: &StateDiff,
-        desired: &DatapathState,
-    ) -> BTreeMap<IpAddr, IpAddr> {
+    /// `desired`'s remote pods: the last state's, changed by `diff`
+    /// (built once after a read).
+    fn remote_pods_after(&mut self, diff: &StateDiff, desired: &DatapathState) -> RemotePods {
         match self.remote_pods.take() {
             Some(mut m) => {
-                for (lb, pod) in &diff.remote.remove {
-                    if m.get(pod) == Some(lb) {
-                        m.remove(pod);
-                    }
-                }
-                m.extend(diff.remote.add.iter().map(|(lb, pod)| (*pod, *lb)));
+                m.apply(&diff.remote);
                 m
             }
-            None => desired.remote.iter().map(|(lb, pod)| (*pod, *lb)).collect(),
+            None => RemotePods::of(desired),
         }
     }
 
@@ -570,7 +563,7 @@ impl Maps {
         &mut self,
         touched: &BTreeSet<IpAddr>,
         desired: &DatapathState,
-        remote_pods: &BTreeMap<IpAddr, IpAddr>,
+        remote_pods: &RemotePods,
         peer_links: &BTreeSet<u32>,
     ) -> Result<(), EbpfError> {
         if touched.is_empty() {
@@ -780,47 +773,23 @@ fn mark_cluster(bits: &mut Prefilter, c: &Cidr) {
 /// and the other half of a local mapping whose policy it changes (a
 /// filtered pod's policy is on its LB IP too, an LB IP's ranges on its pod).
 fn touched_addresses(diff: &StateDiff, desired: &DatapathState) -> BTreeSet<IpAddr> {
-    let mut touched: BTreeSet<IpAddr> = BTreeSet::new();
-    for c in [&diff.pod_svc, &diff.svc_pod, &diff.remote] {
-        for (a, b) in c.remove.iter().chain(&c.add) {
-            touched.extend([*a, *b]);
-        }
-    }
+    let mut touched = diff.mapping_addresses();
     for c in [
         &diff.filtered_pods,
         &diff.icmp_allowed_pods,
-        &diff.unmapped_lbs,
         &diff.ranged_lbs,
     ] {
-        touched.extend(c.remove.iter().chain(&c.add).copied());
+        touched.extend(c.elements().copied());
     }
-    touched.extend(
-        diff.guard
-            .remove
-            .iter()
-            .chain(&diff.guard.add)
-            .map(|(a, _)| *a),
-    );
-    touched.extend(
-        diff.routes
-            .remove
-            .iter()
-            .chain(&diff.routes.add)
-            .map(|(a, _)| *a),
-    );
-    for pod in diff
+    touched.extend(diff.guard.elements().map(|(a, _)| *a));
+    touched.extend(diff.routes.elements().map(|(a, _)| *a));
+    let policies = diff
         .filtered_pods
-        .remove
-        .iter()
-        .chain(&diff.filtered_pods.add)
-        .chain(diff.icmp_allowed_pods.remove.iter())
-        .chain(&diff.icmp_allowed_pods.add)
-    {
-        touched.extend(desired.pod_svc.get(pod).copied());
-    }
-    for lb in diff.ranged_lbs.remove.iter().chain(&diff.ranged_lbs.add) {
-        touched.extend(desired.svc_pod.get(lb).copied());
-    }
+        .elements()
+        .chain(diff.icmp_allowed_pods.elements());
+    touched.extend(policies.filter_map(|pod| desired.pod_svc.get(pod)));
+    let ranged = diff.ranged_lbs.elements();
+    touched.extend(ranged.filter_map(|lb| desired.svc_pod.get(lb)));
     touched
 }
 
@@ -838,7 +807,7 @@ fn remembers(pod: &IpAddr, desired: &DatapathState) -> bool {
 fn entry(
     a: &IpAddr,
     desired: &DatapathState,
-    remote_pods: &BTreeMap<IpAddr, IpAddr>,
+    remote_pods: &RemotePods,
     peer_links: &BTreeSet<u32>,
 ) -> Option<AddrInfo> {
     let guard = desired.guard.get(a).copied().unwrap_or(0);
@@ -882,7 +851,7 @@ fn entry(
     if let Some(pod) = desired.remote.get(a) {
         return Some(info(pod, guard, path(a), addr::LB | ranged(a)));
     }
-    if let Some(lb) = remote_pods.get(a) {
+    if let Some(lb) = remote_pods.lb_of(a) {
         return Some(info(lb, guard, path(lb), addr::POD));
     }
     if desired.unmapped_lbs.contains(a) {
