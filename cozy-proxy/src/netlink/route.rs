@@ -216,22 +216,13 @@ pub struct Lookup {
 
 /// The route the kernel would use toward `dst` (as `ip route get`).
 pub fn lookup(sock: &NlSocket, dst: &IpAddr) -> Result<Lookup, NetlinkError> {
-    let seq = next_seq();
-    let mut w = Writer::new();
-    let mut header = rtmsg(family(dst), host_prefix(dst), 0, 0);
-    header[8..12].copy_from_slice(&(RTM_F_LOOKUP_TABLE | RTM_F_FIB_MATCH).to_ne_bytes());
-    w.message(RTM_GETROUTE, NLM_F_ACK, seq, &header, |w| {
-        w.put(RTA_DST, &bytes(dst))
-    });
-    let answers = sock.dump(&w.into_bytes(), seq, &format!("route lookup of {dst}"))?;
-    let a = answers
-        .iter()
-        .find(|a| a.len() >= RTMSG_LEN)
+    let found = lookup_many(sock, std::slice::from_ref(dst))?
+        .pop()
         .ok_or(NetlinkError::MissingAcks(1))?;
-    Ok(Lookup {
-        via: Via::from_answer(a),
-        // With RTM_F_FIB_MATCH the answer is the matched route itself.
-        prefix_len: a[1],
+    found.1.map_err(|errno| NetlinkError::Refused {
+        what: format!("route lookup of {dst}"),
+        source: std::io::Error::from_raw_os_error(errno),
+        extack: None,
     })
 }
 
@@ -262,6 +253,7 @@ pub fn lookup_many(sock: &NlSocket, dsts: &[IpAddr]) -> Result<Vec<Found>, Netli
             let found = match answers.remove(seq) {
                 Some(Ok(a)) if a.len() >= RTMSG_LEN => Ok(Lookup {
                     via: Via::from_answer(&a),
+                    // With RTM_F_FIB_MATCH the answer is the matched route.
                     prefix_len: a[1],
                 }),
                 Some(Ok(_)) => Err(libc::EBADMSG),
