@@ -22,18 +22,38 @@ use std::{
 type Services = HashMap<ServiceRef, Arc<ReadService>>;
 type Slices = HashMap<ServiceRef, HashMap<Box<str>, CompactSlice>>;
 
+/// A cache a watch's lists replace whole: what is live, and the list in
+/// progress (objects deleted meanwhile are not in it).
+#[derive(Default)]
+struct Listed<M> {
+    live: M,
+    relist: Option<M>,
+    /// A first list is complete.
+    done: bool,
+}
+
+impl<M: Default> Listed<M> {
+    fn begin(&mut self) {
+        self.relist = Some(M::default());
+    }
+
+    fn listing(&mut self) -> &mut M {
+        self.relist.get_or_insert_with(M::default)
+    }
+
+    fn finish(&mut self) {
+        if let Some(listed) = self.relist.take() {
+            self.live = listed;
+        }
+        self.done = true;
+    }
+}
+
 #[derive(Default)]
 pub struct Cache {
-    services: Services,
+    services: Listed<Services>,
     /// By Service, then by slice name.
-    slices: Slices,
-    /// The lists of a (re)list in progress: they replace the caches when
-    /// complete (objects deleted meanwhile are not in them).
-    relist_services: Option<Services>,
-    relist_slices: Option<Slices>,
-    /// Both initial lists are complete.
-    services_listed: bool,
-    slices_listed: bool,
+    slices: Listed<Slices>,
     /// Everything is read again at the next round: at the start, after a
     /// relist, after a change of a Node's addresses or pod networks or of
     /// a ServiceCIDR.
@@ -45,6 +65,41 @@ pub struct Cache {
     nodes: HashMap<String, String>,
 }
 
+/// Service `s` as it is now in `services`: kept if ours, else not at all.
+fn put_service(services: &mut Services, s: &Service) -> ServiceRef {
+    let key = service_ref(s);
+    if is_selected(s) {
+        services.insert(key.clone(), Arc::new(read_service(s)));
+    } else {
+        services.remove(&key);
+    }
+    key
+}
+
+/// Slice `e` as it is now in `slices` (`present`: not deleted); its
+/// Service, if it names one.
+fn put_slice(slices: &mut Slices, e: &EndpointSlice, present: bool) -> Option<ServiceRef> {
+    let owner = slice_owner(e)?;
+    let name = e.metadata.name.as_deref().unwrap_or_default();
+    match CompactSlice::of(e).filter(|_| present) {
+        Some(c) => {
+            slices
+                .entry(owner.clone())
+                .or_default()
+                .insert(name.into(), c);
+        }
+        None => {
+            if let Some(of_owner) = slices.get_mut(&owner) {
+                of_owner.remove(name);
+                if of_owner.is_empty() {
+                    slices.remove(&owner);
+                }
+            }
+        }
+    }
+    Some(owner)
+}
+
 impl Cache {
     pub fn new() -> Self {
         Cache {
@@ -54,78 +109,44 @@ impl Cache {
     }
 
     pub fn listed(&self) -> bool {
-        self.services_listed && self.slices_listed
+        self.services.done && self.slices.done
     }
 
     pub fn service_event(&mut self, e: &Event<Service>) {
         match e {
-            Event::Init => self.relist_services = Some(HashMap::new()),
+            Event::Init => self.services.begin(),
             Event::InitApply(s) => {
-                let map = self.relist_services.get_or_insert_with(HashMap::new);
-                if is_selected(s) {
-                    map.insert(service_ref(s), Arc::new(read_service(s)));
-                }
+                put_service(self.services.listing(), s);
             }
             Event::InitDone => {
-                if let Some(listed) = self.relist_services.take() {
-                    self.services = listed;
-                }
-                self.services_listed = true;
+                self.services.finish();
                 self.full = true;
             }
             Event::Apply(s) => {
-                let key = service_ref(s);
-                if is_selected(s) {
-                    self.services.insert(key.clone(), Arc::new(read_service(s)));
-                } else {
-                    self.services.remove(&key);
-                }
+                let key = put_service(&mut self.services.live, s);
                 self.touched.insert(key);
             }
             Event::Delete(s) => {
                 let key = service_ref(s);
-                self.services.remove(&key);
+                self.services.live.remove(&key);
                 self.touched.insert(key);
             }
         }
     }
 
     pub fn slice_event(&mut self, e: &Event<EndpointSlice>) {
-        fn put(slices: &mut Slices, e: &EndpointSlice) -> Option<ServiceRef> {
-            let owner = slice_owner(e)?;
-            let name: Box<str> = e.metadata.name.as_deref().unwrap_or_default().into();
-            let of_owner = slices.entry(owner.clone()).or_default();
-            match CompactSlice::of(e) {
-                Some(c) => of_owner.insert(name, c),
-                None => of_owner.remove(&name),
-            };
-            Some(owner)
-        }
         match e {
-            Event::Init => self.relist_slices = Some(HashMap::new()),
+            Event::Init => self.slices.begin(),
             Event::InitApply(s) => {
-                put(self.relist_slices.get_or_insert_with(HashMap::new), s);
+                put_slice(self.slices.listing(), s, true);
             }
             Event::InitDone => {
-                if let Some(listed) = self.relist_slices.take() {
-                    self.slices = listed;
-                }
-                self.slices_listed = true;
+                self.slices.finish();
                 self.full = true;
             }
-            Event::Apply(s) => {
-                if let Some(owner) = put(&mut self.slices, s) {
-                    self.touched.insert(owner);
-                }
-            }
-            Event::Delete(s) => {
-                if let Some(owner) = slice_owner(s) {
-                    if let Some(of_owner) = self.slices.get_mut(&owner) {
-                        of_owner.remove(s.metadata.name.as_deref().unwrap_or_default());
-                        if of_owner.is_empty() {
-                            self.slices.remove(&owner);
-                        }
-                    }
+            Event::Apply(s) | Event::Delete(s) => {
+                let present = matches!(e, Event::Apply(_));
+                if let Some(owner) = put_slice(&mut self.slices.live, s, present) {
                     self.touched.insert(owner);
                 }
             }
@@ -158,6 +179,7 @@ impl Cache {
     /// The slices of `service`, as the model reads them.
     fn slices_of(&self, service: &ServiceRef) -> Vec<Arc<EndpointSlice>> {
         self.slices
+            .live
             .get(service)
             .into_iter()
             .flatten()
@@ -170,7 +192,7 @@ impl Cache {
         std::mem::take(&mut self.touched)
             .into_iter()
             .map(|service| ServiceObjects {
-                read: self.services.get(&service).cloned(),
+                read: self.services.live.get(&service).cloned(),
                 slices: self.slices_of(&service),
                 service,
             })
@@ -183,9 +205,10 @@ impl Cache {
         self.full = false;
         self.touched.clear();
         Snapshot {
-            read_services: self.services.values().cloned().collect(),
+            read_services: self.services.live.values().cloned().collect(),
             endpoint_slices: self
                 .services
+                .live
                 .keys()
                 .flat_map(|s| self.slices_of(s))
                 .collect(),
@@ -196,6 +219,7 @@ impl Cache {
     /// The uid of our Service `namespace/name` (Events name it).
     pub fn service_uid(&self, namespace: &str, name: &str) -> Option<String> {
         self.services
+            .live
             .get(&ServiceRef::new(namespace, name))
             .and_then(|s| s.uid.clone())
     }

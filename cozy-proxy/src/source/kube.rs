@@ -1,8 +1,9 @@
-//! The Kubernetes source: reflectors (watch + cache) of Services,
-//! EndpointSlices, Nodes and ServiceCIDRs, kept by kube-rs; every event
-//! records what it changed and marks the state dirty. Objects are trimmed
-//! as they arrive to what the model reads ([`crate::model::trim`]): every
-//! node caches every object of the cluster, and most are not ours.
+//! The Kubernetes source: watches of Services and EndpointSlices into our
+//! own cache ([`super::cache`]), reflectors of Nodes and ServiceCIDRs kept
+//! by kube-rs; every event records what it changed and marks the state
+//! dirty. Objects are trimmed as they arrive to what the model reads
+//! ([`crate::model::trim`]): every node watches every object of the
+//! cluster, and most are not ours.
 use super::cache::Cache;
 use super::{Snapshot, Source, Update};
 use crate::model::{trim, SERVICE_NAME_LABEL};
