@@ -273,19 +273,20 @@ fn bench_backend<D: Datapath>(
 /// Writes the manifests of Services `0..n` into `dir`, 1 000 per file
 /// (the manifest source skips files over 4 MiB).
 fn write_manifests(dir: &Path, n: usize, unmanaged: usize) -> Result<()> {
-    let mut i = 0;
-    while i < n {
-        let end = (i + 1000).min(n);
-        let yaml: String = (i..end).map(|j| manifest(j, None)).collect();
-        fs::write(dir.join(format!("services-{i:06}.yaml")), yaml)?;
-        i = end;
-    }
-    let mut i = 0;
-    while i < unmanaged {
-        let end = (i + 1000).min(unmanaged);
-        let yaml: String = (i..end).map(unmanaged_manifest).collect();
-        fs::write(dir.join(format!("unmanaged-{i:06}.yaml")), yaml)?;
-        i = end;
+    write_chunked(dir, "services", n, |i| manifest(i, None))?;
+    write_chunked(dir, "unmanaged", unmanaged, unmanaged_manifest)
+}
+
+/// `render(i)` for `i` in `0..count`, 1 000 to a file `PREFIX-START.yaml`.
+fn write_chunked(
+    dir: &Path,
+    prefix: &str,
+    count: usize,
+    render: impl Fn(usize) -> String,
+) -> Result<()> {
+    for start in (0..count).step_by(1000) {
+        let yaml: String = (start..(start + 1000).min(count)).map(&render).collect();
+        fs::write(dir.join(format!("{prefix}-{start:06}.yaml")), yaml)?;
     }
     Ok(())
 }
