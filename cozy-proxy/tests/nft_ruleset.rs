@@ -3,6 +3,7 @@
 use cozy_proxy_testkit as harness;
 
 use anyhow::{ensure, Context, Result};
+use cozy_proxy::datapath::DatapathState;
 use harness::traffic::eventually;
 use harness::{
     bin,
@@ -153,6 +154,43 @@ fn a_restart_adopts_without_changes_and_cleanup_removes_everything() -> Result<(
     Ok(())
 }
 
+/// [`setup`], with the resync at a minute: a repair within a second is the
+/// nf_tables notifications' doing.
+fn setup_with_slow_resync() -> Result<Env> {
+    let mut env = setup()?;
+    env.ctl.extra_args = vec!["--resync".into(), "60s".into()];
+    env.ctl.restart()?;
+    Ok(env)
+}
+
+/// Deletes our `svc_pod` element of `lb` by hand, as someone else would.
+fn delete_svc_pod_element(env: &Env, family: &str, lb: &str) -> Result<()> {
+    let element = format!("{{ {lb} }}");
+    let cmd = [
+        "nft",
+        "delete",
+        "element",
+        family,
+        "cozy_proxy",
+        "svc_pod",
+        &element,
+    ];
+    ok_in(&env.topo.node(), &cmd)?;
+    Ok(())
+}
+
+/// Waits (1.5 s at most) until the datapath holds `want` again after
+/// `what`; how long it took.
+fn repaired(env: &Env, want: &DatapathState, what: &str) -> Result<Duration> {
+    let started = Instant::now();
+    eventually(Duration::from_millis(1500), || {
+        ensure!(env.dump()? == *want, "{what}: not repaired yet");
+        Ok(())
+    })
+    .with_context(|| env.ctl.log_text())?;
+    Ok(started.elapsed())
+}
+
 /// Changes others make to our table are seen through nf_tables
 /// notifications and repaired within a second, long before the resync
 /// (set to a minute here): an element deleted by hand, the ip6 table
@@ -160,38 +198,15 @@ fn a_restart_adopts_without_changes_and_cleanup_removes_everything() -> Result<(
 /// does).
 #[test]
 fn changes_by_others_are_repaired_within_a_second() -> Result<()> {
-    let mut env = setup()?;
-    env.ctl.extra_args = vec!["--resync".into(), "60s".into()];
-    env.ctl.restart()?;
+    let mut env = setup_with_slow_resync()?;
     let want = env.settle()?;
     let node = env.topo.node();
-    let repaired = |env: &Env, what: &str| -> Result<Duration> {
-        let started = Instant::now();
-        eventually(Duration::from_millis(1500), || {
-            let got = env.dump()?;
-            ensure!(got == want, "{what}: not repaired yet");
-            Ok(())
-        })
-        .with_context(|| env.ctl.log_text())?;
-        Ok(started.elapsed())
-    };
-    ok_in(
-        &node,
-        &[
-            "nft",
-            "delete",
-            "element",
-            "ip",
-            "cozy_proxy",
-            "svc_pod",
-            "{ 203.0.113.10 }",
-        ],
-    )?;
-    let element = repaired(&env, "an element deleted")?;
+    delete_svc_pod_element(&env, "ip", "203.0.113.10")?;
+    let element = repaired(&env, &want, "an element deleted")?;
     ok_in(&node, &["nft", "delete", "table", "ip6", "cozy_proxy"])?;
-    let table = repaired(&env, "the ip6 table deleted")?;
+    let table = repaired(&env, &want, "the ip6 table deleted")?;
     ok_in(&node, &["nft", "flush", "ruleset"])?;
-    let flush = repaired(&env, "nft flush ruleset")?;
+    let flush = repaired(&env, &want, "nft flush ruleset")?;
     ensure!(nft_json(&env, "ip6").is_ok(), "ip6 table not restored");
     env.wait_log("changed by someone else")?;
     eprintln!("repaired in {element:?} (element), {table:?} (table), {flush:?} (flush ruleset)");
@@ -261,9 +276,7 @@ fn a_replaced_rule_is_restored() -> Result<()> {
 /// still seen and repaired afterwards (back in the group).
 #[test]
 fn a_large_sync_is_applied_quietly_and_changes_by_others_are_still_seen() -> Result<()> {
-    let mut env = setup()?;
-    env.ctl.extra_args = vec!["--resync".into(), "60s".into()];
-    env.ctl.restart()?;
+    let mut env = setup_with_slow_resync()?;
     env.settle()?;
     // 300 more Services (IPv6, their pods without a route: unreachable
     // host routes, read back as installed): about 1 500 elements in one
@@ -285,22 +298,7 @@ fn a_large_sync_is_applied_quietly_and_changes_by_others_are_still_seen() -> Res
         "our own large batch was taken for someone else's change:\n{}",
         env.ctl.log_text()
     );
-    ok_in(
-        &env.topo.node(),
-        &[
-            "nft",
-            "delete",
-            "element",
-            "ip6",
-            "cozy_proxy",
-            "svc_pod",
-            "{ 2001:db8:203::1:7 }",
-        ],
-    )?;
-    eventually(Duration::from_millis(1500), || {
-        ensure!(env.dump()? == want, "not repaired yet");
-        Ok(())
-    })
-    .with_context(|| env.ctl.log_text())?;
+    delete_svc_pod_element(&env, "ip6", "2001:db8:203::1:7")?;
+    repaired(&env, &want, "an element deleted after the large sync")?;
     Ok(())
 }
