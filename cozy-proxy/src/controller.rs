@@ -88,6 +88,7 @@ where
                     let m = &telemetry.metrics;
                     m.observe_sync(started.elapsed().as_secs_f64());
                     m.observe_plan(&report.summary, report.elements);
+                    m.observe_overflow(&report.sync.overflow);
                     on_warnings(&report.new_warnings);
                     telemetry.set_ready();
                 }

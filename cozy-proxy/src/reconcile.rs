@@ -3,9 +3,9 @@
 //! concerns costs in proportion to them (the plan, the datapath's state and
 //! the kernel are changed for them alone); a full round (the first, a
 //! resync) computes everything again.
-use crate::datapath::{Datapath, DatapathState, NodeView, SyncReport};
+use crate::datapath::{Datapath, DatapathState, NodeView, Overflow, SyncReport};
 use crate::model::cluster::{cluster_ranges, ClusterConfig, ClusterRanges};
-use crate::model::{PlanState, PlanSummary, Warning};
+use crate::model::{LbResult, PlanState, PlanSummary, Warning, WarningKind};
 use crate::source::{Snapshot, Update};
 use std::collections::BTreeSet;
 use tracing::{debug, info, warn};
@@ -29,6 +29,9 @@ pub struct Reconciler<D: Datapath> {
     planned: DatapathState,
     /// Warnings already reported: each is logged once while it lasts.
     reported: BTreeSet<Warning>,
+    /// The datapath's own warnings (LB IPs its full tables left out),
+    /// reported as the plan's are.
+    overflow_reported: BTreeSet<Warning>,
     /// The in-cluster ranges last used: a change is logged.
     ranges: ClusterRanges,
     /// Whether a sync has succeeded (the first one is always logged).
@@ -56,6 +59,7 @@ impl<D: Datapath> Reconciler<D> {
             plan: PlanState::default(),
             planned: DatapathState::default(),
             reported: BTreeSet::new(),
+            overflow_reported: BTreeSet::new(),
             ranges: ClusterRanges::default(),
             synced_once: false,
         }
@@ -82,7 +86,7 @@ impl<D: Datapath> Reconciler<D> {
         let me = NodeView {
             name: self.node.name.as_deref(),
         };
-        let (sync, new_warnings, resolved_warnings) = match update {
+        let (sync, mut new_warnings, mut resolved_warnings) = match update {
             Update::Full(snapshot) => {
                 let started = std::time::Instant::now();
                 self.rebuild(snapshot);
@@ -124,6 +128,9 @@ impl<D: Datapath> Reconciler<D> {
                 (sync, new, gone)
             }
         };
+        let (new, gone) = self.report_overflow(&sync.overflow);
+        new_warnings.extend(new);
+        resolved_warnings.extend(gone);
         let summary = self.plan.summary().clone();
         if sync.changed_elements > 0 || !self.synced_once {
             info!(
@@ -204,6 +211,47 @@ impl<D: Datapath> Reconciler<D> {
         (new, gone)
     }
 
+    /// The datapath's warnings that appeared and went away: one per LB IP
+    /// its tables left out, on the Service owning it.
+    fn report_overflow(&mut self, overflow: &Overflow) -> (Vec<Warning>, Vec<Warning>) {
+        if overflow.is_empty() && self.overflow_reported.is_empty() {
+            return (Vec::new(), Vec::new());
+        }
+        let full: Vec<&str> = overflow.full.iter().map(|t| t.as_str()).collect();
+        let node = self.node.name.as_deref().unwrap_or("this node");
+        let current: BTreeSet<Warning> = overflow
+            .left_out
+            .iter()
+            .filter_map(|lb| {
+                let service = match self.plan.result_of(lb)? {
+                    LbResult::Mapped(m) => m.service.clone(),
+                    LbResult::Unmapped(s) => s.clone(),
+                };
+                Some(Warning {
+                    service,
+                    kind: WarningKind::DatapathFull,
+                    message: format!(
+                        "{lb} is not translated on {node}: the datapath's tables are full ({}); \
+                         the other Services are applied",
+                        full.join(", ")
+                    ),
+                })
+            })
+            .collect();
+        let new: Vec<Warning> = current
+            .difference(&self.overflow_reported)
+            .cloned()
+            .collect();
+        let gone: Vec<Warning> = self
+            .overflow_reported
+            .difference(&current)
+            .cloned()
+            .collect();
+        self.log_warnings(&new, &gone);
+        self.overflow_reported = current;
+        (new, gone)
+    }
+
     fn log_warnings(&self, new: &[Warning], gone: &[Warning]) {
         for w in new {
             warn!(service = %w.service, reason = %w.kind, "{}", w.message);
@@ -218,7 +266,7 @@ impl<D: Datapath> Reconciler<D> {
 pub(crate) mod tests {
     use super::*;
     use crate::datapath::fake::{FakeHandle, FakeKernel};
-    use crate::datapath::Synced;
+    use crate::datapath::{Capacity, Synced};
     use crate::model::compute_plan;
     use crate::source::manifests;
 
@@ -257,11 +305,23 @@ pub(crate) mod tests {
 
     /// What node `name` holds for `snap`, computed from scratch.
     fn desired_on(snap: &Snapshot, name: Option<&str>) -> DatapathState {
+        fitted_on(snap, name, &Capacity::UNLIMITED, None).0
+    }
+
+    /// As [`desired_on`], fitted into `cap` keeping what `kept` holds
+    /// first, and what did not fit.
+    fn fitted_on(
+        snap: &Snapshot,
+        name: Option<&str>,
+        cap: &Capacity,
+        kept: Option<&DatapathState>,
+    ) -> (DatapathState, Overflow) {
         let outcome = compute_plan(&snap.services, &snap.endpoint_slices, &snap.nodes);
         let ranges = cluster_ranges(&ClusterConfig::default(), &snap.nodes, &snap.service_cidrs);
         let mut s = DatapathState::for_node(&outcome.plan, &ranges.ranges, NodeView { name });
+        let overflow = s.fit(cap, kept);
         s.resolve(&crate::datapath::fake::paths(&s.pods()));
-        s
+        (s, overflow)
     }
 
     proptest::proptest! {
@@ -269,13 +329,18 @@ pub(crate) mod tests {
         /// Rounds that name only the Services whose objects changed (and
         /// now and then a full one) leave the kernel exactly as computing
         /// everything from scratch would, on a node that hosts some of the
-        /// pods (endpoints on node n1 or n2).
+        /// pods (endpoints on node n1 or n2); where the kernel's tables are
+        /// small, as fitting that into them, keeping what the kernel held
+        /// (and the round reports what was left out).
         #[test]
         fn incremental_rounds_leave_the_kernel_as_a_full_computation_would(
             worlds in proptest::collection::vec(crate::model::tests::arb_world(), 1..8),
             fulls in proptest::collection::vec(proptest::prelude::any::<bool>(), 8),
+            small in proptest::option::of((0usize..10, 0usize..4, 0usize..4)),
         ) {
+            let cap = small.map_or(Capacity::UNLIMITED, |(a, l, p)| Capacity::new(a, l, p, usize::MAX));
             let (kernel, world) = FakeKernel::new();
+            world.world().capacity = Some(cap);
             let node = NodeConfig { name: Some("n1".into()), ..Default::default() };
             let mut r = Reconciler::new(Synced::new(kernel), node);
             let mut before = Snapshot::default();
@@ -306,8 +371,13 @@ pub(crate) mod tests {
                     }
                     Update::Services(changed)
                 };
-                r.reconcile(&update).expect("sync");
-                proptest::prop_assert_eq!(&world.world().kernel, &desired_on(&now, Some("n1")));
+                let held = world.world().kernel.clone();
+                let report = r.reconcile(&update).expect("sync");
+                let (want, overflow) = fitted_on(&now, Some("n1"), &cap, Some(&held));
+                proptest::prop_assert_eq!(&world.world().kernel, &want);
+                proptest::prop_assert_eq!(&report.sync.overflow, &overflow);
+                let warned = report.new_warnings.iter().filter(|w| w.kind == WarningKind::DatapathFull).count();
+                proptest::prop_assert!(warned <= overflow.left_out.len());
                 before = now;
             }
         }
@@ -395,6 +465,79 @@ pub(crate) mod tests {
         r.reconcile(&full(&moved))
             .expect("retried from a fresh read");
         assert_eq!(world.world().kernel, desired(&moved));
+    }
+
+    /// An incremental round for Services `names` of namespace `t` as
+    /// `snap` has them.
+    fn changed(snap: &Snapshot, names: &[&str]) -> Update {
+        Update::Services(
+            names
+                .iter()
+                .map(|name| {
+                    let (svcs, eps) = crate::model::tests::objects_of(
+                        name,
+                        &snap.services,
+                        &snap.endpoint_slices,
+                    );
+                    crate::source::ServiceObjects {
+                        service: crate::model::ServiceRef::new("t", *name),
+                        read: crate::model::read_chosen(&svcs).map(std::sync::Arc::new),
+                        slices: eps.into_iter().cloned().map(std::sync::Arc::new).collect(),
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn full_tables_leave_out_a_new_lb_ip_never_a_working_one_and_take_it_when_room_frees() {
+        let (mut r, world) = reconciler();
+        world.world().capacity = Some(Capacity::new(100, 2, 100, 100));
+        let a = service("a", "203.0.113.20", "192.0.2.11", "true");
+        let b = service("b", "203.0.113.30", "192.0.2.12", "false");
+        // The lowest LB IP, arriving last.
+        let c = service("c", "203.0.113.10", "192.0.2.13", "true");
+        r.reconcile(&full(&snapshot(&(a.clone() + &b))))
+            .expect("sync");
+        let abc = snapshot(&(a.clone() + &b + &c));
+        let report = r.reconcile(&changed(&abc, &["c"])).expect("sync");
+        let c_lb: std::net::IpAddr = "203.0.113.10".parse().expect("ip");
+        assert_eq!(report.sync.overflow.left_out, vec![c_lb]);
+        assert_eq!(
+            report.sync.overflow.full,
+            vec![crate::datapath::Table::LocalMappings]
+        );
+        let full_warnings: Vec<&Warning> = report
+            .new_warnings
+            .iter()
+            .filter(|w| w.kind == WarningKind::DatapathFull)
+            .collect();
+        assert_eq!(full_warnings.len(), 1, "{full_warnings:?}");
+        assert_eq!(full_warnings[0].service.to_string(), "t/c");
+        {
+            let w = world.world();
+            assert_eq!(w.kernel.svc_pod.len(), 2);
+            assert!(!w.kernel.svc_pod.contains_key(&c_lb));
+            // Dropped rather than routed on.
+            assert!(w.kernel.unmapped_lbs.contains(&c_lb));
+        }
+        // Still full: reported once.
+        let again = r.reconcile(&changed(&abc, &["b"])).expect("sync");
+        assert_eq!(again.sync.overflow.left_out, vec![c_lb]);
+        assert!(again.new_warnings.is_empty());
+        // a leaves: c takes its room, and its warning is resolved.
+        let bc = snapshot(&(b + &c));
+        let report = r.reconcile(&changed(&bc, &["a"])).expect("sync");
+        assert!(report.sync.overflow.is_empty());
+        assert!(report
+            .resolved_warnings
+            .iter()
+            .any(|w| w.kind == WarningKind::DatapathFull && w.service.to_string() == "t/c"));
+        assert_eq!(world.world().kernel, desired(&bc));
+        // Back to incremental rounds once nothing is left out.
+        let reads = world.world().reads;
+        r.reconcile(&changed(&bc, &["b"])).expect("sync");
+        assert_eq!(world.world().reads, reads);
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! tested with it, without root. A [`FakeHandle`] lets a test play the rest
 //! of the world: change the "kernel" behind the backend's back (drift),
 //! make the next operations fail, and see what was applied.
-use super::{Applied, BackendKind, DatapathState, Dump, Kernel, Path, StateDiff};
+use super::{
+    Applied, BackendKind, Capacity, DatapathState, Dump, Entries, Kernel, Path, StateDiff,
+};
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -37,6 +39,9 @@ pub struct FakeWorld {
     pub schema: bool,
     /// The next this many reads or applies fail.
     pub failures: usize,
+    /// What the tables hold at most (`None`: no limit); an apply beyond
+    /// it fails, as a full BPF map refuses a new key.
+    pub capacity: Option<Capacity>,
     pub reads: usize,
     pub applies: usize,
     pub upkeeps: usize,
@@ -85,6 +90,10 @@ impl Kernel for FakeKernel {
         BackendKind::Nft
     }
 
+    fn capacity(&self) -> Capacity {
+        self.world.world().capacity.unwrap_or(Capacity::UNLIMITED)
+    }
+
     fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<BTreeMap<IpAddr, Path>, FakeError> {
         Ok(paths(pods))
     }
@@ -108,6 +117,12 @@ impl Kernel for FakeKernel {
         let mut next = w.kernel.clone();
         next.apply(diff)
             .map_err(|what| FakeError(format!("{what}: no such element")))?;
+        if let Some(cap) = &w.capacity {
+            let over = Entries::of_state(&next).over(cap);
+            if !over.is_empty() {
+                return Err(FakeError(format!("{over:?}: table full")));
+            }
+        }
         w.kernel = next;
         let installed_schema = found == Some(false);
         w.schema = true;

@@ -8,6 +8,7 @@
 //! - [`Datapath`]: what the reconciler drives ([`Synced`] implements it);
 //! - [`worker`]: runs a datapath on a thread of its own, so that netlink and
 //!   BPF syscalls never block the async runtime.
+mod capacity;
 mod counters;
 pub mod fake;
 mod render;
@@ -15,6 +16,7 @@ mod state;
 mod sync;
 pub mod worker;
 
+pub use capacity::{Capacity, Entries, Overflow, Table};
 pub use counters::{Count, Counters, ServiceCount};
 pub use render::render_text;
 pub use state::{
@@ -58,6 +60,9 @@ pub struct SyncReport {
     pub changed_elements: usize,
     /// True when the sync (re)installed tables, chains, rules or programs.
     pub installed_schema: bool,
+    /// What the backend's tables could not hold (see [`Capacity`]): the
+    /// rest was applied.
+    pub overflow: Overflow,
 }
 
 /// The live state of a datapath, read back from the kernel.
@@ -91,6 +96,12 @@ pub trait Kernel {
     type Found;
 
     fn kind(&self) -> BackendKind;
+
+    /// What the backend's tables hold at most: the sync layer never asks
+    /// for more (a full table would fail the whole apply).
+    fn capacity(&self) -> Capacity {
+        Capacity::UNLIMITED
+    }
 
     /// The kernel's paths toward `pods` (a pod it has no route to is left
     /// out): they decide which interface each guarded address may arrive

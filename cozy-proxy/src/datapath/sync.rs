@@ -3,7 +3,8 @@
 //! policy, for every backend alike.
 use super::Counters;
 use super::{
-    BackendKind, Change, Datapath, DatapathState, Dump, Kernel, RemotePods, StateDiff, SyncReport,
+    BackendKind, Change, Datapath, DatapathState, Dump, Entries, Kernel, Overflow, RemotePods,
+    StateDiff, SyncReport,
 };
 use std::{collections::BTreeSet, net::IpAddr};
 use tracing::{debug, info, warn};
@@ -20,6 +21,12 @@ pub struct Synced<K: Kernel> {
     /// The kernel's paths may have changed since `known` was resolved: the
     /// next sync resolves every address again.
     stale_paths: bool,
+    /// What `known` needs of the backend's tables (see [`Entries`]).
+    known_needs: Entries,
+    /// What the last sync left out for lack of room: until it is empty,
+    /// every sync takes the full way (which fits the state again, and
+    /// takes back what now fits).
+    overflow: Overflow,
 }
 
 impl<K: Kernel> Synced<K> {
@@ -29,6 +36,8 @@ impl<K: Kernel> Synced<K> {
             known: None,
             remote_pods: RemotePods::default(),
             stale_paths: false,
+            known_needs: Entries::default(),
+            overflow: Overflow::default(),
         }
     }
 
@@ -37,12 +46,6 @@ impl<K: Kernel> Synced<K> {
     }
 
     fn try_sync(&mut self, desired: &DatapathState) -> Result<SyncReport, K::Error> {
-        let started = std::time::Instant::now();
-        let mut desired = desired.clone();
-        let paths = self.kernel.paths(&desired.pods())?;
-        debug!(pods = paths.len(), took = ?started.elapsed(), "paths toward the pods");
-        desired.resolve(&paths);
-        let desired = &desired;
         let (known, found) = match self.known.take() {
             Some(known) => (known, None),
             None => {
@@ -50,14 +53,38 @@ impl<K: Kernel> Synced<K> {
                 (adopt(self.kernel.kind(), live), Some(found))
             }
         };
+        let mut desired = desired.clone();
+        let overflow = desired.fit(&self.kernel.capacity(), Some(&known));
+        if !overflow.is_empty() {
+            warn!(
+                backend = %self.kernel.kind(),
+                left_out = overflow.left_out.len(),
+                full = ?overflow.full,
+                "the datapath's tables are full: LB IPs left out (the rest is applied)"
+            );
+        }
+        let started = std::time::Instant::now();
+        let paths = match self.kernel.paths(&desired.pods()) {
+            Ok(p) => p,
+            Err(e) => {
+                self.known = Some(known);
+                return Err(e);
+            }
+        };
+        debug!(pods = paths.len(), took = ?started.elapsed(), "paths toward the pods");
+        desired.resolve(&paths);
+        let desired = &desired;
         let diff = known.diff(desired);
         let applied = self.kernel.apply(&diff, desired, found)?;
         self.known = Some(desired.clone());
+        self.known_needs = Entries::of_state(desired);
         self.remote_pods = RemotePods::of(desired);
         self.stale_paths = false;
+        self.overflow = overflow.clone();
         Ok(SyncReport {
             changed_elements: diff.size() + applied.extra_changes,
             installed_schema: applied.installed_schema,
+            overflow,
         })
     }
 
@@ -71,7 +98,13 @@ impl<K: Kernel> Synced<K> {
         desired: &DatapathState,
         change: &StateDiff,
     ) -> Result<Option<SyncReport>, K::Error> {
-        if self.stale_paths || self.known.is_none() {
+        if self.stale_paths || self.known.is_none() || !self.overflow.is_empty() {
+            return Ok(None);
+        }
+        // A change that would not fit takes the full way, which fits it.
+        let (added, removed) = change.needs();
+        let needs = self.known_needs.plus(added).minus(removed);
+        if !needs.over(&self.kernel.capacity()).is_empty() {
             return Ok(None);
         }
         let touched = change.mapping_addresses();
@@ -108,10 +141,14 @@ impl<K: Kernel> Synced<K> {
             return Ok(None);
         }
         match self.kernel.apply(&diff, known, None) {
-            Ok(applied) => Ok(Some(SyncReport {
-                changed_elements: diff.size() + applied.extra_changes,
-                installed_schema: applied.installed_schema,
-            })),
+            Ok(applied) => {
+                self.known_needs = needs;
+                Ok(Some(SyncReport {
+                    changed_elements: diff.size() + applied.extra_changes,
+                    installed_schema: applied.installed_schema,
+                    overflow: Overflow::default(),
+                }))
+            }
             Err(e) => {
                 self.known = None;
                 Err(e)

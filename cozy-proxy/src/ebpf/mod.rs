@@ -7,7 +7,8 @@ mod links;
 mod maps;
 
 use crate::datapath::{
-    Applied, BackendKind, Counters, DatapathState, Dump, Kernel, Path as PodPath, StateDiff,
+    Applied, BackendKind, Capacity, Counters, DatapathState, Dump, Kernel, Path as PodPath,
+    StateDiff,
 };
 use crate::netlink::{route, NetlinkError, NlSocket};
 use crate::steer::Steering;
@@ -368,6 +369,17 @@ impl Kernel for EbpfKernel {
 
     fn kind(&self) -> BackendKind {
         BackendKind::Ebpf
+    }
+
+    /// The sizes of the maps (fixed when they are created).
+    fn capacity(&self) -> Capacity {
+        use cozy_proxy_common::limits;
+        Capacity::new(
+            limits::ADDRS,
+            limits::MAPPINGS,
+            limits::PORTS,
+            limits::SOURCE_RANGES,
+        )
     }
 
     fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<BTreeMap<IpAddr, PodPath>, EbpfError> {

@@ -373,6 +373,11 @@ impl PlanState {
         self.results.iter()
     }
 
+    /// What became of LB IP `lb`, if a Service owns it.
+    pub fn result_of(&self, lb: &IpAddr) -> Option<&LbResult> {
+        self.results.get(lb)
+    }
+
     /// Every current warning, sorted.
     pub fn warnings(&self) -> impl Iterator<Item = &Warning> {
         self.warnings.keys()

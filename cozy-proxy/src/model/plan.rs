@@ -276,13 +276,19 @@ fn candidates(
     for family in [Family::V4, Family::V6] {
         let mut lbs = intent.lb_ips.iter().filter(|ip| Family::of(ip) == family);
         let Some(&lb_ip) = lbs.next() else { continue };
-        let extra: Vec<String> = lbs.map(ToString::to_string).collect();
+        let extra: Vec<&IpAddr> = lbs.collect();
         if !extra.is_empty() {
+            const LISTED: usize = 8;
+            let mut ignored: Vec<String> =
+                extra.iter().take(LISTED).map(ToString::to_string).collect();
+            if extra.len() > LISTED {
+                ignored.push(format!("and {} more", extra.len() - LISTED));
+            }
             warnings.push(
                 WarningKind::ExtraLoadBalancerIp,
                 format!(
                     "a 1:1 NAT maps one IP per family: {lb_ip} is used, {} ignored",
-                    extra.join(", ")
+                    ignored.join(", ")
                 ),
             );
         }

@@ -10,6 +10,16 @@ pub const PROXY_NAME: &str = "cozy-proxy";
 pub const WHOLE_IP_ANNOTATION: &str = "networking.cozystack.io/wholeIP";
 pub const ALLOW_ICMP_ANNOTATION: &str = "networking.cozystack.io/allowICMP";
 
+/// Ports one Service's port filter may list: one Service (a tenant) must
+/// not fill the node's port table for everyone (the eBPF map holds
+/// 262 144 over all pods). Beyond it, the ports after the first this many
+/// in `spec.ports` are not allowed (fail closed) and the Service is warned.
+pub const MAX_PORTS_PER_SERVICE: usize = 4096;
+/// `loadBalancerSourceRanges` entries one Service may list, for the same
+/// reason (65 536 prefixes over all LB IPs); the ranges after these are
+/// not allowed.
+pub const MAX_SOURCE_RANGES_PER_SERVICE: usize = 1024;
+
 /// What a managed Service asks for, before endpoints and conflicts.
 #[derive(Clone, Debug)]
 pub struct ServiceIntent {
@@ -101,7 +111,16 @@ fn source_ranges(svc: &Service, warnings: &mut Warnings<'_>) -> Option<BTreeSet<
         .filter(|l| !l.is_empty())?;
     let mut ranges = BTreeSet::new();
     let mut invalid = Vec::new();
-    for text in listed {
+    if listed.len() > MAX_SOURCE_RANGES_PER_SERVICE {
+        warnings.push(
+            WarningKind::TooManyEntries,
+            format!(
+                "spec.loadBalancerSourceRanges lists {} ranges; only the first {MAX_SOURCE_RANGES_PER_SERVICE} are allowed",
+                listed.len()
+            ),
+        );
+    }
+    for text in listed.iter().take(MAX_SOURCE_RANGES_PER_SERVICE) {
         match text.parse::<Cidr>() {
             Ok(c) => {
                 ranges.insert(c);
@@ -189,6 +208,16 @@ fn declared_ports(svc: &Service, warnings: &mut Warnings<'_>) -> BTreeSet<PortRu
         };
         match u16::try_from(p.port) {
             Ok(port) if port != 0 => {
+                if ports.len() == MAX_PORTS_PER_SERVICE {
+                    let listed = declared.map_or(0, Vec::len);
+                    warnings.push(
+                        WarningKind::TooManyEntries,
+                        format!(
+                            "spec.ports lists {listed} ports; only the first {MAX_PORTS_PER_SERVICE} are allowed"
+                        ),
+                    );
+                    break;
+                }
                 ports.insert(PortRule { protocol, port });
             }
             _ => warnings.push(
@@ -207,11 +236,13 @@ fn load_balancer_ips(svc: &Service, warnings: &mut Warnings<'_>) -> Vec<IpAddr> 
         .and_then(|s| s.load_balancer.as_ref())
         .and_then(|lb| lb.ingress.as_ref());
     let mut ips = Vec::new();
+    // Thousands of entries must not cost a quadratic search.
+    let mut seen = std::collections::HashSet::new();
     let mut hostnames = Vec::new();
     for entry in ingress.into_iter().flatten() {
         match entry.ip.as_deref() {
             Some(text) => match text.parse::<IpAddr>() {
-                Ok(ip) if !ips.contains(&ip) => ips.push(ip),
+                Ok(ip) if seen.insert(ip) => ips.push(ip),
                 Ok(_) => {}
                 Err(_) => warnings.push(
                     WarningKind::InvalidIp,

@@ -579,6 +579,75 @@ fn source_ranges_are_read_and_an_invalid_one_fails_closed() {
 }
 
 #[test]
+fn a_service_with_thousands_of_entries_is_capped_and_warned_a_bounded_number_of_times() {
+    use super::service::{MAX_PORTS_PER_SERVICE, MAX_SOURCE_RANGES_PER_SERVICE};
+    use super::warning::MAX_WARNINGS_PER_KIND;
+    // 3 000 bad ports then 6 000 good ones (TCP 1..=6000), 2 000 source
+    // ranges, 3 000 LB IPs and 3 000 invalid ones.
+    let mut ports: Vec<(&str, i32)> = (1..=3000).map(|p| ("FOO", p)).collect();
+    ports.extend((1..=6000).map(|p| ("TCP", p)));
+    let lbs: Vec<String> = (0..3000u32)
+        .map(|i| format!("2001:db8:200::{i:x}"))
+        .chain((0..3000).map(|i| format!("bad-{i}")))
+        .collect();
+    let lb_refs: Vec<&str> = std::iter::once("203.0.113.10")
+        .chain(lbs.iter().map(String::as_str))
+        .collect();
+    let mut svc = service(SvcSpec {
+        annotations: &[(WHOLE_IP_ANNOTATION, "false")],
+        lb: &lb_refs,
+        ports: &ports,
+        ..Default::default()
+    });
+    if let Some(spec) = svc.spec.as_mut() {
+        spec.load_balancer_source_ranges = Some(
+            (0..2000u32)
+                .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
+                .collect(),
+        );
+    }
+    let o = compute_plan(
+        &[svc],
+        &[
+            slice("vm", "IPv4", &[("192.0.2.11", None)]),
+            slice("vm", "IPv6", &[("2001:db8:1::11", None)]),
+        ],
+        &[],
+    );
+    let v4 = o
+        .plan
+        .mappings
+        .iter()
+        .find(|m| m.lb_ip == ip("203.0.113.10"))
+        .expect("the IPv4 mapping");
+    let Mode::PortFilter { ports, .. } = &v4.mode else {
+        panic!("port filter expected: {:?}", v4.mode);
+    };
+    // The first ports in spec order: 1..=4096.
+    assert_eq!(ports.len(), MAX_PORTS_PER_SERVICE);
+    assert_eq!(ports.iter().map(|p| p.port).max(), Some(4096));
+    let ranges = v4.source_ranges.as_ref().expect("ranges");
+    assert_eq!(ranges.len(), MAX_SOURCE_RANGES_PER_SERVICE);
+    let count = |k: WarningKind| o.warnings.iter().filter(|w| w.kind == k).count();
+    assert_eq!(count(WarningKind::TooManyEntries), 2, "{:?}", kinds(&o));
+    // Thousands of bad entries: the first few listed, then one line.
+    assert_eq!(count(WarningKind::InvalidPort), MAX_WARNINGS_PER_KIND + 1);
+    assert_eq!(count(WarningKind::InvalidIp), MAX_WARNINGS_PER_KIND + 1);
+    let extra: Vec<&Warning> = o
+        .warnings
+        .iter()
+        .filter(|w| w.kind == WarningKind::ExtraLoadBalancerIp)
+        .collect();
+    assert_eq!(extra.len(), 1);
+    assert!(
+        extra[0].message.contains("and 2991 more"),
+        "{}",
+        extra[0].message
+    );
+    assert!(extra[0].message.len() < 1000);
+}
+
+#[test]
 fn a_broken_object_without_name_or_status_does_not_panic() {
     let empty = Service {
         metadata: ObjectMeta {

@@ -32,6 +32,12 @@ pub enum WarningKind {
     /// A `loadBalancerSourceRanges` entry that is not an IP prefix: the
     /// Service fails closed (nothing reaches the pod through its LB IP).
     InvalidSourceRange,
+    /// More ports or source ranges than one Service may list: those
+    /// beyond the cap are not allowed.
+    TooManyEntries,
+    /// The node's datapath tables are full: the LB IP is not translated
+    /// on this node (reported by the node, not found in the Service).
+    DatapathFull,
 }
 
 impl WarningKind {
@@ -50,6 +56,8 @@ impl WarningKind {
             WarningKind::PodIpConflict => "PodIPConflict",
             WarningKind::ForbiddenAddress => "ForbiddenAddress",
             WarningKind::InvalidSourceRange => "InvalidSourceRange",
+            WarningKind::TooManyEntries => "TooManyEntries",
+            WarningKind::DatapathFull => "DatapathFull",
         }
     }
 }
@@ -80,12 +88,27 @@ pub(crate) struct Warnings<'a> {
     pub out: &'a mut Vec<Warning>,
 }
 
+/// Warnings of one kind listed for one Service: a Service with thousands
+/// of bad entries must not become thousands of Events.
+pub const MAX_WARNINGS_PER_KIND: usize = 8;
+
 impl Warnings<'_> {
+    /// Adds a warning, unless the Service has [`MAX_WARNINGS_PER_KIND`] of
+    /// its kind already: then one more says that the rest are not listed.
+    /// (`out` stays short, so counting it is cheap.)
     pub fn push(&mut self, kind: WarningKind, message: impl Into<String>) {
+        let listed = self.out.iter().filter(|w| w.kind == kind).count();
+        let message = match listed {
+            n if n < MAX_WARNINGS_PER_KIND => message.into(),
+            n if n == MAX_WARNINGS_PER_KIND => {
+                format!("more {kind} problems in this Service are not listed")
+            }
+            _ => return,
+        };
         self.out.push(Warning {
             service: self.service.clone(),
             kind,
-            message: message.into(),
+            message,
         });
     }
 }

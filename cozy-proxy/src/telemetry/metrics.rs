@@ -1,6 +1,6 @@
 //! The metrics: sync timing and errors, Services per mode, warnings by
 //! reason, and the eBPF datapath's own counters.
-use crate::datapath::Counters;
+use crate::datapath::{Counters, Overflow, Table};
 use crate::model::PlanSummary;
 use prometheus_client::{
     collector::Collector,
@@ -26,6 +26,8 @@ pub struct Metrics {
     unmapped: Gauge,
     warnings: Family<Labels, Gauge>,
     datapath_elements: Gauge,
+    left_out: Gauge,
+    full_tables: Family<Labels, Gauge>,
     /// The datapath's counters as last read: exported as counters by
     /// [`DatapathCounters`] (the kernel keeps them; we only copy them).
     datapath_counters: Arc<Mutex<Counters>>,
@@ -100,6 +102,8 @@ impl Metrics {
             unmapped: Gauge::default(),
             warnings: Family::default(),
             datapath_elements: Gauge::default(),
+            left_out: Gauge::default(),
+            full_tables: Family::default(),
             datapath_counters: Arc::default(),
             registry: Registry::default(),
         };
@@ -133,6 +137,16 @@ impl Metrics {
             "Elements in the datapath's maps and sets",
             m.datapath_elements.clone(),
         );
+        registry.register(
+            "datapath_left_out_lb_ips",
+            "LoadBalancer IPs the datapath's full tables could not hold (not translated here)",
+            m.left_out.clone(),
+        );
+        registry.register(
+            "datapath_table_full",
+            "1 where a datapath table is full and LB IPs were left out, by table",
+            m.full_tables.clone(),
+        );
         registry.register_collector(Box::new(DatapathCounters(m.datapath_counters.clone())));
         Metrics { registry, ..m }
     }
@@ -163,6 +177,17 @@ impl Metrics {
                 .inc_by(*n as i64);
         }
         self.datapath_elements.set(elements as i64);
+    }
+
+    /// What the last sync could not fit in the datapath's tables.
+    pub fn observe_overflow(&self, overflow: &Overflow) {
+        self.left_out.set(overflow.left_out.len() as i64);
+        for t in Table::ALL {
+            let full = i64::from(overflow.full.contains(&t));
+            self.full_tables
+                .get_or_create(&labels(&[("table", t.as_str())]))
+                .set(full);
+        }
     }
 
     /// Keeps the datapath's own counters for the next scrape.
