@@ -425,3 +425,86 @@ fn a_recreated_pod_link_is_followed_ebpf() -> Result<()> {
 fn a_recreated_pod_link_is_followed_nft() -> Result<()> {
     a_recreated_pod_link_is_followed(Backend::Nft)
 }
+
+/// The map of allowed ports (262 144 entries) filled by 65 Services of
+/// 4 096 ports each, after a working one: the working Service keeps its
+/// place and its traffic, the LB IPs that do not fit are left out whole
+/// (dropped as unmapped, reported per Service), everything else is
+/// applied; when two leave, the two left out take their room.
+#[test]
+fn a_full_map_leaves_out_whole_services_reports_them_and_applies_the_rest() -> Result<()> {
+    use cozy_proxy_common::limits;
+    use std::net::IpAddr;
+    let env = setup()?;
+    let ports: Vec<(&str, u16)> = (1..=4096).map(|p| ("TCP", p)).collect();
+    let big = |i: usize| -> Result<(String, IpAddr, IpAddr)> {
+        Ok((
+            format!("big{i}"),
+            format!("203.0.113.{}", 100 + i).parse()?,
+            format!("192.0.2.{}", 100 + i).parse()?,
+        ))
+    };
+    for i in 0..65 {
+        let (name, lb, pod) = big(i)?;
+        env.dir
+            .put(&name, &Svc::new(&name, lb).filter(&ports).yaml())?;
+        env.dir.put(
+            &format!("{name}-eps"),
+            &slice(&name, "IPv4", &[(pod.to_string(), None)]),
+        )?;
+    }
+    // vm1's port and 63 big Services fill the map: 1 + 63 * 4096 <= 262 144.
+    let fitting = (limits::PORTS - 1) / 4096;
+    ensure!(fitting == 63, "limits changed: {fitting}");
+    let left_out: Vec<IpAddr> = (fitting..65)
+        .map(|i| big(i).map(|b| b.1))
+        .collect::<Result<_>>()?;
+    let long = std::time::Duration::from_secs(60);
+    let state = eventually(long, || {
+        let s = env.dump()?;
+        ensure!(
+            s.svc_pod.len() == 1 + fitting,
+            "mapped: {}",
+            s.svc_pod.len()
+        );
+        Ok(s)
+    })
+    .with_context(|| env.ctl.log_text())?;
+    ensure!(state.allowed_ports.len() == 1 + fitting * 4096);
+    ensure!(
+        state.svc_pod.contains_key(&env.net.lbs[0]),
+        "vm1 lost its place"
+    );
+    for lb in &left_out {
+        ensure!(!state.svc_pod.contains_key(lb), "{lb} mapped");
+        ensure!(state.unmapped_lbs.contains(lb), "{lb} not dropped");
+    }
+    env.wait_log("the datapath's tables are full")?;
+    env.wait_log(&format!(
+        "{} is not translated on node1: the datapath's tables are full (allowed_ports); \
+         the other Services are applied service=default/big64 reason=DatapathFull",
+        left_out[1]
+    ))?;
+    // vm1 still works, and is still filtered.
+    let _ssh = Server::tcp(&env.topo.pod(1), Fam::V4, 22, "pod1")?;
+    eventually(SETTLE, || tcp_request(&env.topo.ext(), env.net.lbs[0], 22))?;
+    ensure!(
+        tcp_request(&env.topo.ext(), env.net.lbs[0], 8080).is_err(),
+        "8080 must be filtered"
+    );
+    // Two leave: the two left out take their room.
+    for i in 0..2 {
+        env.delete_service_files(&big(i)?.0)?;
+    }
+    let state = eventually(long, || {
+        let s = env.dump()?;
+        for lb in &left_out {
+            ensure!(s.svc_pod.contains_key(lb), "{lb} not mapped yet");
+        }
+        Ok(s)
+    })
+    .with_context(|| env.ctl.log_text())?;
+    ensure!(state.allowed_ports.len() == 1 + fitting * 4096);
+    env.wait_log("resolved: 203.0.113.164 is not translated")?;
+    Ok(())
+}

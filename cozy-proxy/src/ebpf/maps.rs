@@ -148,6 +148,13 @@ macro_rules! typed {
 }
 
 /// Removing what is already gone is fine: the goal is its absence.
+/// A hash map refuses a new key with E2BIG when full, an LPM trie with
+/// ENOSPC.
+fn is_full(e: &MapError) -> bool {
+    matches!(e, MapError::SyscallError(s)
+        if matches!(s.io_error.raw_os_error(), Some(libc::E2BIG | libc::ENOSPC)))
+}
+
 fn absent_ok(r: Result<(), MapError>) -> Result<(), MapError> {
     match r {
         Err(MapError::ElementNotFound | MapError::KeyNotFound) => Ok(()),
@@ -334,10 +341,14 @@ impl Maps {
             cidrs.extend(adding);
             self.write_prefilter(bits.words(), &cidrs)?;
         }
+        let mut room_made = false;
         for p in &diff.allowed_ports.add {
-            self.allowed_ports
-                .insert(port_key(p), 1, 0)
-                .map_err(named(names::ALLOWED_PORTS))?;
+            self.insert_or_make_room(
+                names::ALLOWED_PORTS,
+                &mut room_made,
+                |m| m.allowed_ports.insert(port_key(p), 1, 0),
+                |m| m.remove_ports(&diff.allowed_ports.remove),
+            )?;
         }
         self.update_ranges(diff, desired, true)?;
         // The flows of pods that no longer remember them, and of a pod
@@ -373,10 +384,7 @@ impl Maps {
             }
         }
         self.update_ranges(diff, desired, false)?;
-        for p in &diff.allowed_ports.remove {
-            absent_ok(self.allowed_ports.remove(&port_key(p)))
-                .map_err(named(names::ALLOWED_PORTS))?;
-        }
+        self.remove_ports(&diff.allowed_ports.remove)?;
         for k in &leaving {
             bits.remove(k);
         }
@@ -390,6 +398,36 @@ impl Maps {
         self.in_addrs = Some(bits);
         self.remote_pods = Some(remote_pods);
         Ok(())
+    }
+
+    fn remove_ports(&mut self, ports: &[AllowedPort]) -> Result<(), EbpfError> {
+        for p in ports {
+            absent_ok(self.allowed_ports.remove(&port_key(p)))
+                .map_err(named(names::ALLOWED_PORTS))?;
+        }
+        Ok(())
+    }
+
+    /// Inserts with `insert`; where the map is full, `make_room` first
+    /// (once per apply: removing what the diff removes, early) and again.
+    /// Policies normally leave after the addresses that need them; a port
+    /// or source range removed early only denies a moment sooner (fails
+    /// closed), so room is made this way only when the map is full.
+    fn insert_or_make_room(
+        &mut self,
+        name: &'static str,
+        room_made: &mut bool,
+        mut insert: impl FnMut(&mut Self) -> Result<(), MapError>,
+        make_room: impl FnOnce(&mut Self) -> Result<(), EbpfError>,
+    ) -> Result<(), EbpfError> {
+        match insert(self) {
+            Err(e) if is_full(&e) && !*room_made => {
+                *room_made = true;
+                make_room(self)?;
+                insert(self).map_err(named(name))
+            }
+            r => r.map_err(named(name)),
+        }
     }
 
     /// `desired`'s remote pods: the last state's, changed by `diff`
@@ -518,11 +556,15 @@ impl Maps {
                     .insert(&cluster_key(&c), CLUSTER_RANGE, 0)
                     .map_err(named(names::CLUSTER))?;
             }
+            let mut room_made = false;
             for (lb, r) in &diff.source_ranges.add {
                 for c in r.cidrs() {
-                    self.src_ranges
-                        .insert(&range_key(lb, &c), 1, 0)
-                        .map_err(named(names::SRC_RANGES))?;
+                    self.insert_or_make_room(
+                        names::SRC_RANGES,
+                        &mut room_made,
+                        |m| m.src_ranges.insert(&range_key(lb, &c), 1, 0),
+                        |m| m.update_ranges(diff, desired, false),
+                    )?;
                 }
             }
             return Ok(());
