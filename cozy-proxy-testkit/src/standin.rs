@@ -14,7 +14,8 @@
 //! `POST /control/compact` forgets history, so older resourceVersions get
 //! `410 Gone` (open watches get an Expired ERROR event). `GET
 //! /control/events` lists the Events received. `POST /control/apply` (a JSON
-//! object) creates or replaces one object at once.
+//! object, or an array of them: a burst) creates or replaces objects at
+//! once.
 use serde_json::{json, Value};
 use std::{
     collections::BTreeMap,
@@ -183,12 +184,20 @@ impl Server {
         self.publish(&mut st, changes);
     }
 
-    /// Creates or replaces one object (`POST /control/apply`).
+    /// Creates or replaces one object, or each of an array of them
+    /// (`POST /control/apply`): true when any changed.
     fn apply(&self, spec: &Value) -> bool {
+        let specs = match spec {
+            Value::Array(all) => all.iter().collect(),
+            one => vec![one],
+        };
         let mut st = self.state.lock().expect("lock");
-        let change = upsert(&mut st, &key_of(spec), spec);
-        let changed = change.is_some();
-        self.publish(&mut st, change.into_iter().collect());
+        let changes: Vec<Change> = specs
+            .into_iter()
+            .filter_map(|s| upsert(&mut st, &key_of(s), s))
+            .collect();
+        let changed = !changes.is_empty();
+        self.publish(&mut st, changes);
         changed
     }
 
@@ -626,7 +635,9 @@ pub async fn serve(listener: TcpListener, dir: PathBuf) {
 }
 
 async fn serve_with(listener: TcpListener, dir: PathBuf, rescan: bool) {
-    let (changes, _) = broadcast::channel(4096);
+    // Room for a burst of changes (the bench writes 10 000 at once): a
+    // watcher that falls further behind is cut, and resumes from history.
+    let (changes, _) = broadcast::channel(1 << 16);
     let (epoch, _) = watch::channel(0);
     let start = now_rv();
     let server = Arc::new(Server {

@@ -328,6 +328,9 @@ fn memory_mib(pid: u32, field: &str) -> Result<f64> {
 }
 
 /// `POST path` with a JSON body to the stand-in; waits for the status line.
+/// The API stand-in's address.
+const ADDR: &str = "127.0.0.1:6443";
+
 fn post_json(addr: &str, path: &str, body: &Value) -> Result<()> {
     let mut s = std::net::TcpStream::connect(addr)?;
     let b = body.to_string();
@@ -350,13 +353,15 @@ fn post_json(addr: &str, path: &str, body: &Value) -> Result<()> {
 /// API, the latency from a write (an EndpointSlice moved to a new pod) to
 /// the change visible in the kernel (the LB IP's host route, which the
 /// datapath changes last, read back with a route lookup), over `changes`
-/// writes, one at a time.
+/// writes, one at a time; then, where `burst` > 0, `burst` EndpointSlices
+/// moved in one write, to all of them visible in the kernel.
 fn controller_run(
     n: usize,
     unmanaged: usize,
     backend: &str,
     objects: Objects,
     changes: usize,
+    burst: usize,
 ) -> Result<Value> {
     let name = format!("cpbench-run-{}", std::process::id());
     let ns = Netns::enter(&name)?;
@@ -381,7 +386,6 @@ fn controller_run(
     cmd.args(["run", "--backend", backend, "--metrics-addr", ""])
         .arg("--bpf-pin-dir")
         .arg(&pins);
-    const ADDR: &str = "127.0.0.1:6443";
     let _server = match objects {
         Objects::Manifests => {
             cmd.arg("--manifests").arg(&dir);
@@ -460,6 +464,9 @@ fn controller_run(
             out["api_to_kernel_ms"] =
                 json!({"min": min, "median": med, "p99": p99, "max": max, "changes": changes});
             out["peak_rss_after_changes_mib"] = json!(memory_mib(child.id(), "VmHWM:")?);
+            if burst > 0 {
+                out["burst"] = write_burst(&sock, burst)?;
+            }
         }
         Ok(out)
     })();
@@ -475,6 +482,39 @@ fn controller_run(
     drop(ns);
     let _ = fs::remove_dir_all(&dir);
     result
+}
+
+/// The EndpointSlices of `burst` IPv6 Services (from the 251st) moved to
+/// new pods in one write, each to an address of its own: the time until
+/// every LB IP's host route leads to its new pod.
+fn write_burst(sock: &NlSocket, burst: usize) -> Result<Value> {
+    let mut want = Vec::with_capacity(burst);
+    let mut slices = Vec::with_capacity(burst);
+    for i in 250..250 + burst {
+        let pod = format!("2001:db8:2::e:{i:x}");
+        want.push((addresses(i).0.parse::<IpAddr>()?, pod.parse::<IpAddr>()?));
+        slices.push(serde_json::to_value(&*slice_on(i, &pod)?)?);
+    }
+    let lbs: Vec<IpAddr> = want.iter().map(|w| w.0).collect();
+    let t = Instant::now();
+    post_json(ADDR, "/control/apply", &Value::Array(slices))?;
+    let posted = t.elapsed();
+    loop {
+        let found = route::lookup_many(sock, &lbs)?;
+        let moved = found
+            .iter()
+            .zip(&want)
+            .filter(|((_, l), (_, pod))| matches!(l, Ok(l) if l.via.gateway == Some(*pod)))
+            .count();
+        if moved == burst {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(120) {
+            bail!("burst: {moved} of {burst} changes visible after 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(json!({"changes": burst, "write_ms": ms(posted), "api_to_kernel_ms": ms(t.elapsed())}))
 }
 
 fn control_plane(args: &[String]) -> Result<()> {
@@ -538,7 +578,7 @@ fn control_plane(args: &[String]) -> Result<()> {
                 eprintln!("control-plane n={n} {backend}: {}", row[backend]);
                 continue;
             }
-            let manifests = controller_run(n, 0, backend, Objects::Manifests, 0)?;
+            let manifests = controller_run(n, 0, backend, Objects::Manifests, 0, 0)?;
             row[backend] = json!({
                 "apply": r,
                 "controller_peak_rss_mib": manifests["peak_rss_mib"],
@@ -546,11 +586,16 @@ fn control_plane(args: &[String]) -> Result<()> {
             if n >= 1000 {
                 // As many unmanaged Services as managed ones; the
                 // controller's default debounce and none.
+                // A burst of (up to) 10 000 changes at the default.
                 for debounce_ms in [0, 50] {
                     let writes = if debounce_ms == 0 { 100 } else { 40 };
+                    let burst = match debounce_ms {
+                        0 => 0,
+                        _ => n.saturating_sub(250).min(10_000),
+                    };
                     let api = Objects::Api { debounce_ms };
                     row[backend][format!("api_debounce_{debounce_ms}ms")] =
-                        controller_run(n, n, backend, api, writes)?;
+                        controller_run(n, n, backend, api, writes, burst)?;
                 }
             }
             eprintln!("control-plane n={n} {backend}: {}", row[backend]);
