@@ -139,8 +139,8 @@ impl EventPublisher {
             let reference = ObjectReference {
                 api_version: Some("v1".into()),
                 kind: Some("Service".into()),
-                namespace: Some(ns.clone()),
-                name: Some(name.clone()),
+                namespace: Some(ns.to_string()),
+                name: Some(name.to_string()),
                 uid: view.service_uid(ns, name),
                 ..Default::default()
             };

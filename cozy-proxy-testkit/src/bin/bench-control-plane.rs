@@ -36,6 +36,13 @@ use std::{
 };
 
 fn main() -> Result<()> {
+    // RUST_LOG=cozy_proxy=debug shows where a round's time goes.
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     control_plane(&args)
 }

@@ -46,10 +46,12 @@ impl<K: Kernel> Synced<K> {
     }
 
     fn try_sync(&mut self, desired: &DatapathState) -> Result<SyncReport, K::Error> {
+        let started = std::time::Instant::now();
         let (known, found) = match self.known.take() {
             Some(known) => (known, None),
             None => {
                 let (live, found) = self.kernel.read()?;
+                debug!(took = ?started.elapsed(), "kernel read");
                 (adopt(self.kernel.kind(), live), Some(found))
             }
         };
@@ -73,12 +75,14 @@ impl<K: Kernel> Synced<K> {
         };
         debug!(pods = paths.len(), took = ?started.elapsed(), "paths toward the pods");
         desired.resolve(&paths);
-        let desired = &desired;
-        let diff = known.diff(desired);
-        let applied = self.kernel.apply(&diff, desired, found)?;
-        self.known = Some(desired.clone());
-        self.known_needs = Entries::of_state(desired);
-        self.remote_pods = RemotePods::of(desired);
+        let diff = known.diff(&desired);
+        let started = std::time::Instant::now();
+        let applied = self.kernel.apply(&diff, &desired, found)?;
+        debug!(elements = diff.size(), took = ?started.elapsed(), "kernel changed");
+        self.known_needs = Entries::of_state(&desired);
+        self.remote_pods = RemotePods::of(&desired);
+        // What we computed is what the kernel holds now: kept, not copied.
+        self.known = Some(desired);
         self.stale_paths = false;
         self.overflow = overflow.clone();
         Ok(SyncReport {

@@ -327,12 +327,12 @@ fn conflicts_older_wins_and_hands_over() {
     ];
     let o = compute_plan(&[b.clone(), a.clone()], &slices, &[]);
     assert_eq!(o.plan.mappings.len(), 1);
-    assert_eq!(o.plan.mappings[0].service.name, "a");
+    assert_eq!(&*o.plan.mappings[0].service.name, "a");
     assert_eq!(kinds(&o), vec![WarningKind::LoadBalancerIpConflict]);
-    assert_eq!(o.warnings[0].service.name, "b");
+    assert_eq!(&*o.warnings[0].service.name, "b");
     // Deleting the older hands the IP over.
     let o = compute_plan(&[b], &slices, &[]);
-    assert_eq!(o.plan.mappings[0].service.name, "b");
+    assert_eq!(&*o.plan.mappings[0].service.name, "b");
     // Same pod, different LB IPs: the newer's LB IP is unmapped (dropped).
     let c = service(SvcSpec {
         name: "c",
@@ -352,7 +352,7 @@ fn conflicts_older_wins_and_hands_over() {
     ];
     let o = compute_plan(&[d, c], &slices, &[]);
     assert_eq!(o.plan.mappings.len(), 1);
-    assert_eq!(o.plan.mappings[0].service.name, "c");
+    assert_eq!(&*o.plan.mappings[0].service.name, "c");
     assert_eq!(kinds(&o), vec![WarningKind::PodIpConflict]);
     assert!(o.plan.unmapped_lb_ips.contains_key(&ip("203.0.113.30")));
     // Equal age: namespace/name decides.
@@ -372,7 +372,7 @@ fn conflicts_older_wins_and_hands_over() {
         ],
         &[],
     );
-    assert_eq!(o.plan.mappings[0].service.name, "e");
+    assert_eq!(&*o.plan.mappings[0].service.name, "e");
 }
 
 #[test]

@@ -173,8 +173,8 @@ impl CompactSlice {
         EndpointSlice {
             metadata: ObjectMeta {
                 name: Some(name.into()),
-                namespace: Some(owner.namespace.clone()),
-                labels: Some([(SERVICE_NAME_LABEL.to_string(), owner.name.clone())].into()),
+                namespace: Some(owner.namespace.to_string()),
+                labels: Some([(SERVICE_NAME_LABEL.to_string(), owner.name.to_string())].into()),
                 ..Default::default()
             },
             address_type: if self.ipv6 { "IPv6" } else { "IPv4" }.into(),

@@ -308,7 +308,7 @@ mod tests {
             .snapshot()
             .read_services
             .iter()
-            .map(|r| r.intent.service.name.clone())
+            .map(|r| r.intent.service.name.to_string())
             .collect();
         assert_eq!(names, vec!["b".to_string()]);
     }
