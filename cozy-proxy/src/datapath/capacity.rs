@@ -145,24 +145,17 @@ impl StateDiff {
     /// What its additions and its removals need (as [`Entries::of_state`]
     /// counts): O(the change).
     pub fn needs(&self) -> (Entries, Entries) {
-        (
+        let side = |add: bool| {
             Entries::tally(
-                self.pod_svc.add.len(),
-                self.svc_pod.add.len(),
-                self.remote.add.len(),
-                self.unmapped_lbs.add.len(),
-                self.allowed_ports.add.len(),
-                prefixes(&self.source_ranges.add),
-            ),
-            Entries::tally(
-                self.pod_svc.remove.len(),
-                self.svc_pod.remove.len(),
-                self.remote.remove.len(),
-                self.unmapped_lbs.remove.len(),
-                self.allowed_ports.remove.len(),
-                prefixes(&self.source_ranges.remove),
-            ),
-        )
+                self.pod_svc.side(add).len(),
+                self.svc_pod.side(add).len(),
+                self.remote.side(add).len(),
+                self.unmapped_lbs.side(add).len(),
+                self.allowed_ports.side(add).len(),
+                prefixes(self.source_ranges.side(add)),
+            )
+        };
+        (side(true), side(false))
     }
 }
 

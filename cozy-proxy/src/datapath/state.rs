@@ -417,6 +417,15 @@ impl<T: Ord + Clone> Change<T> {
         self.remove.is_empty() && self.add.is_empty()
     }
 
+    /// The elements added (`add`) or removed.
+    pub fn side(&self, add: bool) -> &[T] {
+        if add {
+            &self.add
+        } else {
+            &self.remove
+        }
+    }
+
     /// Every element removed or added.
     pub fn elements(&self) -> impl Iterator<Item = &T> {
         self.remove.iter().chain(&self.add)
