@@ -7,7 +7,7 @@
 //! Each Service's warnings are published by one node, its **owner** (see
 //! [`owner`]), at most [`MAX_EVENTS_PER_MINUTE`] a minute per node, each
 //! note cut to the API's limit.
-use crate::model::Warning;
+use crate::model::{Warning, WarningKind};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{
     runtime::events::{Event, EventType, Recorder, Reporter},
@@ -85,6 +85,16 @@ impl RateLimit {
 
 /// What a publisher needs to know about the cluster: Service uids (for
 /// the Event's reference) and who owns a Service's Events.
+/// Does node `me` publish a warning of `kind` about a Service `owner`
+/// owns? The owner does, unless the warning is about one node's own
+/// datapath (which only that node knows).
+fn publishes(me: Option<&str>, owner: Option<&str>, kind: WarningKind) -> bool {
+    match (me, owner) {
+        (Some(me), Some(owner)) => me == owner || kind.is_node_local(),
+        _ => true,
+    }
+}
+
 pub trait ClusterView: Send + Sync {
     fn service_uid(&self, namespace: &str, name: &str) -> Option<String>;
     /// See [`owner`].
@@ -121,11 +131,9 @@ impl EventPublisher {
         for w in warnings {
             let (ns, name) = (&w.service.namespace, &w.service.name);
             let owner = view.owner(ns, name);
-            if let (Some(me), Some(owner)) = (&self.node, &owner) {
-                if me != owner {
-                    debug!(service = %w.service, %owner, "another node publishes this Service's Events");
-                    continue;
-                }
+            if !publishes(self.node.as_deref(), owner.as_deref(), w.kind) {
+                debug!(service = %w.service, ?owner, "another node publishes this Service's Events");
+                continue;
             }
             let allowed = self
                 .limit
@@ -167,6 +175,22 @@ mod tests {
 
     fn nodes(n: usize) -> BTreeSet<String> {
         (1..=n).map(|i| format!("node{i}")).collect()
+    }
+
+    #[test]
+    fn the_owner_publishes_and_a_node_publishes_its_own_datapath_warnings() {
+        assert!(publishes(
+            Some("a"),
+            Some("a"),
+            WarningKind::MultipleEndpoints
+        ));
+        assert!(!publishes(
+            Some("a"),
+            Some("b"),
+            WarningKind::MultipleEndpoints
+        ));
+        assert!(publishes(Some("a"), Some("b"), WarningKind::DatapathFull));
+        assert!(publishes(None, Some("b"), WarningKind::MultipleEndpoints));
     }
 
     #[test]

@@ -41,6 +41,12 @@ pub enum WarningKind {
 }
 
 impl WarningKind {
+    /// Found by one node about its own datapath, not by every node in the
+    /// Service: only that node knows it, so it publishes the Event itself.
+    pub fn is_node_local(self) -> bool {
+        matches!(self, WarningKind::DatapathFull)
+    }
+
     /// Stable name, used as Event reason and metric label.
     pub fn as_str(self) -> &'static str {
         match self {
