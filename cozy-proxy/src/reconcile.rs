@@ -204,10 +204,8 @@ impl<D: Datapath> Reconciler<D> {
     /// The warnings that appeared and those that went away since the last
     /// round, given all current ones; each is logged once.
     fn report(&mut self, current: BTreeSet<Warning>) -> (Vec<Warning>, Vec<Warning>) {
-        let new: Vec<Warning> = current.difference(&self.reported).cloned().collect();
-        let gone: Vec<Warning> = self.reported.difference(&current).cloned().collect();
+        let (new, gone) = turnover(&mut self.reported, current);
         self.log_warnings(&new, &gone);
-        self.reported = current;
         (new, gone)
     }
 
@@ -238,17 +236,8 @@ impl<D: Datapath> Reconciler<D> {
                 })
             })
             .collect();
-        let new: Vec<Warning> = current
-            .difference(&self.overflow_reported)
-            .cloned()
-            .collect();
-        let gone: Vec<Warning> = self
-            .overflow_reported
-            .difference(&current)
-            .cloned()
-            .collect();
+        let (new, gone) = turnover(&mut self.overflow_reported, current);
         self.log_warnings(&new, &gone);
-        self.overflow_reported = current;
         (new, gone)
     }
 
@@ -260,6 +249,18 @@ impl<D: Datapath> Reconciler<D> {
             info!(service = %w.service, reason = %w.kind, "resolved: {}", w.message);
         }
     }
+}
+
+/// The warnings of `current` not in `reported` (new) and of `reported`
+/// not in `current` (gone); `reported` becomes `current`.
+fn turnover(
+    reported: &mut BTreeSet<Warning>,
+    current: BTreeSet<Warning>,
+) -> (Vec<Warning>, Vec<Warning>) {
+    let new: Vec<Warning> = current.difference(reported).cloned().collect();
+    let gone: Vec<Warning> = reported.difference(&current).cloned().collect();
+    *reported = current;
+    (new, gone)
 }
 
 #[cfg(test)]
