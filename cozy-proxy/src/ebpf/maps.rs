@@ -187,6 +187,13 @@ pub struct Maps {
     remote_pods: Option<RemotePods>,
     /// Counter slots the last count of flows found flows for.
     counted: std::collections::HashSet<u16>,
+    /// Pods whose remembered flows are to be forgotten: at once where the
+    /// programs consult that pod's flows again (it is filtered or ranged
+    /// after an apply: its IP reused, say), else at the next sweep. One
+    /// pass over the flow map walks all its buckets (about 0.5 ms for
+    /// 2^20, even empty): on every change that removed a pod, that was
+    /// most of an incremental round.
+    stale_flows: BTreeSet<IpKey>,
     prefilter_written: bool,
 }
 
@@ -209,6 +216,7 @@ impl Maps {
             slots: None,
             remote_pods: None,
             counted: Default::default(),
+            stale_flows: BTreeSet::new(),
             prefilter_written: false,
         })
     }
@@ -352,7 +360,9 @@ impl Maps {
         }
         self.update_ranges(diff, desired, true)?;
         // The flows of pods that no longer remember them, and of a pod
-        // mapped anew (its IP reused by another pod), are forgotten.
+        // mapped anew (its IP reused by another pod), are forgotten: before
+        // its entry is written where they would be consulted, else at the
+        // next sweep (see `stale_flows`).
         let mut forgotten: BTreeSet<IpKey> = diff
             .pod_svc
             .remove
@@ -371,7 +381,15 @@ impl Maps {
                 forgotten.insert(key(pod));
             }
         }
-        self.forget_flows_of(&forgotten)?;
+        self.stale_flows.extend(forgotten);
+        let consulted: BTreeSet<IpKey> = self
+            .stale_flows
+            .iter()
+            .filter(|k| remembers(&ip(k), desired))
+            .copied()
+            .collect();
+        self.forget_flows_of(&consulted)?;
+        self.stale_flows.retain(|k| !consulted.contains(k));
         self.update_addrs(&touched, desired, &remote_pods, peer_links)?;
         // A pod mapped here anew starts with no flows (a reused IP's were
         // forgotten above): its count too, whatever its slot held before.
@@ -720,17 +738,24 @@ impl Maps {
     /// garbage collection does, and recounts; returns how many were
     /// forgotten. The programs forget an expired flow when they meet it;
     /// this frees the room of those nobody asks about again.
+    /// Also forgets the flows of the pods left to the sweep (see
+    /// `stale_flows`).
     pub fn expire_flows(&mut self, now_ns: u64) -> Result<usize, EbpfError> {
+        let stale = std::mem::take(&mut self.stale_flows);
         let expired: Vec<FlowKey> = self
             .flow_entries()?
             .into_iter()
-            .filter(|(_, s)| now_ns.saturating_sub(s.last_seen_ns) > flow::timeout_ns(s.state))
+            .filter(|(k, s)| {
+                stale.contains(&k.pod)
+                    || now_ns.saturating_sub(s.last_seen_ns) > flow::timeout_ns(s.state)
+            })
             .map(|(k, _)| k)
             .collect();
         for k in &expired {
             absent_ok(self.flows.remove(k)).map_err(named(names::FLOWS))?;
         }
-        let swept: BTreeSet<IpKey> = expired.iter().map(|k| k.pod).collect();
+        let mut swept: BTreeSet<IpKey> = expired.iter().map(|k| k.pod).collect();
+        swept.extend(stale);
         self.count_flows(false, &swept)?;
         Ok(expired.len())
     }
