@@ -320,7 +320,7 @@ pub(crate) mod tests {
         let outcome = compute_plan(&snap.services, &snap.endpoint_slices, &snap.nodes);
         let ranges = cluster_ranges(&ClusterConfig::default(), &snap.nodes, &snap.service_cidrs);
         let mut s = DatapathState::for_node(&outcome.plan, &ranges.ranges, NodeView { name });
-        let overflow = s.fit(cap, kept);
+        let (overflow, _) = s.fit(cap, kept);
         s.resolve(&crate::datapath::fake::paths(&s.pods()));
         (s, overflow)
     }

@@ -131,7 +131,7 @@ impl Entries {
             .collect()
     }
 
-    fn fits(&self, cap: &Capacity) -> bool {
+    pub fn fits(&self, cap: &Capacity) -> bool {
         self.over(cap).is_empty()
     }
 }
@@ -178,12 +178,14 @@ impl Overflow {
 }
 
 impl DatapathState {
-    /// Fits `self` (before its paths are resolved) into `cap`, keeping
-    /// first the LB IPs `kept` holds (what the kernel has now). Returns
-    /// what was left out; `self` is unchanged when everything fits.
-    pub fn fit(&mut self, cap: &Capacity, kept: Option<&DatapathState>) -> Overflow {
-        if Entries::of_state(self).fits(cap) {
-            return Overflow::default();
+    /// Fits `self` (before its paths are resolved: it holds no guards or
+    /// routes yet) into `cap`, keeping first the LB IPs `kept` holds (what
+    /// the kernel has now). Returns what was left out and what `self`
+    /// needs now; `self` is unchanged when everything fits.
+    pub fn fit(&mut self, cap: &Capacity, kept: Option<&DatapathState>) -> (Overflow, Entries) {
+        let needs = Entries::of_state(self);
+        if needs.fits(cap) {
+            return (Overflow::default(), needs);
         }
         let needs = self.needs_by_lb();
         // Held: mapped there and here, or unmapped in both. An LB IP left
@@ -230,10 +232,11 @@ impl DatapathState {
             free -= 1;
         }
         left_out.sort();
-        Overflow {
+        let overflow = Overflow {
             left_out,
             full: full.into_iter().collect(),
-        }
+        };
+        (overflow, Entries::of_state(self))
     }
 
     /// What each LB IP's part of the state needs.
@@ -275,11 +278,6 @@ impl DatapathState {
             self.remote.remove(lb);
             self.unmapped_lbs.remove(lb);
             self.ranged_lbs.remove(lb);
-            self.routes.remove(lb);
-            self.guard.remove(lb);
-        }
-        for pod in &pods {
-            self.guard.remove(pod);
         }
         self.allowed_ports.retain(|p| !pods.contains(&p.pod));
         self.source_ranges.retain(|(lb, _)| !lbs.contains(lb));
@@ -318,7 +316,7 @@ mod tests {
     fn a_state_that_fits_is_unchanged() {
         let mut s = state(10);
         let before = s.clone();
-        assert!(s.fit(&Entries::new(7, 3, 30, 0), None).is_empty());
+        assert!(s.fit(&Entries::new(7, 3, 30, 0), None).0.is_empty());
         assert_eq!(s, before);
     }
 
@@ -328,7 +326,8 @@ mod tests {
         // Room for two mappings' ports; .1 is new, .2 and .3 are held.
         let mut held = state(10);
         held.svc_pod.remove(&ip("203.0.113.1"));
-        let over = s.fit(&Entries::new(100, 3, 25, 0), Some(&held));
+        let (over, needs) = s.fit(&Entries::new(100, 3, 25, 0), Some(&held));
+        assert_eq!(needs, Entries::of_state(&s));
         assert_eq!(over.left_out, vec![ip("203.0.113.1")]);
         assert_eq!(over.full, vec![Table::AllowedPorts]);
         assert!(!s.svc_pod.contains_key(&ip("203.0.113.1")));
@@ -344,7 +343,7 @@ mod tests {
         // Without a kernel state to keep, address order decides; a smaller
         // LB IP later in the order still takes the room left.
         let mut s = state(10);
-        let over = s.fit(&Entries::new(100, 2, 100, 0), None);
+        let (over, _) = s.fit(&Entries::new(100, 2, 100, 0), None);
         assert_eq!(over.left_out, vec![ip("203.0.113.3")]);
         assert_eq!(over.full, vec![Table::LocalMappings]);
         assert!(s.unmapped_lbs.contains(&ip("203.0.113.99")));
@@ -353,7 +352,7 @@ mod tests {
     #[test]
     fn with_no_address_free_a_left_out_lb_ip_is_not_in_the_state_at_all() {
         let mut s = state(1);
-        let over = s.fit(&Entries::new(5, 3, 100, 0), None);
+        let (over, _) = s.fit(&Entries::new(5, 3, 100, 0), None);
         // 2 + 2 addresses for .1 and .2, the unmapped .99 takes the last;
         // .3 is left out entirely.
         assert_eq!(over.left_out, vec![ip("203.0.113.3")]);

@@ -56,7 +56,7 @@ impl<K: Kernel> Synced<K> {
             }
         };
         let mut desired = desired.clone();
-        let overflow = desired.fit(&self.kernel.capacity(), Some(&known));
+        let (overflow, needs) = desired.fit(&self.kernel.capacity(), Some(&known));
         if !overflow.is_empty() {
             warn!(
                 backend = %self.kernel.kind(),
@@ -79,7 +79,8 @@ impl<K: Kernel> Synced<K> {
         let started = std::time::Instant::now();
         let applied = self.kernel.apply(&diff, &desired, found)?;
         debug!(elements = diff.size(), took = ?started.elapsed(), "kernel changed");
-        self.known_needs = Entries::of_state(&desired);
+        // Guards and routes, resolved since, need no table entries.
+        self.known_needs = needs;
         self.remote_pods = RemotePods::of(&desired);
         // What we computed is what the kernel holds now: kept, not copied.
         self.known = Some(desired);
@@ -108,7 +109,7 @@ impl<K: Kernel> Synced<K> {
         // A change that would not fit takes the full way, which fits it.
         let (added, removed) = change.needs();
         let needs = self.known_needs.plus(added).minus(removed);
-        if !needs.over(&self.kernel.capacity()).is_empty() {
+        if !needs.fits(&self.kernel.capacity()) {
             return Ok(None);
         }
         let touched = change.mapping_addresses();
