@@ -341,21 +341,49 @@ mod datapath {
                 net.ext,
             )
         };
-        let one = pps(&from, dev, &node, peer_dev, src, dst, rx, false)?;
-        let many = pps(&from, dev, &node, peer_dev, src, dst, rx, true)?;
-        let tcp = iperf(server, client, to)?;
-        let (p50, p99) = latency(server, client, to)?;
-        let cps = connections(server, client, to)?;
-        Ok(vec![one, many, tcp, p50, p99, cps])
+        // DPBENCH_METRICS (a profiling aid): only these metrics are
+        // measured, the others are reported as null.
+        let only = std::env::var("DPBENCH_METRICS").ok();
+        let wanted = |m: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == m));
+        let mut v = vec![f64::NAN; METRICS.len()];
+        if wanted("pps_one_flow") {
+            v[0] = pps(&from, dev, &node, peer_dev, src, dst, rx, false)?;
+        }
+        if wanted("pps_many_flows") {
+            v[1] = pps(&from, dev, &node, peer_dev, src, dst, rx, true)?;
+        }
+        if wanted("tcp_gbps") {
+            v[2] = iperf(server, client, to)?;
+        }
+        if wanted("rtt_p50_us") || wanted("rtt_p99_us") {
+            (v[3], v[4]) = latency(server, client, to)?;
+        }
+        if wanted("conn_per_s") {
+            v[5] = connections(server, client, to)?;
+        }
+        Ok(v)
     }
 
     pub fn run(args: &[String]) -> Result<()> {
         let reps: usize = args.first().and_then(|r| r.parse().ok()).unwrap_or(3);
         let net = Net::new(Fam::V4);
         let mut results = serde_json::Map::new();
-        for offloads in [false, true] {
+        // DPBENCH_CASES, DPBENCH_OFFLOADS (profiling aids): only these
+        // cases, only offloads on or off.
+        let only_cases = std::env::var("DPBENCH_CASES").ok();
+        let offload_modes: Vec<bool> = match std::env::var("DPBENCH_OFFLOADS").as_deref() {
+            Ok("on") => vec![true],
+            Ok("off") => vec![false],
+            _ => vec![false, true],
+        };
+        for offloads in offload_modes {
             let cases: Vec<Case> = CASES
                 .iter()
+                .filter(|c| {
+                    only_cases
+                        .as_deref()
+                        .is_none_or(|o| o.split(',').any(|x| x == **c))
+                })
                 .map(|name| setup(name, &net, offloads))
                 .collect::<Result<_>>()?;
             // runs[case][dir][metric]

@@ -13,7 +13,7 @@ pub const TABLE: &str = "cozy_proxy";
 /// Stored as the table's user data. Change it whenever the sets, chains or
 /// rules change: a table with another mark is replaced (atomically) at the
 /// first sync, one with this mark is adopted as it is.
-pub const SCHEMA_MARK: &[u8] = b"cozy-proxy nft schema 3";
+pub const SCHEMA_MARK: &[u8] = b"cozy-proxy nft schema 4";
 
 pub const POD_SVC: &str = "pod_svc";
 pub const SVC_POD: &str = "svc_pod";
@@ -410,11 +410,30 @@ fn icmp_error_rules(
 }
 
 fn egress_snat(l: &Layout) -> ChainDef {
-    let mut rules = vec![RuleDef {
+    // The ICMP errors first (a protocol compare is all they cost other
+    // packets): an error about a pod's flow may come from a router, not
+    // only from a guarded source.
+    let mut rules = icmp_error_rules(
+        l,
+        "ICMP error from a pod: quoted pod -> LoadBalancer IP",
+        false,
+        POD_SVC,
+        &leaves_the_cluster(l),
+    );
+    // Everything below is about guarded sources (`pod_svc`'s pods are
+    // guarded): any other packet leaves after one lookup.
+    rules.push(RuleDef {
+        comment: "not a guarded source",
+        exprs: vec![
+            load_addr(l, l.saddr_offset, A),
+            lookup(GUARDED, A, true),
+            Expr::Verdict(NF_ACCEPT),
+        ],
+    });
+    rules.push(RuleDef {
         comment: "anti-spoofing: a guarded source only from its own path",
         exprs: vec![
             load_addr(l, l.saddr_offset, A),
-            lookup(GUARDED, A, false),
             Expr::Meta {
                 key: NFT_META_IIF,
                 dreg: b(l),
@@ -423,14 +442,7 @@ fn egress_snat(l: &Layout) -> ChainDef {
             Expr::Counter,
             Expr::Verdict(NF_DROP),
         ],
-    }];
-    rules.extend(icmp_error_rules(
-        l,
-        "ICMP error from a pod: quoted pod -> LoadBalancer IP",
-        false,
-        POD_SVC,
-        &leaves_the_cluster(l),
-    ));
+    });
     let mut snat = vec![load_addr(l, l.saddr_offset, A), map(POD_SVC, A, A)];
     snat.extend(leaves_the_cluster(l));
     snat.extend([store_addr(l, l.saddr_offset, A), Expr::Counter]);
@@ -459,7 +471,14 @@ fn ingress_dnat(l: &Layout) -> ChainDef {
     );
     let mut dnat = vec![load_addr(l, l.daddr_offset, A), map(SVC_POD, A, A)];
     dnat.extend(from_outside(l));
-    dnat.extend([store_addr(l, l.daddr_offset, A), Expr::Counter]);
+    // Accepted at once (this chain only; the later hooks still see it):
+    // the two drops below are for LB IPs left as they were, and this one
+    // now carries the pod. Two lookups fewer per packet to an LB IP.
+    dnat.extend([
+        store_addr(l, l.daddr_offset, A),
+        Expr::Counter,
+        Expr::Verdict(NF_ACCEPT),
+    ]);
     rules.push(RuleDef {
         comment: "LoadBalancer IP -> pod, from outside the cluster",
         exprs: dnat,
@@ -561,16 +580,27 @@ fn port_filter(l: &Layout) -> ChainDef {
                     Expr::Verdict(NF_DROP),
                 ],
             },
+            // Every rule below concerns filtered pods alone: anything else
+            // leaves here after one lookup (it would be accepted anyway).
+            RuleDef {
+                comment: "not a filtered pod",
+                exprs: vec![
+                    load_addr(l, l.daddr_offset, A),
+                    lookup(FILTERED_PODS, A, true),
+                    Expr::Verdict(NF_ACCEPT),
+                ],
+            },
             RuleDef {
                 comment: "ICMP to pods with allowICMP",
                 exprs: vec![
-                    load_addr(l, l.daddr_offset, A),
-                    lookup(ICMP_ALLOWED_PODS, A, false),
+                    // The protocol first: no lookup for TCP and UDP.
                     Expr::Meta {
                         key: NFT_META_L4PROTO,
                         dreg: A,
                     },
                     cmp(A, NFT_CMP_EQ, vec![l.icmp_proto]),
+                    load_addr(l, l.daddr_offset, A),
+                    lookup(ICMP_ALLOWED_PODS, A, false),
                     Expr::Verdict(NF_ACCEPT),
                 ],
             },
@@ -588,7 +618,9 @@ fn port_filter(l: &Layout) -> ChainDef {
                 ],
             },
             // Fails closed: whatever the rules above could not read (a port
-            // past the end, a later fragment) ends here.
+            // past the end, a later fragment) ends here. Only filtered pods
+            // get this far, but the lookup stays: a rule reordered by hand
+            // must not drop everyone else's traffic.
             RuleDef {
                 comment: "filtered pod: everything else",
                 exprs: vec![
