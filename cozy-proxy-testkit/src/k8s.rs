@@ -740,7 +740,8 @@ impl ControlPlane {
         .map(|_| ())
     }
 
-    /// The Events of `default/<service>` as `reason: note` lines.
+    /// The Events cozy-proxy wrote on `default/<service>`, as `reason: note`
+    /// lines.
     pub fn events_of(&self, service: &str) -> Result<Vec<String>> {
         let out = self.kubectl(&[
             "get",
@@ -757,6 +758,9 @@ impl ControlPlane {
             .as_array()
             .into_iter()
             .flatten()
+            // Only ours: the API server's own controllers write Events on
+            // Services too (its ClusterIP repair loop, in a fresh cluster).
+            .filter(|e| e["reportingComponent"] == "cozy-proxy")
             .map(|e| {
                 format!(
                     "{}: {}",
