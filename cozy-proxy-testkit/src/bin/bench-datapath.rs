@@ -343,8 +343,7 @@ mod datapath {
         };
         // DPBENCH_METRICS (a profiling aid): only these metrics are
         // measured, the others are reported as null.
-        let only = std::env::var("DPBENCH_METRICS").ok();
-        let wanted = |m: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == m));
+        let wanted = |m: &str| chosen("DPBENCH_METRICS", m);
         let mut v = vec![f64::NAN; METRICS.len()];
         if wanted("pps_one_flow") {
             v[0] = pps(&from, dev, &node, peer_dev, src, dst, rx, false)?;
@@ -364,26 +363,30 @@ mod datapath {
         Ok(v)
     }
 
+    /// Is `name` in the comma-separated list `var` (everything is, when
+    /// `var` is not set)?
+    fn chosen(var: &str, name: &str) -> bool {
+        std::env::var(var).map_or(true, |list| list.split(',').any(|x| x == name))
+    }
+
     pub fn run(args: &[String]) -> Result<()> {
         let reps: usize = args.first().and_then(|r| r.parse().ok()).unwrap_or(3);
         let net = Net::new(Fam::V4);
         let mut results = serde_json::Map::new();
         // DPBENCH_CASES, DPBENCH_OFFLOADS (profiling aids): only these
         // cases, only offloads on or off.
-        let only_cases = std::env::var("DPBENCH_CASES").ok();
+        let names: Vec<&str> = CASES
+            .into_iter()
+            .filter(|c| chosen("DPBENCH_CASES", c))
+            .collect();
         let offload_modes: Vec<bool> = match std::env::var("DPBENCH_OFFLOADS").as_deref() {
             Ok("on") => vec![true],
             Ok("off") => vec![false],
             _ => vec![false, true],
         };
         for offloads in offload_modes {
-            let cases: Vec<Case> = CASES
+            let cases: Vec<Case> = names
                 .iter()
-                .filter(|c| {
-                    only_cases
-                        .as_deref()
-                        .is_none_or(|o| o.split(',').any(|x| x == **c))
-                })
                 .map(|name| setup(name, &net, offloads))
                 .collect::<Result<_>>()?;
             // runs[case][dir][metric]
@@ -426,7 +429,7 @@ mod datapath {
         println!(
             "{}",
             serde_json::to_string_pretty(&json!({
-                "datapath": results, "cases": CASES, "repetitions": reps, "seconds_per_run": SECONDS,
+                "datapath": results, "cases": names, "repetitions": reps, "seconds_per_run": SECONDS,
             }))?
         );
         Ok(())
