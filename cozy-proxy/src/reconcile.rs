@@ -91,7 +91,7 @@ impl<D: Datapath> Reconciler<D> {
                 let started = std::time::Instant::now();
                 self.rebuild(snapshot);
                 debug!(
-                    services = snapshot.services.len() + snapshot.read_services.len(),
+                    services = snapshot.services.len() + snapshot.read.len(),
                     took = ?started.elapsed(),
                     "full round: plan built"
                 );
@@ -102,8 +102,7 @@ impl<D: Datapath> Reconciler<D> {
                 debug!(services = services.len(), "incremental round");
                 for s in services {
                     let slices: Vec<_> = s.slices.iter().map(AsRef::as_ref).collect();
-                    self.plan
-                        .update_read(&s.service, s.read.as_deref(), &slices);
+                    self.plan.update_read(&s.service, s.read.clone(), &slices);
                 }
                 let change = DatapathState::change_of(&self.plan.take_changes(), me);
                 let (new, gone) = self.plan.take_warning_changes();
@@ -156,8 +155,8 @@ impl<D: Datapath> Reconciler<D> {
     fn rebuild(&mut self, snapshot: &Snapshot) {
         self.plan = PlanState::build_with(
             &snapshot.services,
-            &snapshot.read_services,
             &snapshot.endpoint_slices,
+            &snapshot.read,
             &snapshot.nodes,
         );
         let _ = self.plan.take_changes();
@@ -366,7 +365,7 @@ pub(crate) mod tests {
                             changed.push(crate::source::ServiceObjects {
                                 service: crate::model::ServiceRef::new("ns", name.as_str()),
                                 read: crate::model::read_chosen(&svcs).map(std::sync::Arc::new),
-                                slices: eps.into_iter().cloned().map(std::sync::Arc::new).collect(),
+                                slices: eps.into_iter().filter_map(crate::model::ReadSlice::of_alone).map(std::sync::Arc::new).collect(),
                             });
                         }
                     }
@@ -483,7 +482,11 @@ pub(crate) mod tests {
                     crate::source::ServiceObjects {
                         service: crate::model::ServiceRef::new("t", *name),
                         read: crate::model::read_chosen(&svcs).map(std::sync::Arc::new),
-                        slices: eps.into_iter().cloned().map(std::sync::Arc::new).collect(),
+                        slices: eps
+                            .into_iter()
+                            .filter_map(crate::model::ReadSlice::of_alone)
+                            .map(std::sync::Arc::new)
+                            .collect(),
                     }
                 })
                 .collect(),

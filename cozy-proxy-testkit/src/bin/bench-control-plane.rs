@@ -15,7 +15,7 @@ use cozy_proxy::{
     ebpf::{EbpfConfig, EbpfKernel, Interfaces},
     model::{
         cluster::{cluster_ranges, ClusterConfig},
-        compute_plan, read_service, ServiceRef,
+        compute_plan, read_service, ReadSlice, ServiceRef,
     },
     netlink::{route, NlSocket},
     nft::NftKernel,
@@ -194,11 +194,20 @@ fn bench_backend<D: Datapath>(
     let n = services.len();
     let fail = |e: D::Error| anyhow::anyhow!("{e}");
     let mut r = Reconciler::new(d, Default::default());
+    // Service i and its slice as the kube source hands them over.
+    let read_of = |i: usize, slice: &EndpointSlice| ServiceObjects {
+        service: ServiceRef::new("bench", format!("s{i}")),
+        read: Some(Arc::new(read_service(&services[i]))),
+        slices: ReadSlice::of_alone(slice)
+            .map(Arc::new)
+            .into_iter()
+            .collect(),
+    };
     let mut snapshot = Snapshot {
-        services: services.to_vec(),
-        endpoint_slices: slices.to_vec(),
+        read: (0..n).map(|i| read_of(i, &slices[i])).collect(),
         ..Default::default()
     };
+    let mut current_slices = slices.to_vec();
     let started = Instant::now();
     r.reconcile(&Update::Full(snapshot.clone())).map_err(fail)?;
     let initial = started.elapsed();
@@ -206,18 +215,15 @@ fn bench_backend<D: Datapath>(
     for round in 0..changes {
         let i = victim(round, n);
         let slice = slice_on(i, &moved_pod(i, round))?;
-        let update = Update::Services(vec![ServiceObjects {
-            service: ServiceRef::new("bench", format!("s{i}")),
-            read: Some(Arc::new(read_service(&services[i]))),
-            slices: vec![slice.clone()],
-        }]);
+        let update = Update::Services(vec![read_of(i, &slice)]);
         let t = Instant::now();
         let report = r.reconcile(&update).map_err(fail)?;
         one.push(ms(t.elapsed()));
         if report.sync.changed_elements == 0 {
             bail!("change {round} (Service {i}) changed nothing");
         }
-        snapshot.endpoint_slices[i] = slice;
+        snapshot.read[i] = read_of(i, &slice);
+        current_slices[i] = slice;
     }
     let full = Update::Full(snapshot.clone());
     let mut resync = Vec::new();
@@ -240,7 +246,7 @@ fn bench_backend<D: Datapath>(
     let live = r.datapath().dump().map_err(fail)?;
     // What the plan decides, computed from scratch; the guards and routes
     // come from the pods' paths in this namespace: compared without them.
-    let outcome = compute_plan(&snapshot.services, &snapshot.endpoint_slices, &[]);
+    let outcome = compute_plan(services, &current_slices, &[]);
     let ranges = cluster_ranges(&ClusterConfig::default(), &[], &[]).ranges;
     let mut expected = DatapathState::for_node(&outcome.plan, &ranges, NodeView { name: None });
     let mut live_state = live.state;
@@ -531,7 +537,27 @@ fn control_plane(args: &[String]) -> Result<()> {
         .unwrap_or_else(|| vec![100, 1000, 10_000, 50_000]);
     let bpffs = harness::test_bpffs()?;
     let mut results = Vec::new();
+    // Profiling aids: CPBENCH_BACKENDS=nft (a comma-separated list) runs
+    // only these backends; CPBENCH_API_ONLY runs only the controller
+    // through the API (debounce 0), skipping the in-process measurements.
+    let backends: Vec<&str> = ["nft", "ebpf"]
+        .into_iter()
+        .filter(|b| {
+            std::env::var("CPBENCH_BACKENDS").map_or(true, |l| l.split(',').any(|x| x == *b))
+        })
+        .collect();
+    let api_only = std::env::var_os("CPBENCH_API_ONLY").is_some();
     for &n in &sizes {
+        if api_only {
+            let mut row = json!({ "services": n });
+            for backend in &backends {
+                let api = Objects::Api { debounce_ms: 0 };
+                row[backend] = controller_run(n, n, backend, api, 100, 0)?;
+                eprintln!("control-plane n={n} {backend}: {}", row[backend]);
+            }
+            results.push(row);
+            continue;
+        }
         let (services, slices) = objects(n);
         let mut plan_ms = Vec::new();
         let mut outcome = None;
@@ -552,7 +578,7 @@ fn control_plane(args: &[String]) -> Result<()> {
         let changes = if n >= 10_000 { 100 } else { 200 };
         let rebuilds = if n >= 10_000 { 5 } else { 20 };
         let mut row = json!({"services": n, "plan_median_ms": plan_med});
-        for backend in ["nft", "ebpf"] {
+        for &backend in &backends {
             let name = format!("cpbench-{}-{backend}-{n}", std::process::id());
             let ns = Netns::enter(&name)?;
             let r = match backend {

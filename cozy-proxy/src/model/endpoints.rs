@@ -6,28 +6,81 @@ use std::{
     borrow::Borrow,
     collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
+    sync::Arc,
 };
 
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
-/// EndpointSlices grouped by the Service they belong to.
-pub struct SliceIndex<'a> {
-    by_service: HashMap<ServiceRef, Vec<&'a EndpointSlice>>,
+/// An EndpointSlice as the model reads it: the addresses of its ready
+/// endpoints, each with its endpoint's node. Every node keeps one per
+/// EndpointSlice of the cluster, ours or not (a Service may become ours
+/// later), and the plan reads them as kept: a small fraction of the object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadSlice {
+    pub name: Box<str>,
+    /// Ready endpoints' addresses, with the endpoint's `nodeName`.
+    ready: Box<[(IpAddr, Option<Arc<str>>)]>,
+    /// Ready endpoints' addresses that are not IP addresses (reported).
+    invalid: Box<[Box<str>]>,
 }
 
-impl<'a> SliceIndex<'a> {
-    pub fn new<E: Borrow<EndpointSlice>>(slices: &'a [E]) -> Self {
-        let mut by_service: HashMap<ServiceRef, Vec<&'a EndpointSlice>> = HashMap::new();
+impl ReadSlice {
+    /// `None` for a slice the model never reads (not IPv4 or IPv6).
+    /// `node` gives the shared copy of a node's name (thousands of
+    /// endpoints name the same few nodes).
+    pub fn of(slice: &EndpointSlice, node: &mut impl FnMut(&str) -> Arc<str>) -> Option<Self> {
+        if slice.address_type != "IPv4" && slice.address_type != "IPv6" {
+            return None;
+        }
+        let mut ready = Vec::new();
+        let mut invalid = Vec::new();
+        // An endpoint whose `ready` condition is unset counts as ready (as
+        // the API documents).
+        let ready_endpoints = slice
+            .endpoints
+            .iter()
+            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true));
+        for endpoint in ready_endpoints {
+            let node_name = endpoint.node_name.as_deref().map(&mut *node);
+            for text in &endpoint.addresses {
+                match text.parse::<IpAddr>() {
+                    Ok(ip) => ready.push((ip, node_name.clone())),
+                    Err(_) => invalid.push(text.as_str().into()),
+                }
+            }
+        }
+        Some(ReadSlice {
+            name: slice.metadata.name.as_deref().unwrap_or_default().into(),
+            ready: ready.into(),
+            invalid: invalid.into(),
+        })
+    }
+
+    /// As [`ReadSlice::of`], each node name a copy of its own.
+    pub fn of_alone(slice: &EndpointSlice) -> Option<Self> {
+        Self::of(slice, &mut |n| n.into())
+    }
+}
+
+/// EndpointSlice objects read, grouped by the Service they belong to.
+pub struct SliceIndex {
+    by_service: HashMap<ServiceRef, Vec<ReadSlice>>,
+}
+
+impl SliceIndex {
+    pub fn new<E: Borrow<EndpointSlice>>(slices: &[E]) -> Self {
+        let mut by_service: HashMap<ServiceRef, Vec<ReadSlice>> = HashMap::new();
         for slice in slices.iter().map(Borrow::borrow) {
-            if let Some(owner) = slice_owner(slice) {
-                by_service.entry(owner).or_default().push(slice);
+            if let (Some(owner), Some(read)) = (slice_owner(slice), ReadSlice::of_alone(slice)) {
+                by_service.entry(owner).or_default().push(read);
             }
         }
         SliceIndex { by_service }
     }
 
-    pub fn slices_of(&self, service: &ServiceRef) -> &[&'a EndpointSlice] {
-        self.by_service.get(service).map_or(&[], Vec::as_slice)
+    /// The slices of `service`, as [`ready_addresses`] reads them.
+    pub fn slices_of(&self, service: &ServiceRef) -> Vec<&ReadSlice> {
+        self.by_service.get(service).into_iter().flatten().collect()
     }
 }
 
@@ -41,42 +94,33 @@ pub fn slice_owner(slice: &EndpointSlice) -> Option<ServiceRef> {
 
 /// A ready endpoint address, with the nodes its endpoints name (none when
 /// no endpoint says).
-pub(crate) type Backends = BTreeMap<Family, BTreeMap<IpAddr, BTreeSet<String>>>;
+pub(crate) type Backends = BTreeMap<Family, BTreeMap<IpAddr, BTreeSet<Arc<str>>>>;
 
 /// The distinct ready endpoint addresses of a Service, per family, with
-/// their `nodeName`s. An endpoint whose `ready` condition is unset counts as
-/// ready (as the API documents). FQDN slices are ignored; unparsable
-/// addresses are reported.
-pub(crate) fn ready_addresses(slices: &[&EndpointSlice], warnings: &mut Warnings<'_>) -> Backends {
+/// their `nodeName`s; unparsable addresses are reported.
+pub(crate) fn ready_addresses(slices: &[&ReadSlice], warnings: &mut Warnings<'_>) -> Backends {
     let mut out = Backends::new();
     for slice in slices {
-        if slice.address_type != "IPv4" && slice.address_type != "IPv6" {
-            continue;
+        for (ip, node) in slice.ready.iter() {
+            let nodes = out
+                .entry(Family::of(ip))
+                .or_default()
+                .entry(*ip)
+                .or_default();
+            nodes.extend(node.iter().cloned());
         }
-        for endpoint in &slice.endpoints {
-            let ready = endpoint
-                .conditions
-                .as_ref()
-                .and_then(|c| c.ready)
-                .unwrap_or(true);
-            if !ready {
-                continue;
-            }
-            for text in &endpoint.addresses {
-                match text.parse::<IpAddr>() {
-                    Ok(ip) => {
-                        let nodes = out.entry(Family::of(&ip)).or_default().entry(ip).or_default();
-                        nodes.extend(endpoint.node_name.iter().cloned());
+        for text in slice.invalid.iter() {
+            warnings.push(
+                WarningKind::InvalidIp,
+                format!(
+                    "endpoint address {text:?} in EndpointSlice {} is not an IP address; skipped",
+                    if slice.name.is_empty() {
+                        "?"
+                    } else {
+                        &slice.name
                     }
-                    Err(_) => warnings.push(
-                        WarningKind::InvalidIp,
-                        format!(
-                            "endpoint address {text:?} in EndpointSlice {} is not an IP address; skipped",
-                            slice.metadata.name.as_deref().unwrap_or("?")
-                        ),
-                    ),
-                }
-            }
+                ),
+            );
         }
     }
     out

@@ -13,10 +13,12 @@
 //!
 //! [`compute_plan`]: super::compute_plan
 use super::cluster::node_addresses;
+use super::endpoints::{ReadSlice, SliceIndex};
 use super::plan::{lb_conflict, pod_conflict, read_chosen, wish_of, Outcome, Rank, Wish};
 use super::service::ReadService;
 use super::types::{LbResult, Mode, Plan, ServiceRef};
 use super::warning::{Warning, WarningKind};
+use crate::source::ServiceObjects;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
@@ -70,6 +72,11 @@ impl<T> Default for Claims<T> {
 
 impl<T: Ord> Claims<T> {
     fn insert(&mut self, x: T) {
+        if self.0.capacity() == 0 {
+            // Room for the one claimant nearly every address has (a first
+            // push would make room for four).
+            self.0.reserve_exact(1);
+        }
         if let Err(i) = self.0.binary_search(&x) {
             self.0.insert(i, x);
         }
@@ -146,15 +153,15 @@ impl PlanState {
         S: Borrow<Service>,
         E: Borrow<EndpointSlice>,
     {
-        Self::build_with(services, &[], slices, nodes)
+        Self::build_with(services, slices, &[], nodes)
     }
 
     /// As [`PlanState::build`], with Services given as objects or as what
-    /// the model reads of them (`read`).
+    /// the model reads of them and their slices (`read`).
     pub fn build_with<S, E>(
         services: &[S],
-        read: &[Arc<ReadService>],
         slices: &[E],
+        read: &[ServiceObjects],
         nodes: &[Node],
     ) -> Self
     where
@@ -165,7 +172,7 @@ impl PlanState {
             node_ips: node_addresses(nodes),
             ..Default::default()
         };
-        let index = super::endpoints::SliceIndex::new(slices);
+        let index = SliceIndex::new(slices);
         let mut by_name: BTreeMap<ServiceRef, Vec<&Service>> = BTreeMap::new();
         for svc in services.iter().map(Borrow::borrow) {
             by_name
@@ -174,11 +181,12 @@ impl PlanState {
                 .push(svc);
         }
         for (service, objects) in by_name {
-            state.update(&service, &objects, index.slices_of(&service));
+            let read = read_chosen(&objects).map(Arc::new);
+            state.update_read(&service, read, &index.slices_of(&service));
         }
-        for r in read {
-            let service = &r.intent.service;
-            state.update_read(service, Some(r), index.slices_of(service));
+        for o in read {
+            let slices: Vec<&ReadSlice> = o.slices.iter().map(AsRef::as_ref).collect();
+            state.update_read(&o.service, o.read.clone(), &slices);
         }
         state
     }
@@ -191,15 +199,21 @@ impl PlanState {
         objects: &[&Service],
         slices: &[&EndpointSlice],
     ) {
-        self.update_read(service, read_chosen(objects).as_ref(), slices);
+        let read: Vec<ReadSlice> = slices
+            .iter()
+            .filter_map(|e| ReadSlice::of_alone(e))
+            .collect();
+        let read_slices: Vec<&ReadSlice> = read.iter().collect();
+        self.update_read(service, read_chosen(objects).map(Arc::new), &read_slices);
     }
 
-    /// As [`PlanState::update`], from what the model reads of the Service.
+    /// As [`PlanState::update`], from what the model reads of the Service
+    /// and its slices.
     pub fn update_read(
         &mut self,
         service: &ServiceRef,
-        read: Option<&ReadService>,
-        slices: &[&EndpointSlice],
+        read: Option<Arc<ReadService>>,
+        slices: &[&ReadSlice],
     ) {
         let new = read.map(|r| wish_of(r, slices, &self.node_ips));
         let mut lbs = BTreeSet::new();
@@ -214,7 +228,7 @@ impl PlanState {
                     }
                 }
             }
-            for w in &old.warnings {
+            for w in old.warnings() {
                 self.count(w, false);
             }
         }
@@ -227,7 +241,7 @@ impl PlanState {
                     .or_default()
                     .insert(rank.clone());
             }
-            for w in &new.warnings {
+            for w in new.warnings() {
                 self.count(w, true);
             }
             self.wishes.insert(service.clone(), new);

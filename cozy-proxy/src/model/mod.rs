@@ -11,7 +11,7 @@ mod types;
 mod warning;
 
 pub use cidr::{merge as merge_ranges, Cidr, IpRange};
-pub use endpoints::{slice_owner, SERVICE_NAME_LABEL};
+pub use endpoints::{slice_owner, ReadSlice, SERVICE_NAME_LABEL};
 pub use incremental::{LbChange, PlanState, PlanSummary};
 pub use plan::{compute_plan, read_chosen, Outcome};
 pub use service::{

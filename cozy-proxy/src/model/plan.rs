@@ -1,6 +1,6 @@
 //! From Services and EndpointSlices to the NAT plan.
 use super::cluster::node_addresses;
-use super::endpoints::{ready_addresses, Backends, SliceIndex};
+use super::endpoints::{ready_addresses, Backends, ReadSlice, SliceIndex};
 use super::service::{is_selected, read_service, service_ref, ReadService, ServiceIntent};
 use super::types::{Family, Mapping, Plan, ServiceRef};
 use super::warning::{Warning, WarningKind, Warnings};
@@ -12,6 +12,7 @@ use std::{
     borrow::Borrow,
     collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
+    sync::Arc,
 };
 
 /// The plan and every problem found on the way.
@@ -29,7 +30,7 @@ pub(crate) struct Candidate {
     /// `None`: no single ready endpoint; the LB IP stays unmapped.
     pub pod_ip: Option<IpAddr>,
     /// The endpoint's node, when its endpoints name exactly one.
-    pub node: Option<String>,
+    pub node: Option<Arc<str>>,
 }
 
 /// Why an address must never be translated: `None` if it may be.
@@ -53,15 +54,18 @@ fn forbidden(ip: &IpAddr, node_addresses: &BTreeSet<IpAddr>) -> Option<&'static 
     }
 }
 
-/// One Service's wish, from its own objects alone: what it asks for, the
-/// candidates per family, and the problems found in its objects. Conflicts
-/// between Services are settled after ([`compute_plan`], or
+/// One Service's wish, from its own objects alone: what it asks for
+/// (shared with the source's cache, not copied), the candidates per
+/// family, and the problems found in its objects. Conflicts between
+/// Services are settled after ([`compute_plan`], or
 /// [`super::incremental::PlanState`] one Service at a time).
 #[derive(Clone, Debug)]
 pub(crate) struct Wish {
-    pub intent: ServiceIntent,
-    pub candidates: Vec<Candidate>,
-    pub warnings: Vec<Warning>,
+    pub read: Arc<ReadService>,
+    pub candidates: Box<[Candidate]>,
+    /// Problems found beside the Service's own (`read.warnings`): in its
+    /// slices, its forbidden addresses.
+    pub found: Vec<Warning>,
 }
 
 /// Who wins a conflict: the older Service, ties broken by namespace/name,
@@ -69,8 +73,17 @@ pub(crate) struct Wish {
 pub(crate) type Rank = (Option<k8s_openapi::jiff::Timestamp>, ServiceRef);
 
 impl Wish {
+    pub fn intent(&self) -> &ServiceIntent {
+        &self.read.intent
+    }
+
     pub fn rank(&self) -> Rank {
-        (self.intent.created, self.intent.service.clone())
+        (self.intent().created, self.intent().service.clone())
+    }
+
+    /// Every problem of this Service's own objects.
+    pub fn warnings(&self) -> impl Iterator<Item = &Warning> {
+        self.read.warnings.iter().chain(&self.found)
     }
 
     pub fn candidate(&self, lb_ip: &IpAddr) -> Option<&Candidate> {
@@ -79,7 +92,7 @@ impl Wish {
 
     /// The mapping of candidate `c` to `pod_ip`.
     pub fn mapping(&self, c: &Candidate, pod_ip: IpAddr) -> Mapping {
-        let intent = &self.intent;
+        let intent = self.intent();
         let family = Family::of(&c.lb_ip);
         Mapping {
             service: intent.service.clone(),
@@ -122,21 +135,21 @@ pub(crate) fn pod_conflict(
     }
 }
 
-/// The wish of Service `svc` (a selected one) with `slices`, the
+/// The wish of Service `read` (a selected one) with `slices`, the
 /// EndpointSlices labelled with its name.
 pub(crate) fn wish_of(
-    read: &ReadService,
-    slices: &[&EndpointSlice],
+    read: Arc<ReadService>,
+    slices: &[&ReadSlice],
     node_ips: &BTreeSet<IpAddr>,
 ) -> Wish {
-    let service = read.intent.service.clone();
-    let mut warnings = read.warnings.clone();
+    let service = &read.intent.service;
+    let mut found = Vec::new();
     let mut sink = Warnings {
-        service: &service,
-        out: &mut warnings,
+        service,
+        out: &mut found,
     };
-    let mut intent = read.intent.clone();
-    intent.lb_ips.retain(|ip| match forbidden(ip, node_ips) {
+    let mut lb_ips = read.intent.lb_ips.clone();
+    lb_ips.retain(|ip| match forbidden(ip, node_ips) {
         None => true,
         Some(why) => {
             sink.push(
@@ -147,11 +160,11 @@ pub(crate) fn wish_of(
         }
     });
     let backends = ready_addresses(slices, &mut sink);
-    let candidates = candidates(&intent, &backends, node_ips, &mut sink);
+    let candidates = candidates(&lb_ips, &backends, node_ips, &mut sink).into();
     Wish {
-        intent,
+        read,
         candidates,
-        warnings,
+        found,
     }
 }
 
@@ -170,8 +183,8 @@ where
         .into_iter()
         .map(|svc| {
             wish_of(
-                &read_service(svc),
-                index.slices_of(&service_ref(svc)),
+                Arc::new(read_service(svc)),
+                &index.slices_of(&service_ref(svc)),
                 &node_ips,
             )
         })
@@ -182,8 +195,8 @@ where
     let mut lb_owner: HashMap<IpAddr, usize> = HashMap::new();
     let mut pod_owner: HashMap<IpAddr, usize> = HashMap::new();
     for (i, wish) in wishes.iter().enumerate() {
-        let service = &wish.intent.service;
-        warnings.extend(wish.warnings.iter().cloned());
+        let service = &wish.intent().service;
+        warnings.extend(wish.warnings().cloned());
         for c in &wish.candidates {
             // The older Service owns its LB IP even while it has no ready
             // endpoint: a newer one must not take the traffic over whenever
@@ -192,7 +205,7 @@ where
                 warnings.push(lb_conflict(
                     service,
                     &c.lb_ip,
-                    &wishes[owner].intent.service,
+                    &wishes[owner].intent().service,
                 ));
                 continue;
             }
@@ -204,7 +217,7 @@ where
                             service,
                             &c.lb_ip,
                             &pod_ip,
-                            &wishes[owner].intent.service,
+                            &wishes[owner].intent().service,
                         ));
                         None
                     }
@@ -267,14 +280,14 @@ fn choose(mut group: Vec<&Service>) -> Option<&Service> {
 
 /// Per family: the first LB IP and the one ready backend, if exactly one.
 fn candidates(
-    intent: &ServiceIntent,
+    lb_ips: &[IpAddr],
     backends: &Backends,
     node_ips: &BTreeSet<IpAddr>,
     warnings: &mut Warnings<'_>,
 ) -> Vec<Candidate> {
     let mut out = Vec::new();
     for family in [Family::V4, Family::V6] {
-        let mut lbs = intent.lb_ips.iter().filter(|ip| Family::of(ip) == family);
+        let mut lbs = lb_ips.iter().filter(|ip| Family::of(ip) == family);
         let Some(&lb_ip) = lbs.next() else { continue };
         let extra: Vec<&IpAddr> = lbs.collect();
         if !extra.is_empty() {
@@ -292,7 +305,7 @@ fn candidates(
                 ),
             );
         }
-        let pods: Vec<(&IpAddr, &BTreeSet<String>)> =
+        let pods: Vec<(&IpAddr, &BTreeSet<Arc<str>>)> =
             backends.get(&family).into_iter().flatten().collect();
         let mut node = None;
         let pod_ip = match pods.as_slice() {

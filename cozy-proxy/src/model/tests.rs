@@ -899,20 +899,3 @@ fn a_trimmed_node_keeps_its_addresses_and_pod_networks() {
         cluster::cluster_ranges(&Default::default(), &[node], &[])
     );
 }
-
-proptest! {
-    /// Kept compact and made whole again, the slices give the same plan.
-    #[test]
-    fn compact_slices_give_the_same_plan((services, slices) in arb_world()) {
-        let full = compute_plan(&services, &slices, &[]);
-        let again: Vec<EndpointSlice> = slices
-            .iter()
-            .filter_map(|e| {
-                let owner = slice_owner(e)?;
-                let name = e.metadata.name.as_deref()?;
-                Some(trim::CompactSlice::of(e)?.to_slice(name, &owner))
-            })
-            .collect();
-        prop_assert_eq!(compute_plan(&services, &again, &[]), full);
-    }
-}

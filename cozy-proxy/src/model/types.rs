@@ -107,7 +107,7 @@ pub struct Mapping {
     /// The node hosting the pod (the endpoint's `nodeName`): only that node
     /// translates between the outside and the pod. `None` (an endpoint
     /// without `nodeName`, as in hand-written manifests): every node does.
-    pub node: Option<String>,
+    pub node: Option<Arc<str>>,
     /// `spec.loadBalancerSourceRanges` of this family: only these sources
     /// reach the pod through the LB IP. `None`: no restriction; an empty
     /// set: nothing (an invalid range fails closed).

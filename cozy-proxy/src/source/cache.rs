@@ -3,12 +3,14 @@
 //! watches every Service and EndpointSlice of the cluster and most are not
 //! ours, so only what the model reads is kept: our Services (as the model
 //! reads them, [`ReadService`]), and
-//! every slice in compact form (a Service may become ours later, and its
-//! slices must be at hand then). Other Services are not kept at all: the
-//! update that makes one ours carries the whole object.
+//! every slice as the model reads it ([`ReadSlice`]: a Service may become
+//! ours later, and its slices must be at hand then). Other Services are
+//! not kept at all: the update that makes one ours carries the whole
+//! object. The plan is built from these, shared, never copied.
 use super::{ServiceObjects, Snapshot};
-use crate::model::trim::CompactSlice;
-use crate::model::{is_selected, read_service, service_ref, slice_owner, ReadService, ServiceRef};
+use crate::model::{
+    is_selected, read_service, service_ref, slice_owner, ReadService, ReadSlice, ServiceRef,
+};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
@@ -20,7 +22,8 @@ use std::{
 };
 
 type Services = HashMap<ServiceRef, Arc<ReadService>>;
-type Slices = HashMap<ServiceRef, HashMap<Box<str>, CompactSlice>>;
+/// By Service; a Service has one slice or a few, found by name.
+type Slices = HashMap<ServiceRef, Vec<Arc<ReadSlice>>>;
 
 /// A cache a watch's lists replace whole: what is live, and the list in
 /// progress (objects deleted meanwhile are not in it).
@@ -63,6 +66,9 @@ pub struct Cache {
     /// Node -> what the model reads of it, to tell a change that matters
     /// from a status heartbeat.
     nodes: HashMap<String, String>,
+    /// One copy of each node name the slices' endpoints give (tens of
+    /// thousands of endpoints name a few nodes).
+    node_names: HashSet<Arc<str>>,
 }
 
 /// Service `s` as it is now in `services`: kept if ours, else not at all.
@@ -76,26 +82,44 @@ fn put_service(services: &mut Services, s: &Service) -> ServiceRef {
     key
 }
 
-/// Slice `e` as it is now in `slices` (`present`: not deleted); its
-/// Service, if it names one.
-fn put_slice(slices: &mut Slices, e: &EndpointSlice, present: bool) -> Option<ServiceRef> {
+/// Slice `e` as it is now in `slices` (`present`: not deleted), its node
+/// names from `node_names`; its Service, if it names one.
+fn put_slice(
+    slices: &mut Slices,
+    node_names: &mut HashSet<Arc<str>>,
+    e: &EndpointSlice,
+    present: bool,
+) -> Option<ServiceRef> {
     let owner = slice_owner(e)?;
     let name = e.metadata.name.as_deref().unwrap_or_default();
-    match CompactSlice::of(e).filter(|_| present) {
-        Some(c) => {
-            slices
-                .entry(owner.clone())
-                .or_default()
-                .insert(name.into(), c);
-        }
+    let mut node = |n: &str| match node_names.get(n) {
+        Some(shared) => shared.clone(),
         None => {
-            if let Some(of_owner) = slices.get_mut(&owner) {
-                of_owner.remove(name);
-                if of_owner.is_empty() {
-                    slices.remove(&owner);
-                }
-            }
+            let shared: Arc<str> = n.into();
+            node_names.insert(shared.clone());
+            shared
         }
+    };
+    let read = present
+        .then(|| ReadSlice::of(e, &mut node))
+        .flatten()
+        .map(Arc::new);
+    let of_owner = slices.entry(owner.clone()).or_default();
+    let at = of_owner.iter().position(|s| &*s.name == name);
+    match (read, at) {
+        (Some(r), Some(i)) => of_owner[i] = r,
+        (Some(r), None) => {
+            // Most Services have one slice: no room for more until needed.
+            of_owner.reserve_exact(1);
+            of_owner.push(r);
+        }
+        (None, Some(i)) => {
+            of_owner.swap_remove(i);
+        }
+        (None, None) => {}
+    }
+    if of_owner.is_empty() {
+        slices.remove(&owner);
     }
     Some(owner)
 }
@@ -138,15 +162,18 @@ impl Cache {
         match e {
             Event::Init => self.slices.begin(),
             Event::InitApply(s) => {
-                put_slice(self.slices.listing(), s, true);
+                put_slice(self.slices.listing(), &mut self.node_names, s, true);
             }
             Event::InitDone => {
                 self.slices.finish();
+                // Names no slice gives any more (nodes gone).
+                self.node_names.retain(|n| Arc::strong_count(n) > 1);
                 self.full = true;
             }
             Event::Apply(s) | Event::Delete(s) => {
                 let present = matches!(e, Event::Apply(_));
-                if let Some(owner) = put_slice(&mut self.slices.live, s, present) {
+                let owner = put_slice(&mut self.slices.live, &mut self.node_names, s, present);
+                if let Some(owner) = owner {
                     self.touched.insert(owner);
                 }
             }
@@ -176,26 +203,21 @@ impl Cache {
         self.full |= changed;
     }
 
-    /// The slices of `service`, as the model reads them.
-    fn slices_of(&self, service: &ServiceRef) -> Vec<Arc<EndpointSlice>> {
-        self.slices
-            .live
-            .get(service)
-            .into_iter()
-            .flatten()
-            .map(|(name, c)| Arc::new(c.to_slice(name, service)))
-            .collect()
+    /// Service `service` as it is now: what the model reads of it (if
+    /// ours) and of its slices.
+    fn objects_of(&self, service: ServiceRef) -> ServiceObjects {
+        ServiceObjects {
+            read: self.services.live.get(&service).cloned(),
+            slices: self.slices.live.get(&service).cloned().unwrap_or_default(),
+            service,
+        }
     }
 
     /// The Services touched since the last call, with their objects now.
     pub fn take_touched(&mut self) -> Vec<ServiceObjects> {
         std::mem::take(&mut self.touched)
             .into_iter()
-            .map(|service| ServiceObjects {
-                read: self.services.live.get(&service).cloned(),
-                slices: self.slices_of(&service),
-                service,
-            })
+            .map(|service| self.objects_of(service))
             .collect()
     }
 
@@ -205,12 +227,11 @@ impl Cache {
         self.full = false;
         self.touched.clear();
         Snapshot {
-            read_services: self.services.live.values().cloned().collect(),
-            endpoint_slices: self
+            read: self
                 .services
                 .live
                 .keys()
-                .flat_map(|s| self.slices_of(s))
+                .map(|s| self.objects_of(s.clone()))
                 .collect(),
             ..Default::default()
         }
@@ -261,13 +282,9 @@ mod tests {
         }
         assert!(c.listed() && c.full);
         let full = c.snapshot();
+        assert_eq!(full.read.len(), 1, "the unlabelled Service is not kept");
         assert_eq!(
-            full.read_services.len(),
-            1,
-            "the unlabelled Service is not kept"
-        );
-        assert_eq!(
-            full.endpoint_slices.len(),
+            full.read[0].slices.len(),
             1,
             "only our Services' slices are handed out"
         );
@@ -290,6 +307,107 @@ mod tests {
         assert!(touched[0].read.is_none());
     }
 
+    /// The objects of `world` as the API would hold them: one per name
+    /// (the first), their endpoints on two nodes, trimmed as they arrive.
+    fn as_in_the_api(
+        (services, slices): (Vec<Service>, Vec<EndpointSlice>),
+    ) -> (Vec<Service>, Vec<EndpointSlice>) {
+        let mut names = HashSet::new();
+        let services: Vec<Service> = services
+            .into_iter()
+            .filter(|s| names.insert(s.metadata.name.clone()))
+            .collect();
+        let mut names = HashSet::new();
+        let mut slices: Vec<EndpointSlice> = slices
+            .into_iter()
+            .filter(|e| names.insert(e.metadata.name.clone()))
+            .collect();
+        for (i, e) in slices.iter_mut().flat_map(|e| &mut e.endpoints).enumerate() {
+            e.node_name = Some(format!("n{}", i % 2));
+        }
+        (services, slices)
+    }
+
+    proptest::proptest! {
+        /// What the cache keeps of the objects gives the plan the whole
+        /// objects give, whether they were listed or arrived one by one
+        /// after the list (incremental rounds).
+        #[test]
+        fn the_cache_gives_the_plan_of_the_objects(
+            world in crate::model::tests::arb_world(),
+            listed in 0usize..10,
+        ) {
+            use crate::model::{compute_plan, trim, PlanState, ReadSlice};
+            let (services, slices) = as_in_the_api(world);
+            let mut c = Cache::new();
+            c.service_event(&Event::Init);
+            c.slice_event(&Event::Init);
+            let mut later = Vec::new();
+            for (i, s) in services.iter().enumerate() {
+                let mut t = s.clone();
+                trim::trim_service(&mut t);
+                match i < listed {
+                    true => c.service_event(&Event::InitApply(t)),
+                    false => later.push(Event::Apply(t)),
+                }
+            }
+            let mut later_slices = Vec::new();
+            for (i, e) in slices.iter().enumerate() {
+                let mut t = e.clone();
+                trim::trim_slice(&mut t);
+                if i < listed {
+                    c.slice_event(&Event::InitApply(t));
+                    continue;
+                }
+                // A stale version first (replaced), and a slice that comes
+                // and goes, each with an address of its own.
+                let mut stale = t.clone();
+                let elsewhere = match stale.address_type.as_str() {
+                    "IPv4" => "192.0.2.99",
+                    _ => "2001:db8:2::99",
+                };
+                stale.endpoints = vec![k8s_openapi::api::discovery::v1::Endpoint {
+                    addresses: vec![elsewhere.into()],
+                    ..Default::default()
+                }];
+                let mut gone = stale.clone();
+                gone.metadata.name = Some(format!("gone-{i}"));
+                later_slices.extend([
+                    Event::Apply(stale),
+                    Event::Apply(gone.clone()),
+                    Event::Apply(t),
+                    Event::Delete(gone),
+                ]);
+            }
+            c.service_event(&Event::InitDone);
+            c.slice_event(&Event::InitDone);
+            let snap = c.snapshot();
+            let no_objects: [&Service; 0] = [];
+            let no_slices: [&EndpointSlice; 0] = [];
+            let mut state = PlanState::build_with(&no_objects, &no_slices, &snap.read, &[]);
+            later.iter().for_each(|e| c.service_event(e));
+            later_slices.iter().for_each(|e| c.slice_event(e));
+            for o in c.take_touched() {
+                let read: Vec<&ReadSlice> = o.slices.iter().map(AsRef::as_ref).collect();
+                state.update_read(&o.service, o.read.clone(), &read);
+            }
+            proptest::prop_assert_eq!(state.outcome(), compute_plan(&services, &slices, &[]));
+        }
+    }
+
+    #[test]
+    fn endpoints_on_one_node_share_its_name() {
+        let mut c = Cache::new();
+        for name in ["a", "b"] {
+            let (_, mut slice) = objects(name, "203.0.113.10", "192.0.2.11");
+            slice.endpoints[0].node_name = Some("n1".into());
+            c.slice_event(&Event::Apply(slice));
+        }
+        assert_eq!(c.node_names.len(), 1);
+        // The set's copy and one per slice.
+        assert_eq!(c.node_names.iter().next().map(Arc::strong_count), Some(3));
+    }
+
     #[test]
     fn a_relist_replaces_the_cache_and_asks_for_a_full_round() {
         let mut c = Cache::new();
@@ -306,9 +424,9 @@ mod tests {
         assert!(c.full);
         let names: Vec<String> = c
             .snapshot()
-            .read_services
+            .read
             .iter()
-            .map(|r| r.intent.service.name.to_string())
+            .map(|o| o.service.name.to_string())
             .collect();
         assert_eq!(names, vec!["b".to_string()]);
     }

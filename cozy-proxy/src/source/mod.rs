@@ -5,7 +5,7 @@ mod cache;
 pub mod kube;
 pub mod manifests;
 
-use crate::model::{ReadService, ServiceRef};
+use crate::model::{ReadService, ReadSlice, ServiceRef};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
@@ -19,10 +19,10 @@ use tracing::warn;
 pub struct Snapshot {
     /// Shared with the caches they come from, not copied.
     pub services: Vec<Arc<Service>>,
-    /// Services given as what the model reads of them (the Kubernetes
-    /// source keeps no more).
-    pub read_services: Vec<Arc<ReadService>>,
     pub endpoint_slices: Vec<Arc<EndpointSlice>>,
+    /// Services given as what the model reads of them and of their slices
+    /// (the Kubernetes source keeps no more).
+    pub read: Vec<ServiceObjects>,
     /// Every Node: their addresses (never translated, in-cluster) and pod
     /// networks (in-cluster).
     pub nodes: Vec<Node>,
@@ -47,8 +47,8 @@ pub struct ServiceObjects {
     pub service: ServiceRef,
     /// What the model reads of it; `None`: deleted, or not ours.
     pub read: Option<Arc<ReadService>>,
-    /// The EndpointSlices labelled with its name.
-    pub slices: Vec<Arc<EndpointSlice>>,
+    /// The EndpointSlices labelled with its name, as the model reads them.
+    pub slices: Vec<Arc<ReadSlice>>,
 }
 
 /// A source of objects for the reconcile loop.
