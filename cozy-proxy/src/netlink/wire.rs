@@ -52,8 +52,18 @@ impl Writer {
         Writer::default()
     }
 
+    pub fn with_capacity(bytes: usize) -> Self {
+        Writer {
+            buf: Vec::with_capacity(bytes),
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.buf.len()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
     }
 
     pub fn is_empty(&self) -> bool {

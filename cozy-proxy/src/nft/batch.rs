@@ -23,7 +23,12 @@ pub struct Batch {
 
 impl Batch {
     pub fn new() -> Self {
-        let mut writer = Writer::new();
+        Self::with_capacity(0)
+    }
+
+    /// A batch with room for `bytes` of messages.
+    pub fn with_capacity(bytes: usize) -> Self {
+        let mut writer = Writer::with_capacity(bytes);
         writer.message(
             NFNL_MSG_BATCH_BEGIN,
             0,
@@ -59,6 +64,11 @@ impl Batch {
 
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()
+    }
+
+    /// The size of the messages so far, and the room made for them.
+    pub fn bytes_len(&self) -> (usize, usize) {
+        (self.writer.len(), self.writer.capacity())
     }
 
     pub fn message_count(&self) -> usize {

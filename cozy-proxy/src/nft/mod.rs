@@ -199,6 +199,7 @@ impl Kernel for NftKernel {
         let batch = encode::sync_batch(&installs, diff);
         debug!(
             messages = batch.message_count(),
+            bytes = ?batch.bytes_len(),
             changed = diff.size(),
             "nft batch"
         );
