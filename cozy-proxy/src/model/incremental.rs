@@ -41,8 +41,8 @@ pub struct PlanState {
     /// Pod IP -> the LB owners whose one endpoint it is (rank, LB IP); the
     /// first gets the pod.
     pod_claims: HashMap<IpAddr, Claims<(Rank, IpAddr)>>,
-    /// LB IP -> the pod claim its owner holds in `pod_claims`.
-    claimed_pod: HashMap<IpAddr, (Rank, IpAddr)>,
+    /// LB IP -> the pod its owner claims in `pod_claims`.
+    claimed_pod: HashMap<IpAddr, IpAddr>,
     /// The outcome of every owned LB IP.
     results: HashMap<IpAddr, LbResult>,
     /// The conflict warnings about one LB IP (its losers, its owner's pod).
@@ -86,6 +86,11 @@ impl<T: Ord> Claims<T> {
         if let Ok(i) = self.0.binary_search(x) {
             self.0.remove(i);
         }
+    }
+
+    /// Removes the claims `f` picks.
+    fn remove_where(&mut self, f: impl Fn(&T) -> bool) {
+        self.0.retain(|x| !f(x));
     }
 
     fn first(&self) -> Option<&T> {
@@ -172,6 +177,15 @@ impl PlanState {
             node_ips: node_addresses(nodes),
             ..Default::default()
         };
+        // Room for every Service at once: a table grown by doubling
+        // rehashes it about 16 times on the way to 50 000 (time, and the
+        // old and new tables held together).
+        let n = services.len() + read.len();
+        state.wishes.reserve(n);
+        state.lb_claims.reserve(n);
+        state.pod_claims.reserve(n);
+        state.claimed_pod.reserve(n);
+        state.results.reserve(n);
         let index = SliceIndex::new(slices);
         let mut by_name: BTreeMap<ServiceRef, Vec<&Service>> = BTreeMap::new();
         for svc in services.iter().map(Borrow::borrow) {
@@ -254,9 +268,9 @@ impl PlanState {
     fn settle(&mut self, lbs: BTreeSet<IpAddr>) {
         let mut pods = BTreeSet::new();
         for lb in &lbs {
-            if let Some((rank, pod)) = self.claimed_pod.remove(lb) {
+            if let Some(pod) = self.claimed_pod.remove(lb) {
                 if let Some(claims) = self.pod_claims.get_mut(&pod) {
-                    claims.remove(&(rank, *lb));
+                    claims.remove_where(|(_, claimed)| claimed == lb);
                     if claims.is_empty() {
                         self.pod_claims.remove(&pod);
                     }
@@ -276,7 +290,7 @@ impl PlanState {
                     .entry(pod)
                     .or_default()
                     .insert((owner.clone(), *lb));
-                self.claimed_pod.insert(*lb, (owner.clone(), pod));
+                self.claimed_pod.insert(*lb, pod);
                 pods.insert(pod);
             }
         }

@@ -148,7 +148,7 @@ pub(crate) fn wish_of(
         service,
         out: &mut found,
     };
-    let mut lb_ips = read.intent.lb_ips.clone();
+    let mut lb_ips = read.intent.lb_ips.to_vec();
     lb_ips.retain(|ip| match forbidden(ip, node_ips) {
         None => true,
         Some(why) => {

@@ -28,7 +28,7 @@ pub struct ServiceIntent {
     /// wins). `None` (manifests without it) sorts first.
     pub created: Option<k8s_openapi::jiff::Timestamp>,
     /// Valid LoadBalancer IPs, in status order, without repeats.
-    pub lb_ips: Vec<IpAddr>,
+    pub lb_ips: Box<[IpAddr]>,
     pub mode: Mode,
     /// `spec.loadBalancerSourceRanges` (both families); `None`: unrestricted;
     /// an empty set after an invalid entry: nothing passes.
@@ -42,7 +42,7 @@ pub struct ServiceIntent {
 pub struct ReadService {
     pub intent: ServiceIntent,
     pub warnings: Vec<Warning>,
-    pub uid: Option<String>,
+    pub uid: Option<Box<str>>,
 }
 
 /// Reads a selected Service.
@@ -59,7 +59,7 @@ pub fn read_service(svc: &Service) -> ReadService {
     ReadService {
         intent,
         warnings,
-        uid: svc.metadata.uid.clone(),
+        uid: svc.metadata.uid.as_deref().map(Into::into),
     }
 }
 
@@ -95,7 +95,7 @@ pub(crate) fn read_intent(svc: &Service, warnings: &mut Warnings<'_>) -> Service
     ServiceIntent {
         service: warnings.service.clone(),
         created: svc.metadata.creation_timestamp.as_ref().map(|t| t.0),
-        lb_ips: load_balancer_ips(svc, warnings),
+        lb_ips: load_balancer_ips(svc, warnings).into(),
         mode: mode(svc, warnings),
         source_ranges: source_ranges(svc, warnings),
     }

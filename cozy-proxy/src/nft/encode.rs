@@ -203,83 +203,79 @@ fn side<T>(c: &Change<T>, remove: bool) -> &[T] {
     }
 }
 
-fn pairs(c: &Change<(IpAddr, IpAddr)>, remove: bool) -> Vec<Element> {
-    side(c, remove)
-        .iter()
-        .map(|(k, v)| Element {
-            value: Some(ip_bytes(v)),
-            ..Element::key(*k, ip_bytes(k))
-        })
-        .collect()
+/// A set's element changes, made as they are encoded.
+type Elements<'a> = Box<dyn Iterator<Item = Element> + 'a>;
+
+fn pairs(c: &Change<(IpAddr, IpAddr)>, remove: bool) -> Elements<'_> {
+    Box::new(side(c, remove).iter().map(|(k, v)| Element {
+        value: Some(ip_bytes(v)),
+        ..Element::key(*k, ip_bytes(k))
+    }))
 }
 
-fn singles(c: &Change<IpAddr>, remove: bool) -> Vec<Element> {
-    side(c, remove)
-        .iter()
-        .map(|k| Element::key(*k, ip_bytes(k)))
-        .collect()
+fn singles(c: &Change<IpAddr>, remove: bool) -> Elements<'_> {
+    Box::new(
+        side(c, remove)
+            .iter()
+            .map(|k| Element::key(*k, ip_bytes(k))),
+    )
 }
 
-fn ports(c: &Change<AllowedPort>, remove: bool) -> Vec<Element> {
-    side(c, remove)
-        .iter()
-        .map(|p| Element::key(p.pod, Layout::port_key(&p.pod, p.proto, p.port)))
-        .collect()
+fn ports(c: &Change<AllowedPort>, remove: bool) -> Elements<'_> {
+    Box::new(
+        side(c, remove)
+            .iter()
+            .map(|p| Element::key(p.pod, Layout::port_key(&p.pod, p.proto, p.port))),
+    )
 }
 
 /// A range in an rbtree interval set: its first address, and the address
 /// after its last as the interval's end (none when it ends the family).
-fn intervals(c: &Change<IpRange>, remove: bool) -> Vec<Element> {
-    let mut out = Vec::new();
-    for r in side(c, remove) {
-        out.push(Element::key(r.first, ip_bytes(&r.first)));
-        if let Some(after) = r.after() {
-            out.push(Element {
-                interval_end: true,
-                ..Element::key(after, ip_bytes(&after))
-            });
-        }
-    }
-    out
+fn intervals(c: &Change<IpRange>, remove: bool) -> Elements<'_> {
+    Box::new(side(c, remove).iter().flat_map(|r| {
+        let start = Element::key(r.first, ip_bytes(&r.first));
+        let end = r.after().map(|after| Element {
+            interval_end: true,
+            ..Element::key(after, ip_bytes(&after))
+        });
+        std::iter::once(start).chain(end)
+    }))
 }
 
 /// `(LB IP, range)` in the concatenated interval set: LB . first to
 /// LB . last.
-fn lb_ranges(c: &Change<(IpAddr, IpRange)>, remove: bool) -> Vec<Element> {
-    side(c, remove)
-        .iter()
-        .map(|(lb, r)| {
-            let mut key = ip_bytes(lb);
-            key.extend(ip_bytes(&r.first));
-            let mut end = ip_bytes(lb);
-            end.extend(ip_bytes(&r.last));
-            Element {
-                key_end: Some(end),
-                ..Element::key(*lb, key)
-            }
-        })
-        .collect()
+fn lb_ranges(c: &Change<(IpAddr, IpRange)>, remove: bool) -> Elements<'_> {
+    Box::new(side(c, remove).iter().map(|(lb, r)| {
+        let mut key = ip_bytes(lb);
+        key.extend(ip_bytes(&r.first));
+        let mut end = ip_bytes(lb);
+        end.extend(ip_bytes(&r.last));
+        Element {
+            key_end: Some(end),
+            ..Element::key(*lb, key)
+        }
+    }))
 }
 
 /// The guard as two sets: every guarded address (`paths` false), and the
 /// (address, interface) pairs it may arrive on (none for 0).
-fn guard(c: &Change<(IpAddr, u32)>, remove: bool, paths: bool) -> Vec<Element> {
+fn guard(c: &Change<(IpAddr, u32)>, remove: bool, paths: bool) -> Elements<'_> {
     let all = side(c, remove).iter();
     match paths {
-        false => all.map(|(ip, _)| Element::key(*ip, ip_bytes(ip))).collect(),
-        true => all
-            .filter(|(_, index)| *index != 0)
-            .map(|(ip, index)| Element::key(*ip, Layout::path_key(ip, *index)))
-            .collect(),
+        false => Box::new(all.map(|(ip, _)| Element::key(*ip, ip_bytes(ip)))),
+        true => Box::new(
+            all.filter(|(_, index)| *index != 0)
+                .map(|(ip, index)| Element::key(*ip, Layout::path_key(ip, *index))),
+        ),
     }
 }
 
 /// The element changes of `diff`: every removal first, then every
 /// addition (a changed map value is removed and added in the same batch).
-/// One set's elements at a time: at a full sync they are hundreds of
+/// One message's elements at a time: at a full sync they are hundreds of
 /// thousands.
 fn elements(batch: &mut Batch, diff: &StateDiff) {
-    type Group<'a> = (&'a str, Box<dyn Fn(bool) -> Vec<Element> + 'a>);
+    type Group<'a> = (&'a str, Box<dyn Fn(bool) -> Elements<'a> + 'a>);
     let groups: [Group; 12] = [
         (schema::POD_SVC, Box::new(|r| pairs(&diff.pod_svc, r))),
         (schema::SVC_POD, Box::new(|r| pairs(&diff.svc_pod, r))),
@@ -317,18 +313,21 @@ fn elements(batch: &mut Batch, diff: &StateDiff) {
     ];
     for remove in [true, false] {
         for (set, make) in &groups {
-            let elems = make(remove);
             for l in &LAYOUTS {
-                let mine: Vec<&Element> = elems.iter().filter(|e| Layout::of(&e.ip) == l).collect();
-                for chunk in mine.chunks(ELEMENTS_PER_MESSAGE) {
-                    element_message(batch, l, set, chunk, remove);
+                let mut mine = make(remove).filter(|e| Layout::of(&e.ip) == l);
+                loop {
+                    let chunk: Vec<Element> = mine.by_ref().take(ELEMENTS_PER_MESSAGE).collect();
+                    if chunk.is_empty() {
+                        break;
+                    }
+                    element_message(batch, l, set, &chunk, remove);
                 }
             }
         }
     }
 }
 
-fn element_message(batch: &mut Batch, l: &Layout, set: &str, elems: &[&Element], remove: bool) {
+fn element_message(batch: &mut Batch, l: &Layout, set: &str, elems: &[Element], remove: bool) {
     let (msg, flags, verb) = if remove {
         (NFT_MSG_DELSETELEM, 0, "delete")
     } else {

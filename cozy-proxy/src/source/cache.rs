@@ -66,45 +66,64 @@ pub struct Cache {
     /// Node -> what the model reads of it, to tell a change that matters
     /// from a status heartbeat.
     nodes: HashMap<String, String>,
-    /// One copy of each node name the slices' endpoints give (tens of
-    /// thousands of endpoints name a few nodes).
-    node_names: HashSet<Arc<str>>,
+    /// One copy of each namespace and node name (tens of thousands of
+    /// objects name a few of them).
+    strings: Interned,
 }
 
-/// Service `s` as it is now in `services`: kept if ours, else not at all.
-fn put_service(services: &mut Services, s: &Service) -> ServiceRef {
-    let key = service_ref(s);
-    if is_selected(s) {
-        services.insert(key.clone(), Arc::new(read_service(s)));
-    } else {
-        services.remove(&key);
+/// Strings many objects repeat, one shared copy each.
+#[derive(Default)]
+struct Interned(HashSet<Arc<str>>);
+
+impl Interned {
+    fn get(&mut self, s: &str) -> Arc<str> {
+        match self.0.get(s) {
+            Some(shared) => shared.clone(),
+            None => {
+                let shared: Arc<str> = s.into();
+                self.0.insert(shared.clone());
+                shared
+            }
+        }
     }
-    key
+
+    /// Forgets the strings no object holds any more.
+    fn prune(&mut self) {
+        self.0.retain(|s| Arc::strong_count(s) > 1);
+    }
 }
 
-/// Slice `e` as it is now in `slices` (`present`: not deleted), its node
-/// names from `node_names`; its Service, if it names one.
+/// Service `s` (named `key`) as it is now in `services`: kept if ours,
+/// else not at all.
+fn put_service(services: &mut Services, key: &ServiceRef, s: &Service) {
+    if is_selected(s) {
+        let mut read = read_service(s);
+        // The model's name of it is the cache's: one copy.
+        read.intent.service = key.clone();
+        services.insert(key.clone(), Arc::new(read));
+    } else {
+        services.remove(key);
+    }
+}
+
+/// Slice `e` of Service `owner` as it is now in `slices` (`present`: not
+/// deleted), its node names from `strings`.
 fn put_slice(
     slices: &mut Slices,
-    node_names: &mut HashSet<Arc<str>>,
+    strings: &mut Interned,
+    owner: &ServiceRef,
     e: &EndpointSlice,
     present: bool,
-) -> Option<ServiceRef> {
-    let owner = slice_owner(e)?;
+) {
     let name = e.metadata.name.as_deref().unwrap_or_default();
-    let mut node = |n: &str| match node_names.get(n) {
-        Some(shared) => shared.clone(),
-        None => {
-            let shared: Arc<str> = n.into();
-            node_names.insert(shared.clone());
-            shared
-        }
-    };
     let read = present
-        .then(|| ReadSlice::of(e, &mut node))
+        .then(|| ReadSlice::of(e, &mut |n| strings.get(n)))
         .flatten()
         .map(Arc::new);
-    let of_owner = slices.entry(owner.clone()).or_default();
+    let of_owner = match slices.get_mut(owner) {
+        Some(of_owner) => of_owner,
+        None => slices.entry(owner.clone()).or_default(),
+    };
     let at = of_owner.iter().position(|s| &*s.name == name);
     match (read, at) {
         (Some(r), Some(i)) => of_owner[i] = r,
@@ -119,9 +138,8 @@ fn put_slice(
         (None, None) => {}
     }
     if of_owner.is_empty() {
-        slices.remove(&owner);
+        slices.remove(owner);
     }
-    Some(owner)
 }
 
 impl Cache {
@@ -136,18 +154,36 @@ impl Cache {
         self.services.done && self.slices.done
     }
 
+    /// `r` sharing the strings the cache already holds: the Service's own
+    /// name if it is kept, its namespace in any case.
+    fn shared(&mut self, r: ServiceRef) -> ServiceRef {
+        let kept = [Some(&self.services.live), self.services.relist.as_ref()];
+        for services in kept.into_iter().flatten() {
+            if let Some((key, _)) = services.get_key_value(&r) {
+                return key.clone();
+            }
+        }
+        ServiceRef {
+            namespace: self.strings.get(&r.namespace),
+            name: r.name,
+        }
+    }
+
     pub fn service_event(&mut self, e: &Event<Service>) {
         match e {
             Event::Init => self.services.begin(),
             Event::InitApply(s) => {
-                put_service(self.services.listing(), s);
+                let key = self.shared(service_ref(s));
+                put_service(self.services.listing(), &key, s);
             }
             Event::InitDone => {
                 self.services.finish();
+                self.strings.prune();
                 self.full = true;
             }
             Event::Apply(s) => {
-                let key = put_service(&mut self.services.live, s);
+                let key = self.shared(service_ref(s));
+                put_service(&mut self.services.live, &key, s);
                 self.touched.insert(key);
             }
             Event::Delete(s) => {
@@ -162,18 +198,19 @@ impl Cache {
         match e {
             Event::Init => self.slices.begin(),
             Event::InitApply(s) => {
-                put_slice(self.slices.listing(), &mut self.node_names, s, true);
+                if let Some(owner) = slice_owner(s).map(|o| self.shared(o)) {
+                    put_slice(self.slices.listing(), &mut self.strings, &owner, s, true);
+                }
             }
             Event::InitDone => {
                 self.slices.finish();
-                // Names no slice gives any more (nodes gone).
-                self.node_names.retain(|n| Arc::strong_count(n) > 1);
+                self.strings.prune();
                 self.full = true;
             }
             Event::Apply(s) | Event::Delete(s) => {
                 let present = matches!(e, Event::Apply(_));
-                let owner = put_slice(&mut self.slices.live, &mut self.node_names, s, present);
-                if let Some(owner) = owner {
+                if let Some(owner) = slice_owner(s).map(|o| self.shared(o)) {
+                    put_slice(&mut self.slices.live, &mut self.strings, &owner, s, present);
                     self.touched.insert(owner);
                 }
             }
@@ -242,7 +279,7 @@ impl Cache {
         self.services
             .live
             .get(&ServiceRef::new(namespace, name))
-            .and_then(|s| s.uid.clone())
+            .and_then(|s| s.uid.as_deref().map(Into::into))
     }
 }
 
@@ -396,16 +433,20 @@ mod tests {
     }
 
     #[test]
-    fn endpoints_on_one_node_share_its_name() {
+    fn namespaces_and_node_names_are_shared() {
         let mut c = Cache::new();
         for name in ["a", "b"] {
             let (_, mut slice) = objects(name, "203.0.113.10", "192.0.2.11");
             slice.endpoints[0].node_name = Some("n1".into());
             c.slice_event(&Event::Apply(slice));
         }
-        assert_eq!(c.node_names.len(), 1);
+        let _ = c.take_touched();
+        let node = c.strings.0.get("n1").expect("interned");
         // The set's copy and one per slice.
-        assert_eq!(c.node_names.iter().next().map(Arc::strong_count), Some(3));
+        assert_eq!(Arc::strong_count(node), 3);
+        let ns = c.strings.0.get("t").expect("interned");
+        // The set's copy and one per slice's Service.
+        assert_eq!(Arc::strong_count(ns), 3);
     }
 
     #[test]
