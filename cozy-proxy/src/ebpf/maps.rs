@@ -1,7 +1,7 @@
 //! The pinned BPF maps, opened by path: what the programs read, kept equal
 //! to the node's state, and read back for `dump`.
 use super::addr_bits::AddrBits;
-use super::EbpfError;
+use super::{batch, EbpfError};
 use crate::datapath::{
     AllowedPort, Count, Counters, DatapathState, RemotePods, ServiceCount, StateDiff,
 };
@@ -350,11 +350,14 @@ impl Maps {
             self.write_prefilter(bits.words(), &cidrs)?;
         }
         let mut room_made = false;
-        for p in &diff.allowed_ports.add {
+        let adding: Vec<PortKey> = diff.allowed_ports.add.iter().map(port_key).collect();
+        // As many as a batch takes; the rest (a full map) one by one.
+        let written = batch::write(&self.allowed_ports, &adding, &vec![1u8; adding.len()]);
+        for k in adding.iter().skip(written) {
             self.insert_or_make_room(
                 names::ALLOWED_PORTS,
                 &mut room_made,
-                |m| m.allowed_ports.insert(port_key(p), 1, 0),
+                |m| m.allowed_ports.insert(*k, 1, 0),
                 |m| m.remove_ports(&diff.allowed_ports.remove),
             )?;
         }
@@ -393,13 +396,18 @@ impl Maps {
         self.update_addrs(&touched, desired, &remote_pods, peer_links)?;
         // A pod mapped here anew starts with no flows (a reused IP's were
         // forgotten above): its count too, whatever its slot held before.
-        for (pod, _) in &diff.pod_svc.add {
-            let slot = self.known.as_ref().and_then(|k| k.get(pod)).map(|i| i.slot);
-            if let Some(slot) = slot {
-                self.flow_counts
-                    .set(slot as u32, 0, 0)
-                    .map_err(named(names::FLOW_COUNTS))?;
-            }
+        let known = self.known.as_ref();
+        let slots: Vec<u32> = diff
+            .pod_svc
+            .add
+            .iter()
+            .filter_map(|(pod, _)| known.and_then(|k| k.get(pod)).map(|i| u32::from(i.slot)))
+            .collect();
+        let written = batch::write(&self.flow_counts, &slots, &vec![0u64; slots.len()]);
+        for slot in slots.iter().skip(written) {
+            self.flow_counts
+                .set(*slot, 0, 0)
+                .map_err(named(names::FLOW_COUNTS))?;
         }
         self.update_ranges(diff, desired, false)?;
         self.remove_ports(&diff.allowed_ports.remove)?;
@@ -648,6 +656,8 @@ impl Maps {
                 Some(info) => writes.push((*a, info)),
             }
         }
+        let mut keys = Vec::with_capacity(writes.len());
+        let mut infos = Vec::with_capacity(writes.len());
         for (a, mut info) in writes {
             let local_lb = |i: &AddrInfo| i.flags & addr::LB != 0 && i.flags & addr::LOCAL != 0;
             if let Some(old) = known
@@ -665,12 +675,18 @@ impl Maps {
                 } else {
                     ip(&info.peer)
                 };
-                info.slot = slots.of_lb(&lb, &known, &mut self.stats)?;
+                info.slot = slots.of_lb(&lb, &known)?;
             }
-            self.addrs
-                .insert(key(&a), info, 0)
-                .map_err(named(names::ADDRS))?;
+            keys.push(key(&a));
+            infos.push(info);
             known.insert(a, info);
+        }
+        // The counters of slots given anew start at zero, before an
+        // address that counts in them is written.
+        zero_slots(&mut self.stats, &std::mem::take(&mut slots.fresh))?;
+        let written = batch::write(&self.addrs, &keys, &infos);
+        for (k, info) in keys.iter().zip(&infos).skip(written) {
+            self.addrs.insert(k, info, 0).map_err(named(names::ADDRS))?;
         }
         self.known = Some(known);
         self.slots = Some(slots);
@@ -941,6 +957,8 @@ pub struct Slots {
     /// (a search from 0 each time made a full sync quadratic: 43 s for
     /// 50 000 mappings).
     cursor: u32,
+    /// Slots given anew, whose counters are to be zeroed.
+    fresh: Vec<u16>,
 }
 
 impl Slots {
@@ -953,6 +971,7 @@ impl Slots {
                 .collect(),
             given: BTreeMap::new(),
             cursor: 0,
+            fresh: Vec::new(),
         }
     }
 
@@ -973,7 +992,6 @@ impl Slots {
         &mut self,
         lb: &IpAddr,
         current: &BTreeMap<IpAddr, AddrInfo>,
-        stats: &mut PerCpuArray<MapData, ServiceCounters>,
     ) -> Result<u16, EbpfError> {
         if let Some(s) = self.given.get(lb) {
             return Ok(*s);
@@ -994,7 +1012,7 @@ impl Slots {
                     .ok_or(EbpfError::Full { map: names::STATS })?;
                 self.cursor = u32::from(free) + 1;
                 self.used.insert(free);
-                zero(stats, free)?;
+                self.fresh.push(free);
                 free
             }
         };
@@ -1003,16 +1021,39 @@ impl Slots {
     }
 }
 
-fn zero(stats: &mut PerCpuArray<MapData, ServiceCounters>, slot: u16) -> Result<(), EbpfError> {
+/// The number of possible CPUs (a per-CPU value holds one copy each).
+fn possible_cpus() -> Result<usize, EbpfError> {
     // Read once: it is a file read per call otherwise.
     static CPUS: std::sync::OnceLock<Result<usize, String>> = std::sync::OnceLock::new();
-    let cpus = CPUS
-        .get_or_init(|| aya::util::nr_cpus().map_err(|(_, e)| e.to_string()))
+    CPUS.get_or_init(|| aya::util::nr_cpus().map_err(|(_, e)| e.to_string()))
         .clone()
         .map_err(|e| EbpfError::Io {
             path: "/sys/devices/system/cpu/possible".into(),
             source: std::io::Error::other(e),
-        })?;
+        })
+}
+
+/// Zeroes the counters of `slots`: as many as a batch takes, the rest one
+/// by one.
+fn zero_slots(
+    stats: &mut PerCpuArray<MapData, ServiceCounters>,
+    slots: &[u16],
+) -> Result<(), EbpfError> {
+    let indexes: Vec<u32> = slots.iter().map(|s| u32::from(*s)).collect();
+    let written = batch::zero_per_cpu(
+        aya::maps::IterableMap::map(stats),
+        &indexes,
+        size_of::<ServiceCounters>(),
+        possible_cpus()?,
+    );
+    for slot in slots.iter().skip(written) {
+        zero(stats, *slot)?;
+    }
+    Ok(())
+}
+
+fn zero(stats: &mut PerCpuArray<MapData, ServiceCounters>, slot: u16) -> Result<(), EbpfError> {
+    let cpus = possible_cpus()?;
     let zeros = aya::maps::PerCpuValues::try_from(vec![ServiceCounters::default(); cpus]).map_err(
         |source| EbpfError::Io {
             path: "/sys/devices/system/cpu/possible".into(),

@@ -2,6 +2,7 @@
 //! equal to the node's state, and one host route per mapping that steers
 //! the LB IP toward its pod (see docs/ebpf-datapath.md for why).
 mod addr_bits;
+mod batch;
 mod bpffs;
 mod links;
 mod maps;
@@ -437,13 +438,16 @@ impl Kernel for EbpfKernel {
             .filter(|(_, &peer)| peer)
             .map(|(&index, _)| index)
             .collect();
+        let started = std::time::Instant::now();
         maps.apply(diff, desired, &peer_links)?;
         if found.is_some() {
             // After a read (startup, resync): the counts as they are.
             maps.count_flows(true, &Default::default())?;
         }
+        let maps_took = started.elapsed();
         self.follow_node_addresses(false)?;
         self.steering.apply(&diff.routes)?;
+        debug!(maps_took = ?maps_took, routes = diff.routes.size(), took = ?started.elapsed(), "eBPF maps and routes written");
         let mut installed_schema = false;
         if let Some(p) = self.programs.as_mut().filter(|p| !p.live) {
             p.live = true;

@@ -1,0 +1,168 @@
+//! Many map elements written in one syscall (`BPF_MAP_UPDATE_BATCH`, Linux
+//! 5.6): a full sync writes hundreds of thousands of elements, and one
+//! syscall each was most of the eBPF backend's sync time (aya 0.14 has no
+//! batch call). What a batch does not write (an older kernel, a full map)
+//! is left to the caller's one-element path, which reports it as before.
+use aya::maps::{IterableMap, MapData};
+use aya::Pod;
+use std::os::fd::{AsFd, AsRawFd};
+use tracing::debug;
+
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+
+/// The `batch` member of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// Writes `count` elements into `map`: `keys` and `values` point at them
+/// back to back, each as long as the map's key and value (for a per-CPU
+/// map, a value is one 8-byte-aligned copy per possible CPU). Returns how
+/// many were written: all of them, or those before the error that stopped
+/// the batch.
+///
+/// # Safety
+/// `keys` and `values` must each point at `count` elements of the map's
+/// key and value size.
+unsafe fn update_raw(map: &MapData, keys: *const u8, values: *const u8, count: usize) -> usize {
+    let Ok(n) = u32::try_from(count) else {
+        return 0;
+    };
+    if count == 0 {
+        return 0;
+    }
+    let mut attr = BatchAttr {
+        keys: keys as u64,
+        values: values as u64,
+        count: n,
+        map_fd: map.fd().as_fd().as_raw_fd() as u32,
+        ..Default::default()
+    };
+    // SAFETY: `attr` points at `count` keys and values laid out as the
+    // map's (the caller's promise); the kernel reads them and writes back
+    // `count` only.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_UPDATE_BATCH,
+            &mut attr as *mut BatchAttr,
+            std::mem::size_of::<BatchAttr>(),
+        )
+    };
+    if ret == 0 {
+        return count;
+    }
+    let error = std::io::Error::last_os_error();
+    // On an error the kernel says how many went in before it.
+    let done = (attr.count as usize).min(count);
+    debug!(%error, done, count, "batch map update stopped; the rest one by one");
+    done
+}
+
+/// Writes `keys[i]` -> `values[i]` into `map`, as many as a batch takes;
+/// returns how many (the caller writes the rest one by one, handling a
+/// full map as it wants).
+pub fn write<M, K, V>(map: &M, keys: &[K], values: &[V]) -> usize
+where
+    M: IterableMap<K, V>,
+    K: Pod,
+    V: Pod,
+{
+    let count = keys.len().min(values.len());
+    // SAFETY: a typed aya map checked when it was opened that K and V are
+    // as long as its key and value; the slices hold `count` of each.
+    unsafe {
+        update_raw(
+            map.map(),
+            keys.as_ptr().cast(),
+            values.as_ptr().cast(),
+            count,
+        )
+    }
+}
+
+/// Zeroes the values of `indexes` in per-CPU array `map` (values of
+/// `value_size` bytes), as many as a batch takes; returns how many.
+pub fn zero_per_cpu(map: &MapData, indexes: &[u32], value_size: usize, cpus: usize) -> usize {
+    let per_element = value_size.div_ceil(8) * 8 * cpus;
+    let zeros = vec![0u8; per_element * indexes.len()];
+    // SAFETY: u32 array indexes, and `cpus` 8-byte-aligned values per
+    // index, as the kernel lays out a per-CPU array's value.
+    unsafe { update_raw(map, indexes.as_ptr().cast(), zeros.as_ptr(), indexes.len()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aya::maps::{HashMap, Map, PerCpuArray};
+    use std::os::fd::{FromRawFd, OwnedFd};
+
+    /// A new map of the kernel's (root only): `(type, key, value, max)`.
+    fn create(map_type: u32, key_size: u32, value_size: u32, max_entries: u32) -> MapData {
+        let mut attr = [0u32; 16];
+        attr[..4].copy_from_slice(&[map_type, key_size, value_size, max_entries]);
+        // SAFETY: BPF_MAP_CREATE reads the first fields of `attr`.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                0,
+                attr.as_mut_ptr(),
+                std::mem::size_of_val(&attr),
+            )
+        };
+        assert!(
+            fd >= 0,
+            "BPF_MAP_CREATE: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: the syscall gave us this new descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        MapData::from_fd(fd).expect("map data")
+    }
+
+    #[test]
+    fn a_batch_writes_every_element_or_says_where_it_stopped() {
+        const HASH: u32 = 1;
+        let data = create(HASH, 4, 8, 3);
+        let map: HashMap<MapData, u32, u64> = HashMap::try_from(Map::HashMap(data)).expect("typed");
+        let keys = [10u32, 11, 12, 13, 14];
+        let values = [100u64, 110, 120, 130, 140];
+        // Room for three of five: the first three go in, and it says so.
+        assert_eq!(write(&map, &keys, &values), 3);
+        for (k, v) in keys.iter().zip(&values).take(3) {
+            assert_eq!(map.get(k, 0).expect("written"), *v);
+        }
+        assert!(map.get(&13, 0).is_err());
+        // Rewriting present keys takes no more room.
+        assert_eq!(write(&map, &keys[..3], &[1, 2, 3]), 3);
+        assert_eq!(map.get(&12, 0).expect("rewritten"), 3);
+    }
+
+    #[test]
+    fn per_cpu_counters_are_zeroed_in_one_batch() {
+        const PERCPU_ARRAY: u32 = 6;
+        let cpus = aya::util::nr_cpus().expect("cpus");
+        let data = create(PERCPU_ARRAY, 4, 16, 8);
+        let mut map: PerCpuArray<MapData, [u64; 2]> =
+            PerCpuArray::try_from(Map::PerCpuArray(data)).expect("typed");
+        for i in 0..8 {
+            let ones = aya::maps::PerCpuValues::try_from(vec![[7u64, 7]; cpus]).expect("values");
+            map.set(i, ones, 0).expect("set");
+        }
+        assert_eq!(zero_per_cpu(IterableMap::map(&map), &[1, 5], 16, cpus), 2);
+        for i in 0..8 {
+            let values = map.get(&i, 0).expect("get");
+            let want = if i == 1 || i == 5 { [0, 0] } else { [7, 7] };
+            assert!(values.iter().all(|v| *v == want), "index {i}: {values:?}");
+        }
+    }
+}
