@@ -369,7 +369,8 @@ fn targets(
                 let r = &row[backend];
                 let p99 = f(&r["api_debounce_0ms"]["api_to_kernel_ms"]["p99"]);
                 let own = f(&r["apply"]["one_change_p99_ms"]);
-                let full = f(&r["apply"]["initial_sync_ms"]);
+                let full_sync = &r["apply"]["full_sync_ms"];
+                let full = f(&full_sync["median"]);
                 let rss = f(&r["api_debounce_0ms"]["peak_rss_after_changes_mib"]);
                 rows.push(format!(
                     "| {backend}: one change, API write to kernel, p99 < 5 ms at 50 000 (debounce 0) | {p99:.2} ms | {} |",
@@ -380,8 +381,10 @@ fn targets(
                     verdict(own < 1.0)
                 ));
                 rows.push(format!(
-                    "| {backend}: full sync of 50 000 < 1 s | {:.2} s | {} |",
+                    "| {backend}: full sync of 50 000 < 1 s (median of the initial one and the rebuilds' onto an emptied datapath; range) | {:.2} s ({:.2}-{:.2}) | {} |",
                     full / 1000.0,
+                    f(&full_sync["min"]) / 1000.0,
+                    f(&full_sync["max"]) / 1000.0,
                     verdict(full < 1000.0)
                 ));
                 rows.push(format!(

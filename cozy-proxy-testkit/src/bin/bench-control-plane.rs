@@ -234,13 +234,19 @@ fn bench_backend<D: Datapath>(
         resync.push(ms(t.elapsed()));
     }
     let mut rebuild = Vec::new();
+    // A full sync onto an empty datapath: the initial one, and each
+    // rebuild's after the emptying (one sample spread 30% on this shared
+    // machine).
+    let mut full_sync = vec![ms(initial)];
     for _ in 0..rebuilds {
         let t = Instant::now();
         r.datapath_mut()
             .sync(&DatapathState::default())
             .map_err(fail)?;
+        let emptied = Instant::now();
         r.reconcile(&full).map_err(fail)?;
         rebuild.push(ms(t.elapsed()));
+        full_sync.push(ms(emptied.elapsed()));
     }
     std::thread::sleep(Duration::from_secs(2));
     let live = r.datapath().dump().map_err(fail)?;
@@ -271,8 +277,10 @@ fn bench_backend<D: Datapath>(
     let (_, one_med, one_p99, _) = stats(one);
     let (_, rs_med, _, _) = stats(resync);
     let (_, rb_med, rb_p99, _) = stats(rebuild);
+    let (fs_min, fs_med, _, fs_max) = stats(full_sync);
     Ok(json!({
         "initial_sync_ms": ms(initial),
+        "full_sync_ms": {"min": fs_min, "median": fs_med, "max": fs_max},
         "one_change_median_ms": one_med,
         "one_change_p99_ms": one_p99,
         "resync_median_ms": rs_med,
