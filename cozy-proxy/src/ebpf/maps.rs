@@ -427,9 +427,10 @@ impl Maps {
     }
 
     fn remove_ports(&mut self, ports: &[AllowedPort]) -> Result<(), EbpfError> {
-        for p in ports {
-            absent_ok(self.allowed_ports.remove(&port_key(p)))
-                .map_err(named(names::ALLOWED_PORTS))?;
+        let keys: Vec<PortKey> = ports.iter().map(port_key).collect();
+        let deleted = batch::delete(&self.allowed_ports, &keys);
+        for k in keys.iter().skip(deleted) {
+            absent_ok(self.allowed_ports.remove(k)).map_err(named(names::ALLOWED_PORTS))?;
         }
         Ok(())
     }
@@ -644,17 +645,24 @@ impl Maps {
         slots.given.clear();
         // Removals first: a slot freed here may serve a mapping added below.
         let mut writes = Vec::new();
+        // Known to be in the map (deleted in batches), or not (one by one,
+        // a missing key being no error).
+        let (mut gone, mut gone_unknown) = (Vec::new(), Vec::new());
         for a in touched {
             match entry(a, desired, remote_pods, peer_links) {
-                None => {
-                    if let Some(old) = known.get(a) {
-                        slots.release(old, &mut self.stats)?;
+                None => match known.remove(a) {
+                    Some(old) => {
+                        slots.release(&old, &mut self.stats)?;
+                        gone.push(key(a));
                     }
-                    absent_ok(self.addrs.remove(&key(a))).map_err(named(names::ADDRS))?;
-                    known.remove(a);
-                }
+                    None => gone_unknown.push(key(a)),
+                },
                 Some(info) => writes.push((*a, info)),
             }
+        }
+        let deleted = batch::delete(&self.addrs, &gone);
+        for k in gone.iter().skip(deleted).chain(&gone_unknown) {
+            absent_ok(self.addrs.remove(k)).map_err(named(names::ADDRS))?;
         }
         let mut keys = Vec::with_capacity(writes.len());
         let mut infos = Vec::with_capacity(writes.len());
