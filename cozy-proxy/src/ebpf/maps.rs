@@ -652,7 +652,7 @@ impl Maps {
             match entry(a, desired, remote_pods, peer_links) {
                 None => match known.remove(a) {
                     Some(old) => {
-                        slots.release(&old, &mut self.stats)?;
+                        slots.release(&old);
                         gone.push(key(a));
                     }
                     None => gone_unknown.push(key(a)),
@@ -674,7 +674,7 @@ impl Maps {
             {
                 // No longer a local mapping (its pod went elsewhere): its
                 // slot is free again.
-                slots.release(old, &mut self.stats)?;
+                slots.release(old);
             }
             if info.flags & addr::LOCAL != 0 {
                 // The LB IP and its pod share the mapping's slot.
@@ -689,9 +689,9 @@ impl Maps {
             infos.push(info);
             known.insert(a, info);
         }
-        // The counters of slots given anew start at zero, before an
-        // address that counts in them is written.
-        zero_slots(&mut self.stats, &std::mem::take(&mut slots.fresh))?;
+        // The counters of slots freed or given anew start at zero, before
+        // an address that counts in them is written.
+        zero_slots(&mut self.stats, &std::mem::take(&mut slots.to_zero))?;
         let written = batch::write(&self.addrs, &keys, &infos);
         for (k, info) in keys.iter().zip(&infos).skip(written) {
             self.addrs.insert(k, info, 0).map_err(named(names::ADDRS))?;
@@ -965,8 +965,9 @@ pub struct Slots {
     /// (a search from 0 each time made a full sync quadratic: 43 s for
     /// 50 000 mappings).
     cursor: u32,
-    /// Slots given anew, whose counters are to be zeroed.
-    fresh: Vec<u16>,
+    /// Slots given anew or freed, whose counters are to be zeroed (in one
+    /// batch, before the addresses are written).
+    to_zero: Vec<u16>,
 }
 
 impl Slots {
@@ -979,20 +980,15 @@ impl Slots {
                 .collect(),
             given: BTreeMap::new(),
             cursor: 0,
-            fresh: Vec::new(),
+            to_zero: Vec::new(),
         }
     }
 
-    fn release(
-        &mut self,
-        old: &AddrInfo,
-        stats: &mut PerCpuArray<MapData, ServiceCounters>,
-    ) -> Result<(), EbpfError> {
+    fn release(&mut self, old: &AddrInfo) {
         if old.flags & addr::LB != 0 && old.flags & addr::LOCAL != 0 && self.used.remove(&old.slot)
         {
-            zero(stats, old.slot)?;
+            self.to_zero.push(old.slot);
         }
-        Ok(())
     }
 
     /// The slot of the local mapping of `lb`: the one it has, or a free one.
@@ -1020,7 +1016,7 @@ impl Slots {
                     .ok_or(EbpfError::Full { map: names::STATS })?;
                 self.cursor = u32::from(free) + 1;
                 self.used.insert(free);
-                self.fresh.push(free);
+                self.to_zero.push(free);
                 free
             }
         };
