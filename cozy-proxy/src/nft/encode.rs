@@ -102,15 +102,20 @@ fn install(batch: &mut Batch, l: &Layout, how: Install) {
                     w.put_u32(NFTA_SET_DATA_LEN, len);
                 }
                 w.put_u32(NFTA_SET_ID, s.id);
-                if !s.fields.is_empty() {
-                    // A concatenated interval key: the kernel picks the
-                    // pipapo backend from the field lengths.
+                if s.size != 0 || !s.fields.is_empty() {
                     w.nest(NFTA_SET_DESC, |w| {
-                        w.nest(NFTA_SET_DESC_CONCAT, |w| {
-                            for len in &s.fields {
-                                w.nest(NFTA_LIST_ELEM, |w| w.put_u32(NFTA_SET_FIELD_LEN, *len));
-                            }
-                        });
+                        if s.size != 0 {
+                            w.put_u32(NFTA_SET_DESC_SIZE, s.size);
+                        }
+                        // A concatenated interval key: the kernel picks the
+                        // pipapo backend from the field lengths.
+                        if !s.fields.is_empty() {
+                            w.nest(NFTA_SET_DESC_CONCAT, |w| {
+                                for len in &s.fields {
+                                    w.nest(NFTA_LIST_ELEM, |w| w.put_u32(NFTA_SET_FIELD_LEN, *len));
+                                }
+                            });
+                        }
                     });
                 }
             },

@@ -20,7 +20,9 @@ mod read;
 pub mod schema;
 mod sys;
 
-use crate::datapath::{Applied, BackendKind, DatapathState, Dump, Kernel, Path, StateDiff};
+use crate::datapath::{
+    Applied, BackendKind, Capacity, DatapathState, Dump, Kernel, Path, StateDiff,
+};
 pub use crate::netlink::NetlinkError;
 use crate::netlink::NlSocket;
 use crate::steer::Steering;
@@ -148,6 +150,11 @@ impl Kernel for NftKernel {
 
     fn kind(&self) -> BackendKind {
         BackendKind::Nft
+    }
+
+    /// The sizes of the hashed sets (fixed when the table is created).
+    fn capacity(&self) -> Capacity {
+        schema::set_capacity()
     }
 
     fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<BTreeMap<IpAddr, Path>, NftError> {

@@ -74,6 +74,9 @@ fn read_sets(sock: &NlSocket, l: &Layout) -> Result<Vec<SetDef>, NftError> {
                         .collect()
                 })
                 .unwrap_or_default(),
+            size: attr(b, NFTA_SET_DESC)
+                .and_then(|d| attr_u32(d, NFTA_SET_DESC_SIZE))
+                .unwrap_or(0),
         })
         .collect())
 }

@@ -138,6 +138,7 @@ pub const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
 pub const NFTA_FIB_F_DADDR: u32 = 2;
 pub const NFT_SET_CONCAT: u32 = 0x80;
 pub const NFTA_SET_DESC: u16 = 9;
+pub const NFTA_SET_DESC_SIZE: u16 = 1;
 pub const NFTA_SET_DESC_CONCAT: u16 = 2;
 pub const NFTA_SET_FIELD_LEN: u16 = 1;
 pub const NFTA_SET_ELEM_FLAGS: u16 = 3;
