@@ -90,28 +90,31 @@ fn ruleset_decoded_by_nft_matches_the_reference_layout() -> Result<()> {
             "{family} allowed_ports type: {}",
             ports["type"]
         );
-        // The hashed sets have the sizes the backend reports as its
-        // capacity (the kernel then keeps them in its fixed-size hash);
-        // the interval set grows as needed.
+        // The sets that grow with every mapping have the sizes the backend
+        // reports as its capacity (the kernel then keeps them in its
+        // fixed-size hash); the others grow as needed.
+        use cozy_proxy::datapath::Table;
         let capacity = cozy_proxy::nft::schema::set_capacity();
-        let addresses = capacity.get(cozy_proxy::datapath::Table::Addresses);
         for m in maps.iter().chain(sets.iter()) {
             let want = match m["name"].as_str() {
-                Some("allowed_ports") => capacity.get(cozy_proxy::datapath::Table::AllowedPorts),
-                Some("cluster" | "source_ranges") => continue,
-                _ => addresses,
+                Some("pod_svc" | "svc_pod") => Some(capacity.get(Table::LocalMappings)),
+                Some("guarded" | "guard_paths") => Some(capacity.get(Table::Addresses)),
+                _ => None,
             };
-            ensure!(
-                m["size"] == want,
-                "{family} {}: size {} (want {want})",
-                m["name"],
-                m["size"]
-            );
+            match want {
+                Some(want) => ensure!(
+                    m["size"] == want,
+                    "{family} {}: size {} (want {want})",
+                    m["name"],
+                    m["size"]
+                ),
+                None => ensure!(
+                    m.get("size").is_none(),
+                    "{family} {} is sized: {m}",
+                    m["name"]
+                ),
+            }
         }
-        ensure!(
-            set("cluster").context("cluster")?.get("size").is_none(),
-            "{family}: the interval set must not be sized"
-        );
         // The egress rewrite: `ip saddr set ip saddr map @pod_svc`.
         let rules = objects(&items, "rule");
         let egress: Vec<&&Value> = rules

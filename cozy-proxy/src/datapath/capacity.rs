@@ -105,7 +105,9 @@ impl Entries {
     ) -> Self {
         Entries([
             pod_svc + svc_pod + 2 * remote + unmapped_lbs,
-            svc_pod,
+            // A local mapping is in both (one pod per LB IP); the larger
+            // count bounds either table (eBPF counter slots, nft maps).
+            svc_pod.max(pod_svc),
             allowed_ports,
             source_prefixes,
         ])

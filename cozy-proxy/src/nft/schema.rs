@@ -182,18 +182,24 @@ pub struct SetDef {
     pub size: u32,
 }
 
-/// The sizes of the hashed sets (the eBPF maps' sizes: a node holds the
-/// same on either backend). Each address set holds at most every address
-/// (`Addresses`); `allowed_ports` one entry per allowed port.
+/// The sizes of the sets that grow with every mapping (the eBPF maps'
+/// limits: a node holds as many mappings on either backend): the two maps
+/// hold one entry per local mapping, `guarded` and `guard_paths` one per
+/// guarded address (pods and LB IPs). The others stay unsized: they hold
+/// what few Services ask for (filtered pods, allowed ports, unmapped or
+/// ranged LB IPs), and a sized set's buckets are allocated whole up front
+/// (a 196 608-entry set takes 4 MiB, a 65 536-entry one 2 MiB).
+const MAPPING_SET_SIZE: u32 = limits::MAPPINGS as u32;
 const ADDR_SET_SIZE: u32 = limits::ADDRS as u32;
-const PORT_SET_SIZE: u32 = limits::PORTS as u32;
 
-/// What the sized sets hold at most, as the sync layer counts it. No
-/// per-mapping table (nft keeps no per-mapping counters) and no limit on
-/// the interval sets (a tree that grows as needed).
+/// What the sized sets hold at most, as the sync layer counts it.
 pub fn set_capacity() -> Capacity {
-    let addrs = ADDR_SET_SIZE as usize;
-    Capacity::new(addrs, addrs, PORT_SET_SIZE as usize, usize::MAX)
+    Capacity::new(
+        ADDR_SET_SIZE as usize,
+        MAPPING_SET_SIZE as usize,
+        usize::MAX,
+        usize::MAX,
+    )
 }
 
 /// The flags `read_sets` compares (the kernel may report others).
@@ -212,29 +218,35 @@ pub fn sets(l: &Layout) -> Vec<SetDef> {
         key_len: l.addr_len,
         data: None,
         fields: Vec::new(),
-        size: ADDR_SET_SIZE,
+        size: 0,
     };
     let addr_map = |name: &str, id: u32| SetDef {
         flags: NFT_SET_MAP,
         data: Some((l.addr_type, l.addr_len)),
         ..addr_set(name, id)
     };
+    let per_mapping = |s: SetDef| SetDef {
+        size: MAPPING_SET_SIZE,
+        ..s
+    };
+    let per_address = |s: SetDef| SetDef {
+        size: ADDR_SET_SIZE,
+        ..s
+    };
     vec![
-        addr_map(POD_SVC, 1),
-        addr_map(SVC_POD, 2),
+        per_mapping(addr_map(POD_SVC, 1)),
+        per_mapping(addr_map(SVC_POD, 2)),
         addr_map(REMOTE, 3),
         addr_set(FILTERED_PODS, 4),
         SetDef {
             key_type: concat(&[l.addr_type, TYPE_INET_PROTOCOL, TYPE_INET_SERVICE]),
             key_len: l.addr_len + 4 + 4,
-            size: PORT_SET_SIZE,
             ..addr_set(ALLOWED_PORTS, 5)
         },
         addr_set(ICMP_ALLOWED_PODS, 6),
         addr_set(UNMAPPED_LBS, 7),
         SetDef {
             flags: NFT_SET_INTERVAL,
-            size: 0,
             ..addr_set(CLUSTER, 8)
         },
         addr_set(RANGED_LBS, 9),
@@ -243,15 +255,14 @@ pub fn sets(l: &Layout) -> Vec<SetDef> {
             key_type: concat(&[l.addr_type, l.addr_type]),
             key_len: 2 * l.addr_len,
             fields: vec![l.addr_len, l.addr_len],
-            size: 0,
             ..addr_set(SOURCE_RANGES, 10)
         },
-        addr_set(GUARDED, 11),
-        SetDef {
+        per_address(addr_set(GUARDED, 11)),
+        per_address(SetDef {
             key_type: concat(&[l.addr_type, TYPE_IFINDEX]),
             key_len: l.addr_len + 4,
             ..addr_set(GUARD_PATHS, 12)
-        },
+        }),
     ]
 }
 
