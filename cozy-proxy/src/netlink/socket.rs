@@ -8,7 +8,7 @@ use std::{
     collections::HashMap,
     io,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    sync::atomic::{AtomicU32, Ordering},
+    sync::atomic::{AtomicU32, AtomicU64, Ordering},
 };
 use tracing::debug;
 
@@ -309,6 +309,7 @@ impl NlSocket {
             if !interrupted {
                 return Ok(out);
             }
+            INTERRUPTED_DUMPS.fetch_add(1, Ordering::Relaxed);
             debug!(what, attempt, "dump interrupted by a change; dumping again");
         }
         Err(NetlinkError::Interrupted(what.to_string()))
@@ -353,6 +354,15 @@ impl NlSocket {
 
 /// Dumps made before an interrupted one is given up.
 pub const DUMP_ATTEMPTS: u32 = 5;
+
+/// Dumps the kernel marked interrupted (and this process made again),
+/// since the start: exported as a metric; a steady rise means another
+/// agent changes the same tables all the time.
+static INTERRUPTED_DUMPS: AtomicU64 = AtomicU64::new(0);
+
+pub fn interrupted_dumps() -> u64 {
+    INTERRUPTED_DUMPS.load(Ordering::Relaxed)
+}
 
 /// `Some((errno, message))` for an NLMSG_ERROR that reports a failure,
 /// `None` for a plain acknowledgement.

@@ -74,6 +74,13 @@ impl Collector for DatapathCounters {
             let l = labels(&[("reason", reason)]);
             ConstCounter::new(count.packets).encode(family.encode_family(&l)?)?;
         }
+        let family = encoder.encode_descriptor(
+            "netlink_dumps_interrupted",
+            "Kernel table dumps interrupted by a concurrent change (NLM_F_DUMP_INTR) and made again",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(crate::netlink::socket::interrupted_dumps()).encode(family)?;
         Ok(())
     }
 }
