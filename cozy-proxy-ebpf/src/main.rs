@@ -83,10 +83,33 @@ fn maybe_ours(k: &IpKey) -> bool {
     unsafe { (*f).words.get(word).is_none_or(|w| w & bit != 0) }
 }
 
-/// Neither address is ours: the packet is left alone at once.
+/// What the prefilter says of each address: `false` is certain, so the
+/// hash lookup of that address is skipped (a mapped packet has one address
+/// of ours and one from outside: one lookup, not a miss and a hit).
+#[derive(Clone, Copy)]
+struct Ours {
+    src: bool,
+    dst: bool,
+}
+
+/// `None`: neither address is ours, the packet is left alone at once.
 #[inline(always)]
-fn not_ours(p: &Packet) -> bool {
-    !maybe_ours(&p.src) && !maybe_ours(&p.dst)
+fn ours(p: &Packet) -> Option<Ours> {
+    let o = Ours {
+        src: maybe_ours(&p.src),
+        dst: maybe_ours(&p.dst),
+    };
+    (o.src || o.dst).then_some(o)
+}
+
+/// `addrs`' entry for `ip`, if the prefilter (`maybe`) does not rule it out.
+#[inline(always)]
+fn addr_info(ip: &IpKey, maybe: bool) -> Option<AddrInfo> {
+    if !maybe {
+        return None;
+    }
+    // SAFETY: a map value; userspace replaces values whole.
+    ADDRS.get_ptr(ip).map(|v| unsafe { *v })
 }
 
 #[inline(always)]
@@ -200,14 +223,10 @@ fn translate(ctx: &mut TcContext, p: &mut Packet, field: Field, old: &IpKey, new
 #[classifier]
 pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
     let Some(mut p) = parse(&ctx) else { return PASS };
-    if not_ours(&p) {
-        return PASS;
-    }
+    let Some(ours) = ours(&p) else { return PASS };
     // SAFETY: reading a field of the context the kernel passed us.
     let iif = unsafe { (*ctx.skb.skb).ifindex };
-    if let Some(s) = ADDRS.get_ptr(&p.src) {
-        // SAFETY: a map value; userspace replaces values whole.
-        let s = unsafe { *s };
+    if let Some(s) = addr_info(&p.src, ours.src) {
         if s.src_ifindex == 0 || s.src_ifindex != iif {
             // A guarded address from anywhere but its own path: nothing is
             // translated, remembered or tracked for it.
@@ -221,9 +240,7 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
             Err(verdict) => verdict,
         };
     }
-    let Some(d) = ADDRS.get_ptr(&p.dst) else { return PASS };
-    // SAFETY: a map value; userspace replaces values whole.
-    let d = unsafe { *d };
+    let Some(d) = addr_info(&p.dst, ours.dst) else { return PASS };
     if d.flags & addr::LB == 0 {
         return PASS;
     }
@@ -333,14 +350,10 @@ fn from_pod(ctx: &mut TcContext, p: &mut Packet, s: &AddrInfo) -> Result<(), i32
 #[classifier]
 pub fn cozy_egress(mut ctx: TcContext) -> i32 {
     let Some(mut p) = parse(&ctx) else { return PASS };
-    if not_ours(&p) {
-        return PASS;
-    }
+    let Some(ours) = ours(&p) else { return PASS };
     // SAFETY: reading a field of the context the kernel passed us.
     let forwarded = unsafe { (*ctx.skb.skb).ingress_ifindex } != 0;
-    if let Some(d) = ADDRS.get_ptr(&p.dst) {
-        // SAFETY: a map value; userspace replaces values whole.
-        let d = unsafe { *d };
+    if let Some(d) = addr_info(&p.dst, ours.dst) {
         if d.flags & addr::LB != 0 {
             if d.flags & addr::UNMAPPED != 0 {
                 return drop(&ctx, DropReason::UnmappedLb);
@@ -391,9 +404,7 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
     }
     // A pod's reply to an in-cluster client whose flow was translated at TC
     // ingress: after conntrack (which saw client <-> pod), the LB IP back.
-    let Some(s) = ADDRS.get_ptr(&p.src) else { return PASS };
-    // SAFETY: a map value; userspace replaces values whole.
-    let s = unsafe { *s };
+    let Some(s) = addr_info(&p.src, ours.src) else { return PASS };
     if s.flags & addr::POD == 0 {
         return PASS;
     }

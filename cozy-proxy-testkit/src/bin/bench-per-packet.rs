@@ -157,6 +157,16 @@ fn cases(w: &World, a: &Addrs) -> Vec<Case> {
             i.up,
             PASS,
         ),
+        // The uplink's TC ingress on the stack path: nothing to translate
+        // there (TC egress toward the pod does it), one lookup to see so.
+        case(
+            "to an LB IP, uplink's TC ingress (stack path)",
+            "cozy_ingress",
+            tcp(a.ext, a.pair.0, 80),
+            i.up,
+            i.up,
+            PASS,
+        ),
         case(
             "mapped, toward the pod (LB -> pod)",
             "cozy_egress",
