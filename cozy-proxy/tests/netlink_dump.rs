@@ -132,6 +132,15 @@ fn interrupted_dumps_are_made_again_and_read_whole() -> Result<()> {
             interrupted >= 5,
             "only {interrupted} interrupted dumps in {reads} reads ({changes} changes)"
         );
+        // And the operator sees it.
+        let metrics = cozy_proxy::telemetry::Metrics::new().render();
+        let shown: u64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("cozy_proxy_netlink_dumps_interrupted_total "))
+            .context("the metric is not exported")?
+            .trim()
+            .parse()?;
+        ensure!(shown >= interrupted, "the metric shows {shown}, {interrupted} counted");
         Ok(())
     })
     .join()
