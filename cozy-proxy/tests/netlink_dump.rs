@@ -9,11 +9,11 @@
 //! relies on reading each set twice instead, see nft/read.rs.)
 use anyhow::{bail, ensure, Context, Result};
 use cozy_proxy::netlink::{route::links, socket::interrupted_dumps, NlSocket};
+// Commands run in the calling thread's network namespace.
+use cozy_proxy_testkit::sh::ok;
 use std::{
     collections::BTreeSet,
-    io::Write,
     os::fd::AsRawFd,
-    process::{Command, Stdio},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -24,34 +24,6 @@ use std::{
 /// Links that stay: the dump of them takes many parts.
 const LINKS: usize = 400;
 
-fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("running ip")?;
-    ensure!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
-fn ip_batch(lines: &str) -> Result<()> {
-    let mut child = Command::new("ip")
-        .args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .context("running ip -batch")?;
-    child
-        .stdin
-        .take()
-        .context("stdin")?
-        .write_all(lines.as_bytes())?;
-    ensure!(child.wait()?.success(), "ip -batch failed");
-    Ok(())
-}
-
 #[test]
 fn interrupted_dumps_are_made_again_and_read_whole() -> Result<()> {
     std::thread::spawn(|| -> Result<()> {
@@ -61,12 +33,17 @@ fn interrupted_dumps_are_made_again_and_read_whole() -> Result<()> {
             bail!("unshare: {}", std::io::Error::last_os_error());
         }
         let names: BTreeSet<String> = (0..LINKS).map(|i| format!("stay{i}")).collect();
-        ip_batch(
-            &names
+        let batch = std::env::temp_dir().join(format!("netlink-dump-{}.ip", std::process::id()));
+        std::fs::write(
+            &batch,
+            names
                 .iter()
                 .map(|n| format!("link add {n} type bridge\n"))
                 .collect::<String>(),
         )?;
+        let added = ok(&["ip", "-batch", &batch.display().to_string()]);
+        let _ = std::fs::remove_file(&batch);
+        added?;
         let stop = Arc::new(AtomicBool::new(false));
         let churn = {
             let stop = stop.clone();
@@ -83,8 +60,8 @@ fn interrupted_dumps_are_made_again_and_read_whole() -> Result<()> {
                 }
                 let mut changes = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    ip(&["link", "add", "churn", "type", "bridge"])?;
-                    ip(&["link", "del", "churn"])?;
+                    ok(&["ip", "link", "add", "churn", "type", "bridge"])?;
+                    ok(&["ip", "link", "del", "churn"])?;
                     changes += 2;
                     std::thread::sleep(Duration::from_millis(5));
                 }
