@@ -74,14 +74,23 @@ impl Collector for DatapathCounters {
             let l = labels(&[("reason", reason)]);
             ConstCounter::new(count.packets).encode(family.encode_family(&l)?)?;
         }
+        Ok(())
+    }
+}
+
+/// The process-wide count of interrupted netlink dumps, read at scrape.
+#[derive(Debug)]
+struct InterruptedDumps;
+
+impl Collector for InterruptedDumps {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let family = encoder.encode_descriptor(
             "netlink_dumps_interrupted",
             "Kernel table dumps interrupted by a concurrent change (NLM_F_DUMP_INTR) and made again",
             None,
             MetricType::Counter,
         )?;
-        ConstCounter::new(crate::netlink::socket::interrupted_dumps()).encode(family)?;
-        Ok(())
+        ConstCounter::new(crate::netlink::socket::interrupted_dumps()).encode(family)
     }
 }
 
@@ -155,6 +164,7 @@ impl Metrics {
             m.full_tables.clone(),
         );
         registry.register_collector(Box::new(DatapathCounters(m.datapath_counters.clone())));
+        registry.register_collector(Box::new(InterruptedDumps));
         Metrics { registry, ..m }
     }
 
