@@ -213,8 +213,8 @@ impl Kernel for NftKernel {
         if diff.size() >= QUIET_BATCH {
             // Out of the group: none of our batch's notifications reached
             // us, so whatever is queued is someone else's and stays for
-            // `foreign_changes` (draining here lost a change made just
-            // after the batch, seen once in CI).
+            // `foreign_changes` (draining here could only discard a change
+            // someone made just after the batch).
             self.apply_quietly(batch)?;
         } else {
             batch.apply(&self.sock)?;
