@@ -76,8 +76,8 @@ impl Steering {
     /// cache dropped) if any may have changed a path. Our own host routes
     /// are not news.
     pub fn changed(&mut self) -> Result<bool, NetlinkError> {
-        let news = self.events.pending_events(|msg_type, payload| {
-            route::notification_protocol(msg_type, payload) != Some(ROUTE_PROTO)
+        let news = self.events.pending_events(|m| {
+            route::notification_protocol(m.msg_type, m.payload) != Some(ROUTE_PROTO)
         })?;
         if news > 0 {
             self.cache.clear();

@@ -466,7 +466,7 @@ impl Kernel for EbpfKernel {
             // An overrun (events lost) counts as a change.
             Some(p) => p
                 .link_events
-                .pending_events(|_, _| true)
+                .pending_events(|_| true)
                 .map_or(true, |n| n > 0),
             None => false,
         };

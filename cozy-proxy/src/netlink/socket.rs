@@ -65,7 +65,18 @@ impl NlSocket {
     /// A socket that receives the multicast `groups` (e.g. RTMGRP_LINK), for
     /// [`NlSocket::pending_events`].
     pub fn subscribe(protocol: i32, groups: u32) -> Result<Self, NetlinkError> {
-        let sock = Self::open(protocol)?;
+        Self::open_bound(protocol, groups)
+    }
+
+    /// `protocol`: `libc::NETLINK_NETFILTER`, `libc::NETLINK_ROUTE`, ...
+    /// Bound at once (the kernel picks the port), so that
+    /// [`NlSocket::port`] is known before the first request.
+    pub fn open(protocol: i32) -> Result<Self, NetlinkError> {
+        Self::open_bound(protocol, 0)
+    }
+
+    fn open_bound(protocol: i32, groups: u32) -> Result<Self, NetlinkError> {
+        let sock = Self::open_unbound(protocol)?;
         // SAFETY: zeroed sockaddr_nl, then the fields we set.
         let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         addr.nl_family = libc::AF_NETLINK as u16;
@@ -93,21 +104,17 @@ impl NlSocket {
     }
 
     /// Drains the notifications waiting on a subscribed socket, counting
-    /// those `relevant` says matter (`msg_type`, payload); an overrun (lost
-    /// notifications) counts as one: something may have changed.
+    /// those `relevant` says matter; an overrun (lost notifications) counts
+    /// as one: something may have changed.
     pub fn pending_events(
         &self,
-        relevant: impl Fn(u16, &[u8]) -> bool,
+        relevant: impl Fn(&Message) -> bool,
     ) -> Result<usize, NetlinkError> {
         let mut buf = vec![0u8; 64 << 10];
         let mut count = 0;
         loop {
             match self.recv(&mut buf, true) {
-                Ok(Some(n)) => {
-                    count += messages(&buf[..n])
-                        .filter(|m| relevant(m.msg_type, m.payload))
-                        .count()
-                }
+                Ok(Some(n)) => count += messages(&buf[..n]).filter(|m| relevant(m)).count(),
                 Ok(None) => return Ok(count),
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => count += 1,
                 Err(e) => return Err(e.into()),
@@ -115,8 +122,24 @@ impl NlSocket {
         }
     }
 
-    /// `protocol`: `libc::NETLINK_NETFILTER`, `libc::NETLINK_ROUTE`, ...
-    pub fn open(protocol: i32) -> Result<Self, NetlinkError> {
+    /// The netlink port the kernel gave this socket: the `pid` of the
+    /// notifications of the changes it makes.
+    pub fn port(&self) -> Result<u32, NetlinkError> {
+        // SAFETY: zeroed sockaddr_nl, filled by getsockname.
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t;
+        // SAFETY: valid address buffer and length.
+        unsafe {
+            check(libc::getsockname(
+                self.fd.as_raw_fd(),
+                &mut addr as *mut _ as *mut libc::sockaddr,
+                &mut len,
+            ))?;
+        }
+        Ok(addr.nl_pid)
+    }
+
+    fn open_unbound(protocol: i32) -> Result<Self, NetlinkError> {
         // SAFETY: plain syscalls on a descriptor we own.
         let fd = unsafe {
             check(libc::socket(

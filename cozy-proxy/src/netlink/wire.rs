@@ -151,6 +151,9 @@ pub struct Message<'a> {
     pub msg_type: u16,
     pub flags: u16,
     pub seq: u32,
+    /// The port of the socket the message is from or about: in a
+    /// notification, the port that made the change (0: the kernel).
+    pub pid: u32,
     /// Everything after the nlmsghdr.
     pub payload: &'a [u8],
 }
@@ -170,6 +173,7 @@ pub fn messages(mut buf: &[u8]) -> impl Iterator<Item = Message<'_>> {
             msg_type: u16::from_ne_bytes(buf[4..6].try_into().ok()?),
             flags: u16::from_ne_bytes(buf[6..8].try_into().ok()?),
             seq: u32::from_ne_bytes(buf[8..12].try_into().ok()?),
+            pid: u32::from_ne_bytes(buf[12..16].try_into().ok()?),
             payload: &buf[NLMSG_HDRLEN..len],
         };
         buf = &buf[align4(len).min(buf.len())..];

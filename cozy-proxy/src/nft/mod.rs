@@ -62,6 +62,9 @@ pub enum DecodeError {
 
 pub struct NftKernel {
     sock: NlSocket,
+    /// `sock`'s netlink port: the notifications of our own commits carry
+    /// it, anyone else's (`nft`, another agent) carry theirs.
+    own_port: u32,
     steering: Steering,
     /// nf_tables notifications (NFNLGRP_NFTABLES): changes to our table
     /// by others (`nft flush ruleset`, an nftables.service restart, an
@@ -85,8 +88,10 @@ const NFNLGRP_NFTABLES_MASK: u32 = 1 << (libc::NFNLGRP_NFTABLES as u32 - 1);
 
 impl NftKernel {
     pub fn new() -> Result<Self, NftError> {
+        let sock = NlSocket::open(libc::NETLINK_NETFILTER)?;
         Ok(NftKernel {
-            sock: NlSocket::open(libc::NETLINK_NETFILTER)?,
+            own_port: sock.port()?,
+            sock,
             steering: Steering::open()?,
             events: NlSocket::subscribe(libc::NETLINK_NETFILTER, NFNLGRP_NFTABLES_MASK)?,
             missed_news: false,
@@ -210,16 +215,13 @@ impl Kernel for NftKernel {
             changed = diff.size(),
             "nft batch"
         );
+        // Our own notifications stay queued: `foreign_changes` tells them
+        // from others' by their port. Draining them here would discard
+        // with them a change someone made since the last upkeep.
         if diff.size() >= QUIET_BATCH {
-            // Out of the group: none of our batch's notifications reached
-            // us, so whatever is queued is someone else's and stays for
-            // `foreign_changes` (draining here could only discard a change
-            // someone made just after the batch).
             self.apply_quietly(batch)?;
         } else {
             batch.apply(&self.sock)?;
-            // Our own batch's notifications are not someone else's changes.
-            let _ = self.events.pending_events(|_, _| false)?;
         }
         // Routes after the tables: an LB IP is steered once its rules exist.
         self.steering.apply(&diff.routes)?;
@@ -235,7 +237,11 @@ impl Kernel for NftKernel {
 
     fn foreign_changes(&mut self) -> Result<bool, NftError> {
         let missed = std::mem::take(&mut self.missed_news);
-        Ok(self.events.pending_events(about_our_table)? > 0 || missed)
+        let own = self.own_port;
+        let foreign = self
+            .events
+            .pending_events(|m| m.pid != own && about_our_table(m.msg_type, m.payload))?;
+        Ok(foreign > 0 || missed)
     }
 
     fn dump(&self) -> Result<Dump, NftError> {
