@@ -68,8 +68,18 @@ enum Output {
     Json,
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
+    // Before any other thread exists: threads take their arenas at their
+    // first allocation.
+    cozy_proxy::memory::one_arena();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run_cli())
+}
+
+async fn run_cli() -> Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).context("--log")?)

@@ -455,6 +455,8 @@ fn controller_run(
             "first_sync_s": synced.as_secs_f64(),
             "peak_rss_mib": memory_mib(child.id(), "VmHWM:")?,
             "rss_mib": memory_mib(child.id(), "VmRSS:")?,
+            // Of it, the pages of the program's file (its code).
+            "rss_file_mib": memory_mib(child.id(), "RssFile:")?,
         });
         if let Objects::Api { .. } = objects {
             let sock = NlSocket::open(libc::NETLINK_ROUTE)?;
@@ -491,6 +493,19 @@ fn controller_run(
         }
         Ok(out)
     })();
+    if !wrap.is_empty() {
+        // The controller alone first, killed: the profiler reads the rest
+        // of its trace, and what was not freed is what it held at the end
+        // (a clean exit would free it all).
+        let _ = Command::new("pkill")
+            .args(["-KILL", "-x", "cozy-proxy", "-g"])
+            .arg(child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while child.try_wait()?.is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
     // SAFETY: signal to our own child's process group.
     unsafe {
         libc::kill(-(child.id() as i32), libc::SIGTERM);
@@ -501,6 +516,11 @@ fn controller_run(
         .arg(&pins)
         .status();
     drop(ns);
+    // CPBENCH_LOG: where to keep the controller's log (with RUST_LOG set,
+    // e.g. cozy_proxy=debug, its rounds and heap in detail).
+    if let Some(keep) = std::env::var_os("CPBENCH_LOG") {
+        let _ = fs::copy(&log, keep);
+    }
     let _ = fs::remove_dir_all(&dir);
     result
 }
