@@ -216,11 +216,11 @@ pub fn benchmarks_md(
              route pointing at the new pod (read with a route lookup every 0.1 ms; the route is the last thing \
              a sync changes), 100 writes one at a time with `--debounce 0ms`, 40 with the default 50 ms. \
              *first sync*: start to the first `datapath synced`. *RSS*: VmRSS after the first sync and the peak \
-             (VmHWM) at the end; *manifests*: peak RSS of `cozy-proxy run --manifests` on the N managed Services \
+             (VmHWM) at the end; in brackets, the part that is the program's code (RssFile); *manifests*: peak RSS of `cozy-proxy run --manifests` on the N managed Services \
              alone. *burst*: then, with the default debounce, the EndpointSlices of up to 10 000 Services moved \
              in one write, to every LB IP's route at its new pod (the write itself, the stand-in's queueing of \
              the watch events, is in brackets).\n\n\
-             | Services (+ unmanaged) | backend | write -> kernel, debounce 0: median / p99 / max (ms) | debounce 50 ms: median / p99 (ms) | burst: changes, to all in the kernel (s) | first sync (s) | RSS / peak (MiB) | manifests peak RSS (MiB) |\n|---|---|---|---|---|---|---|---|"
+             | Services (+ unmanaged) | backend | write -> kernel, debounce 0: median / p99 / max (ms) | debounce 50 ms: median / p99 (ms) | burst: changes, to all in the kernel (s) | first sync (s) | RSS / peak (code) (MiB) | manifests peak RSS (MiB) |\n|---|---|---|---|---|---|---|---|"
         );
         for row in &rows {
             for backend in ["nft", "ebpf"] {
@@ -244,7 +244,7 @@ pub fn benchmarks_md(
                 };
                 let _ = writeln!(
                     md,
-                    "| {n} (+{n}) | {backend} | {:.2} / {:.2} / {:.1} | {:.1} / {:.1} | {burst} | {:.1} | {:.0} / {:.0} | {:.0} |",
+                    "| {n} (+{n}) | {backend} | {:.2} / {:.2} / {:.1} | {:.1} / {:.1} | {burst} | {:.1} | {:.0} / {:.0} ({:.0}) | {:.0} |",
                     f(&l0["median"]),
                     f(&l0["p99"]),
                     f(&l0["max"]),
@@ -253,6 +253,7 @@ pub fn benchmarks_md(
                     f(&d0["first_sync_s"]),
                     f(&d0["rss_mib"]),
                     f(&d0["peak_rss_after_changes_mib"]).max(f(&d0["peak_rss_mib"])),
+                    f(&d0["rss_file_mib"]),
                     f(&r["controller_peak_rss_mib"]),
                     n = row["services"],
                 );
