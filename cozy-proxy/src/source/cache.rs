@@ -16,14 +16,17 @@ use k8s_openapi::api::{
     discovery::v1::EndpointSlice,
 };
 use kube::runtime::watcher::Event;
+use smallvec::SmallVec;
 use std::{
     collections::{HashMap, HashSet},
     sync::Arc,
 };
 
 type Services = HashMap<ServiceRef, Arc<ReadService>>;
-/// By Service; a Service has one slice or a few, found by name.
-type Slices = HashMap<ServiceRef, Vec<Arc<ReadSlice>>>;
+/// By Service; a Service has one slice or a few, found by name. The one
+/// most have is held in place (a Vec's own allocation for it cost 2.4 MiB
+/// at 50 000 + 50 000 Services).
+type Slices = HashMap<ServiceRef, SmallVec<[Arc<ReadSlice>; 1]>>;
 
 /// A cache a watch's lists replace whole: what is live, and the list in
 /// progress (objects deleted meanwhile are not in it).
@@ -127,11 +130,7 @@ fn put_slice(
     let at = of_owner.iter().position(|s| &*s.name == name);
     match (read, at) {
         (Some(r), Some(i)) => of_owner[i] = r,
-        (Some(r), None) => {
-            // Most Services have one slice: no room for more until needed.
-            of_owner.reserve_exact(1);
-            of_owner.push(r);
-        }
+        (Some(r), None) => of_owner.push(r),
         (None, Some(i)) => {
             of_owner.swap_remove(i);
         }
@@ -245,7 +244,12 @@ impl Cache {
     fn objects_of(&self, service: ServiceRef) -> ServiceObjects {
         ServiceObjects {
             read: self.services.live.get(&service).cloned(),
-            slices: self.slices.live.get(&service).cloned().unwrap_or_default(),
+            slices: self
+                .slices
+                .live
+                .get(&service)
+                .map(|s| s.to_vec())
+                .unwrap_or_default(),
             service,
         }
     }
