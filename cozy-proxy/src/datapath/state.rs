@@ -184,7 +184,7 @@ impl DatapathState {
         }
         self.pod_svc.insert(m.pod_ip, m.lb_ip);
         self.svc_pod.insert(m.lb_ip, m.pod_ip);
-        if let Mode::PortFilter { ports, allow_icmp } = &m.mode {
+        if let Mode::PortFilter { ports, allow_icmp } = &*m.mode {
             self.filtered_pods.insert(m.pod_ip);
             if *allow_icmp {
                 self.icmp_allowed_pods.insert(m.pod_ip);

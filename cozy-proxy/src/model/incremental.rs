@@ -119,7 +119,7 @@ pub struct PlanSummary {
 impl PlanSummary {
     fn count(&mut self, r: &LbResult, add: bool) {
         let n = match r {
-            LbResult::Mapped(m) => match m.mode {
+            LbResult::Mapped(m) => match *m.mode {
                 Mode::Passthrough => &mut self.passthrough,
                 Mode::PortFilter { .. } => &mut self.port_filter,
             },

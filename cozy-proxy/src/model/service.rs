@@ -3,7 +3,7 @@ use super::types::{Mode, PortRule, Protocol, ServiceRef};
 use super::warning::{Warning, WarningKind, Warnings};
 use super::Cidr;
 use k8s_openapi::api::core::v1::Service;
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 
 pub const PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
 pub const PROXY_NAME: &str = "cozy-proxy";
@@ -29,7 +29,9 @@ pub struct ServiceIntent {
     pub created: Option<k8s_openapi::jiff::Timestamp>,
     /// Valid LoadBalancer IPs, in status order, without repeats.
     pub lb_ips: Box<[IpAddr]>,
-    pub mode: Mode,
+    /// Shared with every mapping of the Service (a port filter's set is
+    /// not copied into each).
+    pub mode: Arc<Mode>,
     /// `spec.loadBalancerSourceRanges` (both families); `None`: unrestricted;
     /// an empty set after an invalid entry: nothing passes.
     pub source_ranges: Option<BTreeSet<Cidr>>,
@@ -96,7 +98,7 @@ pub(crate) fn read_intent(svc: &Service, warnings: &mut Warnings<'_>) -> Service
         service: warnings.service.clone(),
         created: svc.metadata.creation_timestamp.as_ref().map(|t| t.0),
         lb_ips: load_balancer_ips(svc, warnings).into(),
-        mode: mode(svc, warnings),
+        mode: Arc::new(mode(svc, warnings)),
         source_ranges: source_ranges(svc, warnings),
     }
 }

@@ -175,7 +175,7 @@ fn passthrough_mapping_both_families() {
         .plan
         .mappings
         .iter()
-        .map(|m| (m.lb_ip, m.pod_ip, m.mode.clone()))
+        .map(|m| (m.lb_ip, m.pod_ip, (*m.mode).clone()))
         .collect();
     assert_eq!(
         pairs,
@@ -229,7 +229,7 @@ fn port_filter_modes_and_fail_closed() {
     .collect();
     let o = case("false", "true");
     assert_eq!(
-        o.plan.mappings[0].mode,
+        *o.plan.mappings[0].mode,
         Mode::PortFilter {
             ports: want_ports,
             allow_icmp: true
@@ -239,12 +239,12 @@ fn port_filter_modes_and_fail_closed() {
         kinds(&o),
         vec![WarningKind::InvalidPort, WarningKind::InvalidPort]
     );
-    assert_eq!(case("true", "").plan.mappings[0].mode, Mode::Passthrough);
-    assert_eq!(case("", "").plan.mappings[0].mode, Mode::Passthrough);
+    assert_eq!(*case("true", "").plan.mappings[0].mode, Mode::Passthrough);
+    assert_eq!(*case("", "").plan.mappings[0].mode, Mode::Passthrough);
     // Invalid values: warning, port filter, ICMP not allowed.
     let o = case("yes", "maybe");
     assert!(matches!(
-        &o.plan.mappings[0].mode,
+        &*o.plan.mappings[0].mode,
         Mode::PortFilter { allow_icmp: false, ports } if ports.len() == 3
     ));
     let invalid: Vec<&Warning> = o
@@ -620,7 +620,7 @@ fn a_service_with_thousands_of_entries_is_capped_and_warned_a_bounded_number_of_
         .iter()
         .find(|m| m.lb_ip == ip("203.0.113.10"))
         .expect("the IPv4 mapping");
-    let Mode::PortFilter { ports, .. } = &v4.mode else {
+    let Mode::PortFilter { ports, .. } = &*v4.mode else {
         panic!("port filter expected: {:?}", v4.mode);
     };
     // The first ports in spec order: 1..=4096.
@@ -835,7 +835,7 @@ proptest! {
                 .plan
                 .mappings
                 .iter()
-                .filter(|m| matches!(m.mode, Mode::PortFilter { .. }))
+                .filter(|m| matches!(*m.mode, Mode::PortFilter { .. }))
                 .count();
             prop_assert_eq!(s.port_filter, filtered);
             prop_assert_eq!(s.passthrough, full.plan.mappings.len() - filtered);

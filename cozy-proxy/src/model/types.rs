@@ -103,7 +103,8 @@ pub struct Mapping {
     pub service: ServiceRef,
     pub lb_ip: IpAddr,
     pub pod_ip: IpAddr,
-    pub mode: Mode,
+    /// The Service's, shared.
+    pub mode: Arc<Mode>,
     /// The node hosting the pod (the endpoint's `nodeName`): only that node
     /// translates between the outside and the pod. `None` (an endpoint
     /// without `nodeName`, as in hand-written manifests): every node does.
