@@ -24,7 +24,7 @@ const METRICS: [(&str, &str, bool); 6] = [
     ("rtt_p99_us", "UDP round trip p99, us (sockperf)", false),
     (
         "conn_per_s",
-        "new TCP connections/s (1 / median connect time)",
+        "new TCP connections/s (1 / median connect time; client and server on one CPU)",
         true,
     ),
 ];
