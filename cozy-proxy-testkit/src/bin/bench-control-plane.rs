@@ -516,8 +516,8 @@ fn controller_run(
         .arg(&pins)
         .status();
     drop(ns);
-    // CPBENCH_LOG: where to keep the controller's log (with RUST_LOG set,
-    // e.g. cozy_proxy=debug, its rounds and heap in detail).
+    // CPBENCH_LOG: where to keep the controller's log (with COZY_PROXY_LOG
+    // set, e.g. "info,cozy_proxy=debug", its rounds and heap in detail).
     if let Some(keep) = std::env::var_os("CPBENCH_LOG") {
         let _ = fs::copy(&log, keep);
     }

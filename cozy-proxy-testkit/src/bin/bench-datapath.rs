@@ -238,6 +238,14 @@ mod datapath {
             .context("bps")
     }
 
+    /// `cmd` run on CPU `cpu` only.
+    fn pinned<'a>(cpu: &'a str, cmd: &[&'a str]) -> Vec<&'a str> {
+        ["taskset", "-c", cpu]
+            .into_iter()
+            .chain(cmd.iter().copied())
+            .collect()
+    }
+
     /// New TCP connections per second, from the median connection time.
     fn connections(server_ns: &str, client_ns: &str, target: IpAddr) -> Result<f64> {
         let exe = std::env::current_exe()?.display().to_string();
@@ -249,21 +257,11 @@ mod datapath {
         let cpu = std::thread::available_parallelism()
             .map_or(0, |n| n.get() - 1)
             .to_string();
-        let pin = ["taskset", "-c", cpu.as_str()];
-        let server_cmd: Vec<&str> = pin
-            .iter()
-            .copied()
-            .chain([exe.as_str(), "accept-server", "6000"])
-            .collect();
+        let server_cmd = pinned(&cpu, &[&exe, "accept-server", "6000"]);
         let _server = Proc::spawn_in(server_ns, &server_cmd, Stdio::null(), Stdio::null())?;
         std::thread::sleep(Duration::from_millis(300));
-        let target = target.to_string();
-        let secs = SECONDS.to_string();
-        let client_cmd: Vec<&str> = pin
-            .iter()
-            .copied()
-            .chain([exe.as_str(), "connect-client", &target, "6000", &secs])
-            .collect();
+        let (target, secs) = (target.to_string(), SECONDS.to_string());
+        let client_cmd = pinned(&cpu, &[&exe, "connect-client", &target, "6000", &secs]);
         let out = ok_in(client_ns, &client_cmd)?;
         out.trim().parse::<f64>().context("connections per second")
     }
