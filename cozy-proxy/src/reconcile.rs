@@ -173,7 +173,7 @@ impl<D: Datapath> Reconciler<D> {
         };
         let mut planned = DatapathState::with_cluster(&self.ranges.ranges);
         for (lb, result) in self.plan.results() {
-            planned.add_result(lb, result, me);
+            planned.add_result(&lb, &result, me);
         }
         planned
     }
@@ -221,8 +221,8 @@ impl<D: Datapath> Reconciler<D> {
             .iter()
             .filter_map(|lb| {
                 let service = match self.plan.result_of(lb)? {
-                    LbResult::Mapped(m) => m.service.clone(),
-                    LbResult::Unmapped(s) => s.clone(),
+                    LbResult::Mapped(m) => m.service,
+                    LbResult::Unmapped(s) => s,
                 };
                 Some(Warning {
                     service,

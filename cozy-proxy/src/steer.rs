@@ -1,7 +1,7 @@
 //! Kernel plumbing both backends share: the kernel's own paths toward the
 //! mapped pods (which interface a guarded address may arrive on, where an
 //! LB IP is steered), and the LB IPs' host routes (`proto 249`).
-use crate::datapath::{Change, NextHop, Path};
+use crate::datapath::{Change, NextHop, Path, Paths};
 use crate::netlink::{
     route::{self, Via},
     NetlinkError, NlSocket,
@@ -19,7 +19,7 @@ pub struct Steering {
     events: NlSocket,
     /// Paths resolved since the last change the kernel announced (`None`:
     /// the pod has no specific route).
-    cache: BTreeMap<IpAddr, Option<Path>>,
+    cache: Paths,
 }
 
 impl Steering {
@@ -39,10 +39,7 @@ impl Steering {
     /// The paths toward `pods`. Only a specific route counts: a pod reached
     /// only through the default route has no path here (steering its LB IP
     /// there would send it back where it came from).
-    pub fn paths(
-        &mut self,
-        pods: &BTreeSet<IpAddr>,
-    ) -> Result<BTreeMap<IpAddr, Path>, NetlinkError> {
+    pub fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<&Paths, NetlinkError> {
         let unknown: Vec<IpAddr> = pods
             .iter()
             .filter(|p| !self.cache.contains_key(p))
@@ -55,16 +52,10 @@ impl Steering {
             let path = found.ok().and_then(|l| path_of(&pod, &l));
             self.cache.insert(pod, path);
         }
-        let mut out = BTreeMap::new();
-        for pod in pods {
-            if let Some(Some(p)) = self.cache.get(pod) {
-                out.insert(*pod, *p);
-            }
-        }
         // Paths of pods no longer asked for stay until the next change of
         // routes or links (or the resync) clears the cache: an incremental
         // sync asks for a few pods, not for all.
-        Ok(out)
+        Ok(&self.cache)
     }
 
     /// Forgets every resolved path (a resync reads them all again).
@@ -93,18 +84,21 @@ impl Steering {
             .collect())
     }
 
-    /// Applies a change of our routes: removals first (in one request),
-    /// then additions and replacements (in another).
+    /// Applies a change of our routes: removals first, then additions and
+    /// replacements (many per request).
     pub fn apply(&self, change: &Change<(IpAddr, NextHop)>) -> Result<(), NetlinkError> {
-        let gone: Vec<IpAddr> = change
-            .remove
-            .iter()
-            .filter(|(dst, _)| !change.add.iter().any(|(d, _)| d == dst))
-            .map(|(dst, _)| *dst)
-            .collect();
-        route::delete_host_routes(&self.rtnl, ROUTE_PROTO, &gone)?;
-        let set: Vec<(IpAddr, Via)> = change.add.iter().map(|(d, h)| (*d, via(h))).collect();
-        route::set_host_routes(&self.rtnl, ROUTE_PROTO, &set)
+        if !change.remove.is_empty() {
+            // A route replaced is in both lists: not deleted first.
+            let replaced: BTreeSet<&IpAddr> = change.add.iter().map(|(d, _)| d).collect();
+            let gone: Vec<IpAddr> = change
+                .remove
+                .iter()
+                .filter(|(dst, _)| !replaced.contains(dst))
+                .map(|(dst, _)| *dst)
+                .collect();
+            route::delete_host_routes(&self.rtnl, ROUTE_PROTO, &gone)?;
+        }
+        route::set_host_routes(&self.rtnl, ROUTE_PROTO, &change.add, |(d, h)| (*d, via(h)))
     }
 
     /// Removes every route of ours.

@@ -3,7 +3,7 @@
 //! of the world: change the "kernel" behind the backend's back (drift),
 //! make the next operations fail, and see what was applied.
 use super::{
-    Applied, BackendKind, Capacity, DatapathState, Dump, Entries, Kernel, Path, StateDiff,
+    Applied, BackendKind, Capacity, DatapathState, Dump, Entries, Kernel, Path, Paths, StateDiff,
 };
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -59,6 +59,8 @@ impl FakeHandle {
 
 pub struct FakeKernel {
     world: FakeHandle,
+    /// The paths last asked for.
+    paths: Paths,
 }
 
 impl FakeKernel {
@@ -67,6 +69,7 @@ impl FakeKernel {
         (
             FakeKernel {
                 world: world.clone(),
+                paths: Paths::new(),
             },
             world,
         )
@@ -94,8 +97,12 @@ impl Kernel for FakeKernel {
         self.world.world().capacity.unwrap_or(Capacity::UNLIMITED)
     }
 
-    fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<BTreeMap<IpAddr, Path>, FakeError> {
-        Ok(paths(pods))
+    fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<&Paths, FakeError> {
+        self.paths = paths(pods)
+            .into_iter()
+            .map(|(p, at)| (p, Some(at)))
+            .collect();
+        Ok(&self.paths)
     }
 
     fn read(&mut self) -> Result<(DatapathState, bool), FakeError> {

@@ -20,16 +20,13 @@ pub use capacity::{Capacity, Entries, Overflow, Table};
 pub use counters::{Count, Counters, ServiceCount};
 pub use render::render_text;
 pub use state::{
-    AllowedPort, Change, DatapathState, NextHop, NodeView, Path, RemotePods, StateDiff,
+    AllowedPort, Change, DatapathState, NextHop, NodeView, Path, PathOf, Paths, RemotePods,
+    StateDiff,
 };
 pub use sync::Synced;
 
 use serde::Serialize;
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    fmt,
-    net::IpAddr,
-};
+use std::{collections::BTreeSet, fmt, net::IpAddr};
 
 /// Which datapath a node runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
@@ -103,10 +100,11 @@ pub trait Kernel {
         Capacity::UNLIMITED
     }
 
-    /// The kernel's paths toward `pods` (a pod it has no route to is left
-    /// out): they decide which interface each guarded address may arrive
+    /// The kernel's paths toward `pods` (each of them is in the answer,
+    /// `None` if the kernel has no specific route to it; other pods may be
+    /// too): they decide which interface each guarded address may arrive
     /// on, and where each LB IP is steered.
-    fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<BTreeMap<IpAddr, Path>, Self::Error>;
+    fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<&Paths, Self::Error>;
 
     /// Reads the elements the kernel holds now (empty where nothing of ours
     /// is installed) and what the schema needs. Drops any cache the backend

@@ -74,7 +74,7 @@ impl<K: Kernel> Synced<K> {
             }
         };
         debug!(pods = paths.len(), took = ?started.elapsed(), "paths toward the pods");
-        desired.resolve(&paths);
+        desired.resolve(paths);
         let diff = known.diff(&desired);
         let started = std::time::Instant::now();
         let applied = self.kernel.apply(&diff, &desired, found)?;
@@ -132,9 +132,9 @@ impl<K: Kernel> Synced<K> {
             ..change.clone()
         };
         for a in &touched {
-            let guard = desired.guard_of(a, self.remote_pods.contains(a), &paths);
+            let guard = desired.guard_of(a, self.remote_pods.contains(a), paths);
             changed_entry(&mut diff.guard, a, known.guard.get(a), guard.as_ref());
-            let route = desired.route_of(a, &paths);
+            let route = desired.route_of(a, paths);
             changed_entry(&mut diff.routes, a, known.routes.get(a), route.as_ref());
         }
         if let Err(collection) = known.apply(&diff) {

@@ -8,8 +8,7 @@ mod links;
 mod maps;
 
 use crate::datapath::{
-    Applied, BackendKind, Capacity, Counters, DatapathState, Dump, Kernel, Path as PodPath,
-    StateDiff,
+    Applied, BackendKind, Capacity, Counters, DatapathState, Dump, Kernel, Paths, StateDiff,
 };
 use crate::netlink::{route, NetlinkError, NlSocket};
 use crate::steer::Steering;
@@ -383,7 +382,7 @@ impl Kernel for EbpfKernel {
         )
     }
 
-    fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<BTreeMap<IpAddr, PodPath>, EbpfError> {
+    fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<&Paths, EbpfError> {
         Ok(self.steering.paths(pods)?)
     }
 

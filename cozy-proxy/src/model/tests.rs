@@ -820,7 +820,7 @@ proptest! {
                     None => results.remove(&c.lb_ip),
                 };
             }
-            let rebuilt: BTreeMap<_, _> = state.results().map(|(k, v)| (*k, v.clone())).collect();
+            let rebuilt: BTreeMap<_, _> = state.results().collect();
             prop_assert_eq!(&results, &rebuilt);
             let (appeared, gone) = state.take_warning_changes();
             for w in gone {

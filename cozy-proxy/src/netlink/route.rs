@@ -266,65 +266,103 @@ pub fn lookup_many(sock: &NlSocket, dsts: &[IpAddr]) -> Result<Vec<Found>, Netli
     Ok(out)
 }
 
-/// Deletes the tagged host routes to `dsts`, in one request.
+/// Route changes sent per sendmsg: at a full sync of 50 000 LB IPs, one
+/// sendmsg for all held 10 MiB of requests at the controller's peak; 1 000
+/// cost ~100 KiB, with as few system calls as makes no difference.
+const CHANGES_PER_SEND: usize = 1000;
+
+/// Deletes the tagged host routes to `dsts`, many per request.
 pub fn delete_host_routes(
     sock: &NlSocket,
     protocol: u8,
     dsts: &[IpAddr],
 ) -> Result<(), NetlinkError> {
-    let mut w = Writer::new();
-    let mut pending = Vec::new();
-    for dst in dsts {
-        let seq = next_seq();
-        w.message(
-            RTM_DELROUTE,
-            NLM_F_ACK,
-            seq,
-            &rtmsg(family(dst), host_prefix(dst), protocol, 0),
-            |w| w.put(RTA_DST, &bytes(dst)),
-        );
-        pending.push((seq, format!("delete route {dst}")));
-    }
-    sock.transact(&w.into_bytes(), pending)
+    each_chunk(dsts, |chunk| {
+        let mut w = Writer::new();
+        let mut seqs = Vec::with_capacity(chunk.len());
+        for dst in chunk {
+            let seq = next_seq();
+            w.message(
+                RTM_DELROUTE,
+                NLM_F_ACK,
+                seq,
+                &rtmsg(family(dst), host_prefix(dst), protocol, 0),
+                |w| w.put(RTA_DST, &bytes(dst)),
+            );
+            seqs.push(seq);
+        }
+        sock.transact_described(&w.into_bytes(), &seqs, |i| {
+            format!("delete route {}", chunk[i])
+        })
+    })
 }
 
-/// Adds (or replaces) the host routes `dst` -> `via`, in one request.
-pub fn set_host_routes(
+/// Runs `send` on each chunk of `items`, every chunk even after one failed
+/// (as a single request would have, each message acknowledged on its own):
+/// the first error is returned.
+fn each_chunk<T>(
+    items: &[T],
+    mut send: impl FnMut(&[T]) -> Result<(), NetlinkError>,
+) -> Result<(), NetlinkError> {
+    let mut first_error = None;
+    for chunk in items.chunks(CHANGES_PER_SEND) {
+        if let Err(e) = send(chunk) {
+            first_error.get_or_insert(e);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Adds (or replaces) the host routes `dst` -> `via` that `route` gives of
+/// each of `routes` (read as they are sent: no copy of them all), many per
+/// request.
+pub fn set_host_routes<T>(
     sock: &NlSocket,
     protocol: u8,
-    routes: &[(IpAddr, Via)],
+    routes: &[T],
+    route: impl Fn(&T) -> (IpAddr, Via),
 ) -> Result<(), NetlinkError> {
-    let mut w = Writer::new();
-    let mut pending = Vec::new();
-    for (dst, via) in routes {
-        let seq = next_seq();
-        let kind = if via.unreachable {
-            RTN_UNREACHABLE
-        } else {
-            RTN_UNICAST
-        };
-        let mut header = rtmsg(family(dst), host_prefix(dst), protocol, kind);
-        if via.onlink {
-            header[8..12].copy_from_slice(&RTNH_F_ONLINK.to_ne_bytes());
+    each_chunk(routes, |chunk| {
+        let mut w = Writer::new();
+        let mut seqs = Vec::with_capacity(chunk.len());
+        for r in chunk {
+            let seq = next_seq();
+            put_route(&mut w, seq, protocol, &route(r));
+            seqs.push(seq);
         }
-        w.message(
-            RTM_NEWROUTE,
-            NLM_F_CREATE | NLM_F_REPLACE | NLM_F_ACK,
-            seq,
-            &header,
-            |w| {
-                w.put(RTA_DST, &bytes(dst));
-                if let Some(gw) = &via.gateway {
-                    w.put(RTA_GATEWAY, &bytes(gw));
-                }
-                if via.oif != 0 {
-                    w.put_u32_ne(RTA_OIF, via.oif);
-                }
-            },
-        );
-        pending.push((seq, format!("route {dst} via {via:?}")));
+        sock.transact_described(&w.into_bytes(), &seqs, |i| {
+            let (dst, via) = route(&chunk[i]);
+            format!("route {dst} via {via:?}")
+        })
+    })
+}
+
+/// One request that adds or replaces route `dst` -> `via`.
+fn put_route(w: &mut Writer, seq: u32, protocol: u8, (dst, via): &(IpAddr, Via)) {
+    let kind = if via.unreachable {
+        RTN_UNREACHABLE
+    } else {
+        RTN_UNICAST
+    };
+    let mut header = rtmsg(family(dst), host_prefix(dst), protocol, kind);
+    if via.onlink {
+        header[8..12].copy_from_slice(&RTNH_F_ONLINK.to_ne_bytes());
     }
-    sock.transact(&w.into_bytes(), pending)
+    w.message(
+        RTM_NEWROUTE,
+        NLM_F_CREATE | NLM_F_REPLACE | NLM_F_ACK,
+        seq,
+        &header,
+        |w| {
+            w.put(RTA_DST, &bytes(dst));
+            if let Some(gw) = &via.gateway {
+                w.put(RTA_GATEWAY, &bytes(gw));
+            }
+            if via.oif != 0 {
+                w.put_u32_ne(RTA_OIF, via.oif);
+            }
+        },
+    );
 }
 
 /// Of a route notification (RTM_NEWROUTE/RTM_DELROUTE), its protocol.

@@ -245,13 +245,27 @@ impl NlSocket {
     /// Sends `bytes` (one or more messages) and checks the acknowledgement
     /// of every message in `pending` (sequence number, what it does).
     pub fn transact(&self, bytes: &[u8], pending: Vec<(u32, String)>) -> Result<(), NetlinkError> {
-        if pending.is_empty() {
+        let seqs: Vec<u32> = pending.iter().map(|(seq, _)| *seq).collect();
+        self.transact_described(bytes, &seqs, |i| pending[i].1.clone())
+    }
+
+    /// As [`NlSocket::transact`], with the `i`th message of `seqs` told by
+    /// `what(i)` only if it fails: a full sync sends tens of thousands of
+    /// messages, and a description each was megabytes held for nothing.
+    pub fn transact_described(
+        &self,
+        bytes: &[u8],
+        seqs: &[u32],
+        what: impl Fn(usize) -> String,
+    ) -> Result<(), NetlinkError> {
+        if seqs.is_empty() {
             return Ok(());
         }
         self.send(bytes)?;
         // The kernel handles the request inside sendmsg(): every answer is
         // queued by now. Wait for the first, then drain the rest.
-        let mut pending: HashMap<u32, String> = pending.into_iter().collect();
+        let mut pending: HashMap<u32, usize> =
+            seqs.iter().enumerate().map(|(i, seq)| (*seq, i)).collect();
         let mut first_error: Option<NetlinkError> = None;
         let mut buf = vec![0u8; 1 << 20];
         let mut nonblocking = false;
@@ -264,13 +278,13 @@ impl NlSocket {
                 if msg.msg_type != NLMSG_ERROR {
                     continue;
                 }
-                let Some(what) = pending.remove(&msg.seq) else {
+                let Some(i) = pending.remove(&msg.seq) else {
                     continue;
                 };
                 if let Some((errno, extack)) = parse_error(&msg) {
                     if first_error.is_none() {
                         first_error = Some(NetlinkError::Refused {
-                            what,
+                            what: what(i),
                             source: io::Error::from_raw_os_error(errno),
                             extack,
                         });

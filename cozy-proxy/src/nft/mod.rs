@@ -21,7 +21,7 @@ pub mod schema;
 mod sys;
 
 use crate::datapath::{
-    Applied, BackendKind, Capacity, DatapathState, Dump, Kernel, Path, StateDiff,
+    Applied, BackendKind, Capacity, DatapathState, Dump, Kernel, Paths, StateDiff,
 };
 pub use crate::netlink::NetlinkError;
 use crate::netlink::NlSocket;
@@ -29,10 +29,7 @@ use crate::steer::Steering;
 use encode::Install;
 use schema::{Layout, LAYOUTS, TABLE};
 use serde_json::json;
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
-};
+use std::{collections::BTreeSet, net::IpAddr};
 use tracing::{debug, info, warn};
 
 #[derive(Debug, thiserror::Error)]
@@ -162,7 +159,7 @@ impl Kernel for NftKernel {
         schema::set_capacity()
     }
 
-    fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<BTreeMap<IpAddr, Path>, NftError> {
+    fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<&Paths, NftError> {
         Ok(self.steering.paths(pods)?)
     }
 
