@@ -131,6 +131,36 @@ fn conflicts_follow_the_real_creation_order() -> Result<()> {
     env.tcp_reaches(env.lb(3), WEB, 2)
 }
 
+/// A Service that is not ours gets the wholeIP annotation (no label: its
+/// EndpointSlices do not change): its slices, not kept while it was not
+/// ours, are listed again, and it is mapped.
+#[test]
+fn a_service_annotated_later_is_mapped_with_its_endpoints() -> Result<()> {
+    let mut env = env(Backend::Nft, Fam::V4)?;
+    let _p1 = env.serve_tcp(1, WEB)?;
+    let _p2 = env.serve_tcp(2, WEB)?;
+    env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
+    let mut vm2 = Svc::new("vm2", env.lb(1));
+    vm2.label = false;
+    env.put_service(&vm2, &[env.pod_ip(2)])?;
+    let state = env.settle()?;
+    ensure!(
+        !state.svc_pod.contains_key(&env.lb(1)),
+        "vm2 is not ours yet"
+    );
+    env.tcp_reaches(env.lb(0), WEB, 1)?;
+    vm2.whole_ip = Some("true".into());
+    env.put_service(&vm2, &[env.pod_ip(2)])?;
+    let state = env.settle()?;
+    ensure!(
+        state.svc_pod.get(&env.lb(1)) == Some(&env.pod_ip(2)),
+        "vm2 is not mapped: {:?}",
+        state.svc_pod
+    );
+    env.tcp_reaches(env.lb(1), WEB, 2)?;
+    env.wait_log("listing the EndpointSlices again")
+}
+
 /// The Warning Event of a bad annotation, as `kubectl get events` shows it.
 #[test]
 fn warnings_are_events_kubectl_shows() -> Result<()> {

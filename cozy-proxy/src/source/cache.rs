@@ -2,11 +2,15 @@
 //! EndpointSlices, and what changed since the last round. Every node
 //! watches every Service and EndpointSlice of the cluster and most are not
 //! ours, so only what the model reads is kept: our Services (as the model
-//! reads them, [`ReadService`]), and
-//! every slice as the model reads it ([`ReadSlice`]: a Service may become
-//! ours later, and its slices must be at hand then). Other Services are
-//! not kept at all: the update that makes one ours carries the whole
-//! object. The plan is built from these, shared, never copied.
+//! reads them, [`ReadService`]), the names of the others, and the slices
+//! (as the model reads them, [`ReadSlice`]) of every Service that is ours
+//! or not known yet (two watches, no order between them). The slices of a
+//! Service known not to be ours are not kept (half the cache at 50 000 +
+//! 50 000 Services, and most of it in a cluster where other Services have
+//! many endpoints): when one becomes ours (a label or the annotation
+//! added), the cache asks for the slices to be listed again
+//! ([`Cache::take_slice_relist`]), which brings them. The plan is built
+//! from these, shared, never copied.
 use super::{ServiceObjects, Snapshot};
 use crate::model::{
     is_selected, read_service, service_ref, slice_owner, ReadService, ReadSlice, ServiceRef,
@@ -58,6 +62,12 @@ impl<M: Default> Listed<M> {
 #[derive(Default)]
 pub struct Cache {
     services: Listed<Services>,
+    /// The Services that are not ours, by name: their slices are dropped
+    /// as they come. Listed with `services`.
+    others: Listed<HashSet<ServiceRef>>,
+    /// A Service whose slices were dropped became ours: the slices are to
+    /// be listed again.
+    slice_relist: bool,
     /// By Service, then by slice name.
     slices: Listed<Slices>,
     /// Everything is read again at the next round: at the start, after a
@@ -96,16 +106,25 @@ impl Interned {
     }
 }
 
-/// Service `s` (named `key`) as it is now in `services`: kept if ours,
-/// else not at all.
-fn put_service(services: &mut Services, key: &ServiceRef, s: &Service) {
+/// Service `s` (named `key`) as it is now in `services` (kept if ours)
+/// and `others` (its name, if not). Whether it is ours.
+fn put_service(
+    services: &mut Services,
+    others: &mut HashSet<ServiceRef>,
+    key: &ServiceRef,
+    s: &Service,
+) -> bool {
     if is_selected(s) {
         let mut read = read_service(s);
         // The model's name of it is the cache's: one copy.
         read.intent.service = key.clone();
         services.insert(key.clone(), Arc::new(read));
+        others.remove(key);
+        true
     } else {
         services.remove(key);
+        others.insert(key.clone());
+        false
     }
 }
 
@@ -170,34 +189,66 @@ impl Cache {
 
     pub fn service_event(&mut self, e: &Event<Service>) {
         match e {
-            Event::Init => self.services.begin(),
+            Event::Init => {
+                self.services.begin();
+                self.others.begin();
+            }
             Event::InitApply(s) => {
                 let key = self.shared(service_ref(s));
-                put_service(self.services.listing(), &key, s);
+                put_service(self.services.listing(), self.others.listing(), &key, s);
             }
             Event::InitDone => {
+                // Ours now, not ours before the list: its slices were
+                // dropped (a change missed while the watch was down).
+                let relisted = self.services.relist.as_ref();
+                self.slice_relist |=
+                    relisted.is_some_and(|ours| ours.keys().any(|k| self.others.live.contains(k)));
                 self.services.finish();
+                self.others.finish();
+                let others = &self.others.live;
+                self.slices.live.retain(|owner, _| !others.contains(owner));
                 self.strings.prune();
                 self.full = true;
             }
             Event::Apply(s) => {
                 let key = self.shared(service_ref(s));
-                put_service(&mut self.services.live, &key, s);
+                let was_other = self.others.live.contains(&key);
+                let ours = put_service(&mut self.services.live, &mut self.others.live, &key, s);
+                if ours && was_other {
+                    self.slice_relist = true;
+                } else if !ours {
+                    self.slices.live.remove(&key);
+                }
                 self.touched.insert(key);
             }
             Event::Delete(s) => {
                 let key = service_ref(s);
                 self.services.live.remove(&key);
+                self.others.live.remove(&key);
                 self.touched.insert(key);
             }
         }
+    }
+
+    /// Whether the slices are to be listed again (a Service whose slices
+    /// were dropped became ours), once: the watch of slices restarts, and
+    /// its list replaces what is kept.
+    pub fn take_slice_relist(&mut self) -> bool {
+        std::mem::take(&mut self.slice_relist)
+    }
+
+    /// Whether the first list of Services is complete (the slices are
+    /// listed after it: until then every slice would be kept).
+    pub fn services_listed(&self) -> bool {
+        self.services.done
     }
 
     pub fn slice_event(&mut self, e: &Event<EndpointSlice>) {
         match e {
             Event::Init => self.slices.begin(),
             Event::InitApply(s) => {
-                if let Some(owner) = slice_owner(s).map(|o| self.shared(o)) {
+                let owner = slice_owner(s).filter(|o| !self.others.live.contains(o));
+                if let Some(owner) = owner.map(|o| self.shared(o)) {
                     put_slice(self.slices.listing(), &mut self.strings, &owner, s, true);
                 }
             }
@@ -208,7 +259,8 @@ impl Cache {
             }
             Event::Apply(s) | Event::Delete(s) => {
                 let present = matches!(e, Event::Apply(_));
-                if let Some(owner) = slice_owner(s).map(|o| self.shared(o)) {
+                let owner = slice_owner(s).filter(|o| !self.others.live.contains(o));
+                if let Some(owner) = owner.map(|o| self.shared(o)) {
                     put_slice(&mut self.slices.live, &mut self.strings, &owner, s, present);
                     self.touched.insert(owner);
                 }
@@ -302,6 +354,7 @@ mod tests {
         let mut c = Cache::new();
         let (ours, ours_slice) = objects("a", "203.0.113.10", "192.0.2.11");
         let (mut other, other_slice) = objects("b", "203.0.113.20", "192.0.2.12");
+        let other_slice_later = other_slice.clone();
         other.metadata.labels = None;
         other.metadata.annotations = None;
         for e in [
@@ -315,12 +368,17 @@ mod tests {
         assert!(!c.listed(), "the slices are not listed yet");
         for e in [
             Event::Init,
-            Event::InitApply(ours_slice),
+            Event::InitApply(ours_slice.clone()),
             Event::InitApply(other_slice),
             Event::InitDone,
         ] {
             c.slice_event(&e);
         }
+        assert_eq!(
+            c.slices.live.len(),
+            1,
+            "the slice of a Service known not to be ours is not kept"
+        );
         assert!(c.listed() && c.full);
         let full = c.snapshot();
         assert_eq!(full.read.len(), 1, "the unlabelled Service is not kept");
@@ -331,15 +389,41 @@ mod tests {
         );
         assert!(!c.full && c.take_touched().is_empty());
 
-        // The other Service gets the label: it is touched, with its slice.
+        assert!(!c.take_slice_relist());
+
+        // The other Service gets the label: it is touched, and its slices
+        // (not kept) are to be listed again; the list brings them.
         let mut labelled = other.clone();
         labelled.metadata.labels = ours.metadata.labels.clone();
-        c.service_event(&Event::Apply(labelled));
+        c.service_event(&Event::Apply(labelled.clone()));
         let touched = c.take_touched();
         assert_eq!(touched.len(), 1);
         assert_eq!(touched[0].service, ServiceRef::new("t", "b"));
         assert!(touched[0].read.is_some());
-        assert_eq!(touched[0].slices.len(), 1);
+        assert!(c.take_slice_relist(), "its slices are listed again");
+        assert!(!c.take_slice_relist(), "asked once");
+        for e in [
+            Event::Init,
+            Event::InitApply(ours_slice.clone()),
+            Event::InitApply(other_slice_later.clone()),
+            Event::InitDone,
+        ] {
+            c.slice_event(&e);
+        }
+        assert!(c.full, "the list is taken in by a full round");
+        let full = c.snapshot();
+        assert_eq!(full.read.len(), 2);
+        assert!(full.read.iter().all(|o| o.slices.len() == 1));
+
+        // Not ours any more: its slices go, and a later version of them is
+        // not kept either.
+        c.service_event(&Event::Apply(other.clone()));
+        c.slice_event(&Event::Apply(other_slice_later.clone()));
+        assert_eq!(c.slices.live.len(), 1);
+        // Ours again: a relist is asked again.
+        c.service_event(&Event::Apply(labelled));
+        assert!(c.take_slice_relist());
+        let _ = c.take_touched();
 
         // Deleted: touched, with nothing.
         c.service_event(&Event::Delete(ours));
@@ -474,6 +558,24 @@ mod tests {
             .map(|o| o.service.name.to_string())
             .collect();
         assert_eq!(names, vec!["b".to_string()]);
+    }
+
+    #[test]
+    fn a_service_found_ours_by_a_relist_has_its_slices_listed_again() {
+        let mut c = Cache::new();
+        let (ours, _) = objects("b", "203.0.113.20", "192.0.2.12");
+        let mut other = ours.clone();
+        other.metadata.labels = None;
+        other.metadata.annotations = None;
+        for e in [Event::Init, Event::InitApply(other), Event::InitDone] {
+            c.service_event(&e);
+        }
+        assert!(!c.take_slice_relist());
+        // Labelled while the watch was down: the relist finds it ours.
+        for e in [Event::Init, Event::InitApply(ours), Event::InitDone] {
+            c.service_event(&e);
+        }
+        assert!(c.take_slice_relist());
     }
 
     #[test]

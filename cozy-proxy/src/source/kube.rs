@@ -142,6 +142,43 @@ where
     tokio::spawn(drive(stream, feed.clone(), kind))
 }
 
+/// The watch of EndpointSlices into the cache. It starts once the first
+/// list of Services is complete (until the cache knows which Services are
+/// not ours, it keeps every slice), and starts again, its list replacing
+/// the cache's slices, whenever the cache asks ([`Cache::take_slice_relist`]:
+/// a Service whose slices were dropped became ours).
+fn watch_slices(api: Api<EndpointSlice>, feed: &Feed<EndpointSlice>) -> JoinHandle<()> {
+    let feed = feed.clone();
+    tokio::spawn(async move {
+        while !lock(&feed.cache).services_listed() {
+            tokio::time::sleep(SLICE_RELIST_POLL).await;
+        }
+        loop {
+            let config = watcher::Config::default().labels(SERVICE_NAME_LABEL);
+            let stream = watcher(api.clone(), config)
+                .modify(trim::trim_slice)
+                .default_backoff();
+            let relist_asked = async {
+                loop {
+                    tokio::time::sleep(SLICE_RELIST_POLL).await;
+                    if lock(&feed.cache).take_slice_relist() {
+                        break;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = drive(stream, feed.clone(), "EndpointSlice") => return,
+                _ = relist_asked => {
+                    info!("a Service whose EndpointSlices were not kept became ours: listing the EndpointSlices again");
+                }
+            }
+        }
+    })
+}
+
+/// How often the slices' watch looks whether the cache asks for a list.
+const SLICE_RELIST_POLL: Duration = Duration::from_millis(100);
+
 /// Where a watch's events go.
 struct Feed<K> {
     dirty: Arc<Notify>,
@@ -244,12 +281,9 @@ impl KubeSource {
                 &Feed::new(&dirty, &cache, Cache::service_event),
                 "Service",
             ),
-            watch_into_cache(
+            watch_slices(
                 Api::<EndpointSlice>::all(client.clone()),
-                watcher::Config::default().labels(SERVICE_NAME_LABEL),
-                trim::trim_slice,
                 &Feed::new(&dirty, &cache, Cache::slice_event),
-                "EndpointSlice",
             ),
         ];
         let nodes = reflect(
