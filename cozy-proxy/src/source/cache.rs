@@ -232,8 +232,13 @@ impl Cache {
 
     /// Whether the slices are to be listed again (a Service whose slices
     /// were dropped became ours), once: the watch of slices restarts, and
-    /// its list replaces what is kept.
+    /// its list replaces what is kept. Not while a list of them is under
+    /// way: under a stream of such changes it would start again and again
+    /// and never end; the requests made meanwhile are one list after it.
     pub fn take_slice_relist(&mut self) -> bool {
+        if self.slices.relist.is_some() {
+            return false;
+        }
         std::mem::take(&mut self.slice_relist)
     }
 
@@ -420,8 +425,12 @@ mod tests {
         c.service_event(&Event::Apply(other.clone()));
         c.slice_event(&Event::Apply(other_slice_later.clone()));
         assert_eq!(c.slices.live.len(), 1);
-        // Ours again: a relist is asked again.
+        // Ours again: a relist is asked again, but not while one is under
+        // way: after it.
+        c.slice_event(&Event::Init);
         c.service_event(&Event::Apply(labelled));
+        assert!(!c.take_slice_relist(), "not in the middle of a list");
+        c.slice_event(&Event::InitDone);
         assert!(c.take_slice_relist());
         let _ = c.take_touched();
 
