@@ -253,20 +253,14 @@ impl PlanState {
         slices: &[&ReadSlice],
     ) {
         let new = read.map(|r| wish_of(r, slices, &self.node_ips));
-        if !self.building {
-            // The results of this Service's LB IPs as they are, before its
-            // wish (which they are read from) is replaced.
-            let old = self.wishes.get(service);
-            for c in old
-                .into_iter()
-                .chain(&new)
-                .flat_map(|w| w.candidates.iter())
-            {
-                if !self.changed.contains_key(&c.lb_ip) {
-                    let was = self.result_of(&c.lb_ip);
-                    self.changed.insert(c.lb_ip, was);
-                }
-            }
+        // The results of this Service's LB IPs as they are, before its
+        // wish (which they are read from) is replaced.
+        let lbs_before: Vec<IpAddr> = (self.wishes.get(service).into_iter())
+            .chain(&new)
+            .flat_map(|w| w.candidates.iter().map(|c| c.lb_ip))
+            .collect();
+        for lb in lbs_before {
+            self.record_before_change(lb);
         }
         let mut lbs = BTreeSet::new();
         if let Some(old) = self.wishes.remove(service) {
@@ -380,13 +374,10 @@ impl PlanState {
         for w in &warnings {
             self.count(w, true);
         }
-        if !self.building && !self.changed.contains_key(&lb) {
-            // Not one of the LB IPs of the Service updated (whose results
-            // were recorded before its wish changed): its owner's wish is
-            // the same, so its result as it was is read from it still.
-            let was = self.result_of(&lb);
-            self.changed.insert(lb, was);
-        }
+        // Not one of the LB IPs of the Service updated (recorded before its
+        // wish changed): its owner's wish is the same, so its result as it
+        // was is read from it still.
+        self.record_before_change(lb);
         let old = match result {
             Some(r) => self.results.insert(lb, r),
             None => self.results.remove(&lb),
@@ -398,6 +389,16 @@ impl PlanState {
             if let Some(r) = result {
                 self.summary.count(r, true);
             }
+        }
+    }
+
+    /// Records the result `lb` has now as the one it had before the
+    /// changes since the last [`PlanState::take_changes`], if none is
+    /// recorded yet (and not while the state is built whole).
+    fn record_before_change(&mut self, lb: IpAddr) {
+        if !self.building && !self.changed.contains_key(&lb) {
+            let was = self.result_of(&lb);
+            self.changed.insert(lb, was);
         }
     }
 
