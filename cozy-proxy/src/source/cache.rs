@@ -242,6 +242,13 @@ impl Cache {
         std::mem::take(&mut self.slice_relist)
     }
 
+    /// The Service of slice `s`, if its slices are kept (it is ours or not
+    /// seen yet), sharing the cache's strings.
+    fn kept_owner(&mut self, s: &EndpointSlice) -> Option<ServiceRef> {
+        let owner = slice_owner(s).filter(|o| !self.others.live.contains(o))?;
+        Some(self.shared(owner))
+    }
+
     /// Whether the first list of Services is complete (the slices are
     /// listed after it: until then every slice would be kept).
     pub fn services_listed(&self) -> bool {
@@ -252,8 +259,7 @@ impl Cache {
         match e {
             Event::Init => self.slices.begin(),
             Event::InitApply(s) => {
-                let owner = slice_owner(s).filter(|o| !self.others.live.contains(o));
-                if let Some(owner) = owner.map(|o| self.shared(o)) {
+                if let Some(owner) = self.kept_owner(s) {
                     put_slice(self.slices.listing(), &mut self.strings, &owner, s, true);
                 }
             }
@@ -264,8 +270,7 @@ impl Cache {
             }
             Event::Apply(s) | Event::Delete(s) => {
                 let present = matches!(e, Event::Apply(_));
-                let owner = slice_owner(s).filter(|o| !self.others.live.contains(o));
-                if let Some(owner) = owner.map(|o| self.shared(o)) {
+                if let Some(owner) = self.kept_owner(s) {
                     put_slice(&mut self.slices.live, &mut self.strings, &owner, s, present);
                     self.touched.insert(owner);
                 }
