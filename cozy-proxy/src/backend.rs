@@ -169,18 +169,14 @@ impl Datapath for NodeDatapath {
         }
     }
 
-    fn sync(&mut self, desired: &DatapathState) -> Result<SyncReport, BackendError> {
+    fn sync(&mut self, desired: DatapathState) -> Result<SyncReport, BackendError> {
         let report = running!(&mut self.running, d => d.sync(desired))?;
         self.retire_other();
         Ok(report)
     }
 
-    fn sync_change(
-        &mut self,
-        desired: &DatapathState,
-        change: &StateDiff,
-    ) -> Result<SyncReport, BackendError> {
-        let report = running!(&mut self.running, d => d.sync_change(desired, change))?;
+    fn sync_change(&mut self, change: &StateDiff) -> Result<Option<SyncReport>, BackendError> {
+        let report = running!(&mut self.running, d => d.sync_change(change))?;
         self.retire_other();
         Ok(report)
     }

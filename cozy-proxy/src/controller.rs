@@ -77,7 +77,7 @@ where
             // Taken into the plan even when the sync fails: a retry needs
             // only what changed since.
             full = false;
-            let round = datapath.call(move |r| r.reconcile(&update)).await;
+            let round = datapath.call(move |r| r.reconcile(update)).await;
             if was_full {
                 crate::memory::release_freed();
             }
@@ -87,7 +87,7 @@ where
                     failures = 0;
                     let m = &telemetry.metrics;
                     m.observe_sync(started.elapsed().as_secs_f64());
-                    m.observe_plan(&report.summary, report.elements);
+                    m.observe_plan(&report.summary, report.sync.elements);
                     m.observe_overflow(&report.sync.overflow);
                     on_warnings(&report.new_warnings);
                     telemetry.set_ready();

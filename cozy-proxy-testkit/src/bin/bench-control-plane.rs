@@ -209,7 +209,7 @@ fn bench_backend<D: Datapath>(
     };
     let mut current_slices = slices.to_vec();
     let started = Instant::now();
-    r.reconcile(&Update::Full(snapshot.clone())).map_err(fail)?;
+    r.reconcile(Update::Full(snapshot.clone())).map_err(fail)?;
     let initial = started.elapsed();
     let mut one = Vec::new();
     for round in 0..changes {
@@ -217,7 +217,7 @@ fn bench_backend<D: Datapath>(
         let slice = slice_on(i, &moved_pod(i, round))?;
         let update = Update::Services(vec![read_of(i, &slice)]);
         let t = Instant::now();
-        let report = r.reconcile(&update).map_err(fail)?;
+        let report = r.reconcile(update).map_err(fail)?;
         one.push(ms(t.elapsed()));
         if report.sync.changed_elements == 0 {
             bail!("change {round} (Service {i}) changed nothing");
@@ -229,8 +229,9 @@ fn bench_backend<D: Datapath>(
     let mut resync = Vec::new();
     for _ in 0..rebuilds {
         r.datapath_mut().forget();
+        let update = full.clone();
         let t = Instant::now();
-        r.reconcile(&full).map_err(fail)?;
+        r.reconcile(update).map_err(fail)?;
         resync.push(ms(t.elapsed()));
     }
     let mut rebuild = Vec::new();
@@ -239,12 +240,13 @@ fn bench_backend<D: Datapath>(
     // machine).
     let mut full_sync = vec![ms(initial)];
     for _ in 0..rebuilds {
+        let update = full.clone();
         let t = Instant::now();
         r.datapath_mut()
-            .sync(&DatapathState::default())
+            .sync(DatapathState::default())
             .map_err(fail)?;
         let emptied = Instant::now();
-        r.reconcile(&full).map_err(fail)?;
+        r.reconcile(update).map_err(fail)?;
         rebuild.push(ms(t.elapsed()));
         full_sync.push(ms(emptied.elapsed()));
     }

@@ -11,14 +11,15 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-/// The fake kernel's paths: every pod on interface 7 of its own link.
-pub fn paths(pods: &BTreeSet<IpAddr>) -> BTreeMap<IpAddr, Path> {
+/// The fake kernel's paths: every pod on its own link, through interface
+/// 7, or 8 once the pods have `moved` (see [`FakeWorld::moved`]).
+pub fn paths(pods: &BTreeSet<IpAddr>, moved: bool) -> BTreeMap<IpAddr, Path> {
     pods.iter()
         .map(|p| {
             (
                 *p,
                 Path {
-                    oif: 7,
+                    oif: if moved { 8 } else { 7 },
                     gateway: None,
                     onlink: false,
                 },
@@ -45,6 +46,9 @@ pub struct FakeWorld {
     pub reads: usize,
     pub applies: usize,
     pub upkeeps: usize,
+    /// The pods' paths go through another interface: the next upkeep
+    /// reports that the paths changed.
+    pub moved: bool,
 }
 
 /// The test's side of a [`FakeKernel`].
@@ -61,6 +65,8 @@ pub struct FakeKernel {
     world: FakeHandle,
     /// The paths last asked for.
     paths: Paths,
+    /// [`FakeWorld::moved`] as of the last upkeep.
+    moved: bool,
 }
 
 impl FakeKernel {
@@ -70,6 +76,7 @@ impl FakeKernel {
             FakeKernel {
                 world: world.clone(),
                 paths: Paths::new(),
+                moved: false,
             },
             world,
         )
@@ -98,7 +105,8 @@ impl Kernel for FakeKernel {
     }
 
     fn paths(&mut self, pods: &BTreeSet<IpAddr>) -> Result<&Paths, FakeError> {
-        self.paths = paths(pods)
+        let moved = self.world.world().moved;
+        self.paths = paths(pods, moved)
             .into_iter()
             .map(|(p, at)| (p, Some(at)))
             .collect();
@@ -140,8 +148,11 @@ impl Kernel for FakeKernel {
     }
 
     fn upkeep(&mut self) -> Result<bool, FakeError> {
-        self.world.world().upkeeps += 1;
-        Ok(false)
+        let mut w = self.world.world();
+        w.upkeeps += 1;
+        let changed = w.moved != self.moved;
+        self.moved = w.moved;
+        Ok(changed)
     }
 
     fn dump(&self) -> Result<Dump, FakeError> {

@@ -60,6 +60,8 @@ pub struct SyncReport {
     /// What the backend's tables could not hold (see [`Capacity`]): the
     /// rest was applied.
     pub overflow: Overflow,
+    /// Elements the kernel holds now (guards and host routes included).
+    pub elements: usize,
 }
 
 /// The live state of a datapath, read back from the kernel.
@@ -153,18 +155,17 @@ pub trait Datapath {
 
     fn kind(&self) -> BackendKind;
 
-    /// Makes the kernel hold exactly `desired`. The first call adopts what a
-    /// previous instance left, without a moment where traffic is not
-    /// translated; later calls change only the elements that differ.
-    fn sync(&mut self, desired: &DatapathState) -> Result<SyncReport, Self::Error>;
+    /// Makes the kernel hold exactly `desired` (kept: the datapath holds
+    /// the one copy of it). The first call adopts what a previous instance
+    /// left, without a moment where traffic is not translated; later calls
+    /// change only the elements that differ.
+    fn sync(&mut self, desired: DatapathState) -> Result<SyncReport, Self::Error>;
 
-    /// As [`Datapath::sync`], where `change` turns the state of the last
-    /// sync into `desired`: work in proportion to the change.
-    fn sync_change(
-        &mut self,
-        desired: &DatapathState,
-        change: &StateDiff,
-    ) -> Result<SyncReport, Self::Error>;
+    /// As [`Datapath::sync`] of the state of the last sync changed by
+    /// `change`: work in proportion to the change. `None` where `change`
+    /// does not fit that state (it removes what is not there): the caller
+    /// gives the whole state to [`Datapath::sync`].
+    fn sync_change(&mut self, change: &StateDiff) -> Result<Option<SyncReport>, Self::Error>;
 
     /// Forgets what it believes the kernel holds: the next sync reads the
     /// kernel again and repairs any drift.

@@ -255,12 +255,8 @@ impl DatapathState {
         self.guard.clear();
         self.routes.clear();
         let remote_pods = RemotePods::of(self);
-        let mut guarded: BTreeSet<IpAddr> = self.unmapped_lbs.clone();
-        for (lb, pod) in self.svc_pod.iter().chain(&self.remote) {
-            guarded.extend([*lb, *pod]);
-        }
         let mut guard = BTreeMap::new();
-        for a in &guarded {
+        for a in &self.guarded() {
             if let Some(g) = self.guard_of(a, remote_pods.contains(a), paths) {
                 guard.insert(*a, g);
             }
@@ -273,6 +269,16 @@ impl DatapathState {
         }
         self.guard = guard;
         self.routes = routes;
+    }
+
+    /// The addresses [`DatapathState::guard_of`] guards: every mapping's
+    /// LB IP and pod, local or remote, and the unmapped LB IPs.
+    pub fn guarded(&self) -> BTreeSet<IpAddr> {
+        let mut guarded: BTreeSet<IpAddr> = self.unmapped_lbs.clone();
+        for (lb, pod) in self.svc_pod.iter().chain(&self.remote) {
+            guarded.extend([*lb, *pod]);
+        }
+        guarded
     }
 
     /// The only interface address `a` may arrive on (0: none), if it is
@@ -335,17 +341,6 @@ impl DatapathState {
     /// Applies `diff` as a kernel would: removing an element that is not
     /// there fails (naming its collection), and so does the whole step.
     pub fn apply(&mut self, diff: &StateDiff) -> Result<(), &'static str> {
-        fn map<K: Ord + Clone, V: Clone>(
-            m: &mut BTreeMap<K, V>,
-            c: &Change<(K, V)>,
-            name: &'static str,
-        ) -> Result<(), &'static str> {
-            for (k, _) in &c.remove {
-                m.remove(k).ok_or(name)?;
-            }
-            m.extend(c.add.iter().cloned());
-            Ok(())
-        }
         fn set<T: Ord + Clone>(
             s: &mut BTreeSet<T>,
             c: &Change<T>,
@@ -357,9 +352,9 @@ impl DatapathState {
             s.extend(c.add.iter().cloned());
             Ok(())
         }
-        map(&mut self.pod_svc, &diff.pod_svc, "pod_svc")?;
-        map(&mut self.svc_pod, &diff.svc_pod, "svc_pod")?;
-        map(&mut self.remote, &diff.remote, "remote")?;
+        apply_map(&mut self.pod_svc, &diff.pod_svc, "pod_svc")?;
+        apply_map(&mut self.svc_pod, &diff.svc_pod, "svc_pod")?;
+        apply_map(&mut self.remote, &diff.remote, "remote")?;
         set(
             &mut self.filtered_pods,
             &diff.filtered_pods,
@@ -383,9 +378,14 @@ impl DatapathState {
             &diff.source_ranges,
             "source_ranges",
         )?;
-        map(&mut self.guard, &diff.guard, "guard")?;
-        map(&mut self.routes, &diff.routes, "routes")?;
-        Ok(())
+        self.apply_resolved(diff)
+    }
+
+    /// Applies the `guard` and `routes` of `diff` alone, as
+    /// [`DatapathState::apply`] does.
+    pub fn apply_resolved(&mut self, diff: &StateDiff) -> Result<(), &'static str> {
+        apply_map(&mut self.guard, &diff.guard, "guard")?;
+        apply_map(&mut self.routes, &diff.routes, "routes")
     }
 
     /// What turns `self` into `target`.
@@ -405,6 +405,20 @@ impl DatapathState {
             routes: Change::of_maps(&self.routes, &target.routes),
         }
     }
+}
+
+/// Applies `c` to map `m`; removing an entry that is not there fails,
+/// naming the collection.
+fn apply_map<K: Ord + Clone, V: Clone>(
+    m: &mut BTreeMap<K, V>,
+    c: &Change<(K, V)>,
+    name: &'static str,
+) -> Result<(), &'static str> {
+    for (k, _) in &c.remove {
+        m.remove(k).ok_or(name)?;
+    }
+    m.extend(c.add.iter().cloned());
+    Ok(())
 }
 
 /// Elements to remove and to add in one collection. A map entry whose value

@@ -150,7 +150,7 @@ impl Metrics {
         );
         registry.register(
             "datapath_elements",
-            "Elements in the datapath's maps and sets",
+            "Elements in the datapath's maps and sets, and its host routes",
             m.datapath_elements.clone(),
         );
         registry.register(
