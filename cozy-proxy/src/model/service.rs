@@ -1,5 +1,5 @@
 //! Reading one Service: is it ours, which LoadBalancer IPs, which mode.
-use super::types::{Mode, PortRule, Protocol, ServiceRef};
+use super::types::{Mode, PortRule, Protocol, ServiceRef, Uid};
 use super::warning::{Warning, WarningKind, Warnings};
 use super::Cidr;
 use k8s_openapi::api::core::v1::Service;
@@ -44,7 +44,7 @@ pub struct ServiceIntent {
 pub struct ReadService {
     pub intent: ServiceIntent,
     pub warnings: Vec<Warning>,
-    pub uid: Option<Box<str>>,
+    pub uid: Option<Uid>,
 }
 
 /// Reads a selected Service.
@@ -61,7 +61,7 @@ pub fn read_service(svc: &Service) -> ReadService {
     ReadService {
         intent,
         warnings,
-        uid: svc.metadata.uid.as_deref().map(Into::into),
+        uid: svc.metadata.uid.as_deref().map(Uid::new),
     }
 }
 
@@ -98,7 +98,7 @@ pub(crate) fn read_intent(svc: &Service, warnings: &mut Warnings<'_>) -> Service
         service: warnings.service.clone(),
         created: svc.metadata.creation_timestamp.as_ref().map(|t| t.0),
         lb_ips: load_balancer_ips(svc, warnings).into(),
-        mode: Arc::new(mode(svc, warnings)),
+        mode: shared(mode(svc, warnings)),
         source_ranges: source_ranges(svc, warnings),
     }
 }
@@ -173,6 +173,18 @@ fn bool_annotation(
             );
             invalid_means
         }
+    }
+}
+
+/// `mode` to be shared by the Service's mappings; passthrough, the mode
+/// of most Services, one copy for all.
+fn shared(mode: Mode) -> Arc<Mode> {
+    static PASSTHROUGH: std::sync::OnceLock<Arc<Mode>> = std::sync::OnceLock::new();
+    match mode {
+        Mode::Passthrough => PASSTHROUGH
+            .get_or_init(|| Arc::new(Mode::Passthrough))
+            .clone(),
+        filter => Arc::new(filter),
     }
 }
 

@@ -62,9 +62,9 @@ impl<M: Default> Listed<M> {
 #[derive(Default)]
 pub struct Cache {
     services: Listed<Services>,
-    /// The Services that are not ours, by name: their slices are dropped
-    /// as they come. Listed with `services`.
-    others: Listed<HashSet<ServiceRef>>,
+    /// The Services that are not ours: their slices are dropped as they
+    /// come. Listed with `services`.
+    others: Listed<Others>,
     /// A Service whose slices were dropped became ours: the slices are to
     /// be listed again.
     slice_relist: bool,
@@ -82,6 +82,36 @@ pub struct Cache {
     /// One copy of each namespace and node name (tens of thousands of
     /// objects name a few of them).
     strings: Interned,
+}
+
+/// Services by a fingerprint of their name: 64 bits, keyed at random
+/// for each set, where the names themselves were 4 MiB at 50 000 Services
+/// that are not ours. Two names with one fingerprint (one chance in about
+/// 10^9 with 200 000 names) cost nothing lasting: the slices of a Service
+/// not seen yet would be dropped as the other's, and listed again once it
+/// is found to be ours, as for any Service that becomes ours.
+#[derive(Default)]
+struct Others {
+    keys: std::hash::RandomState,
+    fingerprints: HashSet<u64>,
+}
+
+impl Others {
+    fn fingerprint(&self, r: &ServiceRef) -> u64 {
+        std::hash::BuildHasher::hash_one(&self.keys, r)
+    }
+
+    fn insert(&mut self, r: &ServiceRef) {
+        self.fingerprints.insert(self.fingerprint(r));
+    }
+
+    fn remove(&mut self, r: &ServiceRef) -> bool {
+        self.fingerprints.remove(&self.fingerprint(r))
+    }
+
+    fn contains(&self, r: &ServiceRef) -> bool {
+        self.fingerprints.contains(&self.fingerprint(r))
+    }
 }
 
 /// Strings many objects repeat, one shared copy each.
@@ -110,7 +140,7 @@ impl Interned {
 /// and `others` (its name, if not). Whether it is ours.
 fn put_service(
     services: &mut Services,
-    others: &mut HashSet<ServiceRef>,
+    others: &mut Others,
     key: &ServiceRef,
     s: &Service,
 ) -> bool {
@@ -123,7 +153,7 @@ fn put_service(
         true
     } else {
         services.remove(key);
-        others.insert(key.clone());
+        others.insert(key);
         false
     }
 }
@@ -345,7 +375,7 @@ impl Cache {
         self.services
             .live
             .get(&ServiceRef::new(namespace, name))
-            .and_then(|s| s.uid.as_deref().map(Into::into))
+            .and_then(|s| s.uid.as_ref().map(ToString::to_string))
     }
 }
 
