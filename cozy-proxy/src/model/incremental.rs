@@ -23,6 +23,7 @@ use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
 };
+use smallvec::SmallVec;
 use std::{
     borrow::Borrow,
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -80,24 +81,19 @@ enum Settled {
     Unmapped,
 }
 
-/// The claimants of one address, oldest first. Nearly always one: a
-/// sorted Vec costs a small fraction of a BTreeSet's node (measured ~1 KiB
-/// per address with BTreeSet at 10 000 Services).
-struct Claims<T>(Vec<T>);
+/// The claimants of one address, oldest first. Nearly always one, held in
+/// place (a sorted Vec cost an allocation per address; a BTreeSet ~1 KiB
+/// per address at 10 000 Services).
+struct Claims<T>(SmallVec<[T; 1]>);
 
 impl<T> Default for Claims<T> {
     fn default() -> Self {
-        Claims(Vec::new())
+        Claims(SmallVec::new())
     }
 }
 
 impl<T: Ord> Claims<T> {
     fn insert(&mut self, x: T) {
-        if self.0.capacity() == 0 {
-            // Room for the one claimant nearly every address has (a first
-            // push would make room for four).
-            self.0.reserve_exact(1);
-        }
         if let Err(i) = self.0.binary_search(&x) {
             self.0.insert(i, x);
         }
@@ -314,7 +310,7 @@ impl PlanState {
             };
             let pod = self
                 .wishes
-                .get(&owner.1)
+                .get(owner.service())
                 .and_then(|w| w.candidate(lb))
                 .and_then(|c| c.pod_ip);
             if let Some(pod) = pod {
@@ -341,9 +337,9 @@ impl PlanState {
     fn refresh(&mut self, lb: IpAddr) {
         let mut warnings = Vec::new();
         let result = self.lb_claims.get(&lb).and_then(|claims| {
-            let owner = &claims.first()?.1;
-            for (_, loser) in claims.iter().skip(1) {
-                warnings.push(lb_conflict(loser, &lb, owner));
+            let owner = claims.first()?.service();
+            for loser in claims.iter().skip(1) {
+                warnings.push(lb_conflict(loser.service(), &lb, owner));
             }
             let wish = self.wishes.get(owner)?;
             let c = wish.candidate(&lb)?;
@@ -356,8 +352,8 @@ impl PlanState {
                     pod,
                     filtered: matches!(*wish.intent().mode, Mode::PortFilter { .. }),
                 }),
-                Some(((_, other), _)) => {
-                    warnings.push(pod_conflict(owner, &lb, &pod, other));
+                Some((other, _)) => {
+                    warnings.push(pod_conflict(owner, &lb, &pod, other.service()));
                     Some(Settled::Unmapped)
                 }
                 None => Some(Settled::Unmapped),
@@ -460,7 +456,7 @@ impl PlanState {
     /// its owner's wish (`None` only if the state lost track of it, which
     /// the property tests rule out).
     fn expand(&self, lb: &IpAddr, s: Settled) -> Option<LbResult> {
-        let owner = &self.lb_claims.get(lb)?.first()?.1;
+        let owner = self.lb_claims.get(lb)?.first()?.service();
         Some(match s {
             Settled::Mapped { pod, .. } => {
                 let wish = self.wishes.get(owner)?;

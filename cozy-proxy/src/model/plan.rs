@@ -69,8 +69,42 @@ pub(crate) struct Wish {
 }
 
 /// Who wins a conflict: the older Service, ties broken by namespace/name,
-/// so that every node decides the same way.
-pub(crate) type Rank = (Option<k8s_openapi::jiff::Timestamp>, ServiceRef);
+/// so that every node decides the same way. Its Service as read, shared
+/// with its wish: the plan keeps one in every claim on an address, where a
+/// copy of the timestamp and the name (and an allocation per claim) was 7
+/// MiB at 50 000 Services.
+#[derive(Clone, Debug)]
+pub(crate) struct Rank(Arc<ReadService>);
+
+impl Rank {
+    fn key(&self) -> (&Option<k8s_openapi::jiff::Timestamp>, &ServiceRef) {
+        (&self.0.intent.created, &self.0.intent.service)
+    }
+
+    pub fn service(&self) -> &ServiceRef {
+        &self.0.intent.service
+    }
+}
+
+impl PartialEq for Rank {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Rank {}
+
+impl PartialOrd for Rank {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Rank {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key().cmp(&other.key())
+    }
+}
 
 impl Wish {
     pub fn intent(&self) -> &ServiceIntent {
@@ -78,7 +112,7 @@ impl Wish {
     }
 
     pub fn rank(&self) -> Rank {
-        (self.intent().created, self.intent().service.clone())
+        Rank(self.read.clone())
     }
 
     /// Every problem of this Service's own objects.
