@@ -508,3 +508,89 @@ fn a_full_map_leaves_out_whole_services_reports_them_and_applies_the_rest() -> R
     env.wait_log("resolved: 203.0.113.164 is not translated")?;
     Ok(())
 }
+
+/// The prefilter's address bits, as the real `bpftool` reads them, are
+/// exactly those of the addresses `addrs` holds: set for each one as it
+/// enters, cleared when the last address setting a bit leaves (a bit left
+/// set would cost every packet to that address the full lookup).
+fn prefilter_matches_addrs(pins: &Path) -> Result<()> {
+    use cozy_proxy_common::{prefilter, IpKey};
+    let dump = |name: &str| {
+        bpftool(&[
+            "map",
+            "dump",
+            "pinned",
+            &pins.join(name).display().to_string(),
+        ])
+    };
+    let mut want = vec![0u64; prefilter::WORDS];
+    let addrs = dump("addrs")?;
+    for e in addrs.as_array().context("addrs")? {
+        let key = &e["formatted"]["key"];
+        let bytes: Vec<u8> = key["addr"]
+            .as_array()
+            .context("addr")?
+            .iter()
+            .map(|b| {
+                b.as_u64()
+                    .and_then(|b| u8::try_from(b).ok())
+                    .context("byte")
+            })
+            .collect::<Result<_>>()?;
+        let k = IpKey {
+            family: key["family"].as_u64().context("family")? as u32,
+            addr: bytes.try_into().ok().context("16 bytes")?,
+        };
+        let (word, bit) = prefilter::slot(k.fold());
+        want[word] |= bit;
+    }
+    let filter = dump("prefilter")?;
+    let words: Vec<u64> = filter[0]["formatted"]["value"]["words"]
+        .as_array()
+        .context("prefilter words")?
+        .iter()
+        .map(|w| w.as_u64().context("word"))
+        .collect::<Result<_>>()?;
+    let differ: Vec<usize> = (0..want.len())
+        .filter(|i| words.get(*i) != Some(&want[*i]))
+        .collect();
+    ensure!(
+        differ.is_empty() && words.len() == want.len(),
+        "prefilter words differ from the bits of addrs ({} entries) at {differ:?}",
+        addrs.as_array().map_or(0, Vec::len)
+    );
+    Ok(())
+}
+
+#[test]
+fn the_prefilter_holds_the_bits_of_the_addresses_mapped_and_no_other() -> Result<()> {
+    let mut env = setup()?;
+    // No resync within the test: a resync reads the maps again and
+    // rewrites the prefilter whole; the bits kept change by change are
+    // what is checked here.
+    env.ctl.extra_args = vec!["--resync".into(), "600s".into()];
+    env.ctl.restart()?;
+    let name = |i: usize| format!("many{i}");
+    for i in 0..24 {
+        let lb: std::net::IpAddr = format!("203.0.113.{}", 100 + i).parse()?;
+        env.dir.put(&name(i), &Svc::new(&name(i), lb).yaml())?;
+        env.dir.put(
+            &format!("{}-eps", name(i)),
+            &slice(&name(i), "IPv4", &[(format!("192.0.2.{}", 100 + i), None)]),
+        )?;
+    }
+    let mapped = |n: usize| {
+        eventually(SETTLE, || {
+            let s = env.dump()?;
+            ensure!(s.svc_pod.len() == n, "mapped: {}", s.svc_pod.len());
+            prefilter_matches_addrs(&env.ctl.pin_dir)
+        })
+        .with_context(|| env.ctl.log_text())
+    };
+    mapped(25)?;
+    for i in 0..20 {
+        env.delete_service_files(&name(i))?;
+    }
+    mapped(5)?;
+    Ok(())
+}
