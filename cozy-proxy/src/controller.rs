@@ -126,7 +126,7 @@ where
                 Err(_) => return,
             },
             _ = counters.tick() => match datapath.call(|r| r.datapath().counters()).await {
-                Ok(Ok(c)) => telemetry.metrics.observe_datapath_counters(&c),
+                Ok(Ok(c)) => telemetry.metrics.observe_datapath_counters(c),
                 Ok(Err(e)) => warn!(error = %e, "reading datapath counters failed"),
                 Err(_) => return,
             },

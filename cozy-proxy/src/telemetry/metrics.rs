@@ -207,12 +207,13 @@ impl Metrics {
         }
     }
 
-    /// Keeps the datapath's own counters for the next scrape.
-    pub fn observe_datapath_counters(&self, counters: &Counters) {
+    /// Keeps the datapath's own counters for the next scrape (not a copy:
+    /// 4.5 MiB at 50 000 Services).
+    pub fn observe_datapath_counters(&self, counters: Counters) {
         *self
             .datapath_counters
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = counters.clone();
+            .unwrap_or_else(|e| e.into_inner()) = counters;
     }
 
     /// The Prometheus text exposition.
