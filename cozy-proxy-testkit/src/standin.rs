@@ -114,6 +114,27 @@ fn key_of(v: &Value) -> Key {
     (kind, ns, name)
 }
 
+/// The uid the API server would give object `key`: a UUID (random there;
+/// here drawn from the key, so that it is kept across updates as there).
+fn uid_of(key: &Key) -> String {
+    use std::hash::{Hash, Hasher};
+    let half = |salt: u8| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (salt, key).hash(&mut h);
+        h.finish()
+    };
+    let n = (u128::from(half(0)) << 64) | u128::from(half(1));
+    let hex = format!("{n:032x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
 /// Stores `spec` under `key` as the API server would (resourceVersion,
 /// uid, creationTimestamp kept from the existing object): the watch event,
 /// or `None` if nothing changed.
@@ -134,7 +155,7 @@ fn upsert(st: &mut State, key: &Key, spec: &Value) -> Option<Change> {
     let mut obj = spec.clone();
     let meta = &mut obj["metadata"];
     meta["resourceVersion"] = json!(st.rv.to_string());
-    meta["uid"] = json!(format!("uid-{}-{}-{}", key.0, key.1, key.2).to_lowercase());
+    meta["uid"] = json!(uid_of(key));
     if meta["creationTimestamp"].is_null() {
         meta["creationTimestamp"] = existing
             .as_ref()
