@@ -168,6 +168,8 @@ impl<D: Datapath> Reconciler<D> {
         for (lb, result) in self.plan.results() {
             planned.add_result(&lb, &result, me);
         }
+        // Kept until the next full round, changed in place meanwhile.
+        planned.repack();
         planned
     }
 

@@ -45,12 +45,16 @@ impl Steering {
             .filter(|p| !self.cache.contains_key(p))
             .copied()
             .collect();
+        let all_new = self.cache.is_empty();
         // Many lookups per sendmsg: a full sync of 50 000 pods took 0.7 s
         // one lookup at a time.
         for (pod, found) in route::lookup_many(&self.rtnl, &unknown)? {
             // No route at all (ENETUNREACH, EHOSTUNREACH): no path.
             let path = found.ok().and_then(|l| path_of(&pod, &l));
             self.cache.insert(pod, path);
+        }
+        if all_new {
+            crate::datapath::repack(&mut self.cache);
         }
         // Paths of pods no longer asked for stay until the next change of
         // routes or links (or the resync) clears the cache: an incremental

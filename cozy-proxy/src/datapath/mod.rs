@@ -20,7 +20,7 @@ pub use capacity::{Capacity, Entries, Overflow, Table};
 pub use counters::{Count, Counters, ServiceCount};
 pub use render::render_text;
 pub use state::{
-    AllowedPort, Change, DatapathState, NextHop, NodeView, Path, PathOf, Paths, RemotePods,
+    repack, AllowedPort, Change, DatapathState, NextHop, NodeView, Path, PathOf, Paths, RemotePods,
     StateDiff,
 };
 pub use sync::Synced;

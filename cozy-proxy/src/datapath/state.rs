@@ -255,20 +255,31 @@ impl DatapathState {
         self.guard.clear();
         self.routes.clear();
         let remote_pods = RemotePods::of(self);
-        let mut guard = BTreeMap::new();
-        for a in &self.guarded() {
-            if let Some(g) = self.guard_of(a, remote_pods.contains(a), paths) {
-                guard.insert(*a, g);
-            }
-        }
-        let mut routes = BTreeMap::new();
-        for lb in self.svc_pod.keys().chain(self.remote.keys()) {
-            if let Some(hop) = self.route_of(lb, paths) {
-                routes.insert(*lb, hop);
-            }
-        }
+        // Collected, not inserted one by one: see [`repack`].
+        let guard = (self.guarded().iter())
+            .filter_map(|a| Some((*a, self.guard_of(a, remote_pods.contains(a), paths)?)))
+            .collect();
+        let routes = (self.svc_pod.keys().chain(self.remote.keys()))
+            .filter_map(|lb| Some((*lb, self.route_of(lb, paths)?)))
+            .collect();
         self.guard = guard;
         self.routes = routes;
+    }
+
+    /// Every collection [`repack`]ed: for a state built whole.
+    pub fn repack(&mut self) {
+        repack(&mut self.pod_svc);
+        repack(&mut self.svc_pod);
+        repack(&mut self.remote);
+        repack(&mut self.filtered_pods);
+        repack(&mut self.allowed_ports);
+        repack(&mut self.icmp_allowed_pods);
+        repack(&mut self.unmapped_lbs);
+        repack(&mut self.cluster);
+        repack(&mut self.ranged_lbs);
+        repack(&mut self.source_ranges);
+        repack(&mut self.guard);
+        repack(&mut self.routes);
     }
 
     /// The addresses [`DatapathState::guard_of`] guards: every mapping's
@@ -405,6 +416,16 @@ impl DatapathState {
             routes: Change::of_maps(&self.routes, &target.routes),
         }
     }
+}
+
+/// `c` built again from its elements in order, its nodes full: a B-tree
+/// filled in any order keeps room in its nodes, in key order half of it
+/// (each split leaves the left half behind), where one collected from a
+/// sorted run has none (`FromIterator` sorts, then fills). At 50 000
+/// Services the guards and routes took 8 MiB inserted in order, 4 MiB
+/// collected. The elements are moved, one collection at a time.
+pub fn repack<C: Default + IntoIterator + FromIterator<C::Item>>(c: &mut C) {
+    *c = std::mem::take(c).into_iter().collect();
 }
 
 /// Applies `c` to map `m`; removing an entry that is not there fails,

@@ -642,6 +642,7 @@ impl Maps {
         self.known_entries()?;
         // Taken out while written: after an error both are read again.
         let mut known = self.known.take().unwrap_or_default();
+        let all_new = known.is_empty();
         let mut slots = self.slots.take().unwrap_or_else(|| Slots::of(&known));
         slots.given.clear();
         // Removals first: a slot freed here may serve a mapping added below.
@@ -697,6 +698,9 @@ impl Maps {
         let written = batch::write(&self.addrs, &keys, &infos);
         for (k, info) in keys.iter().zip(&infos).skip(written) {
             self.addrs.insert(k, info, 0).map_err(named(names::ADDRS))?;
+        }
+        if all_new {
+            crate::datapath::repack(&mut known);
         }
         self.known = Some(known);
         self.slots = Some(slots);
