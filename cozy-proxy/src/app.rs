@@ -48,6 +48,7 @@ impl EbpfArgs {
                 fast_path: self.fast_path,
                 tc_attach: self.tc_attach,
             },
+            install_part_lbs: crate::datapath::PART_LBS,
         }
     }
 }
@@ -94,6 +95,10 @@ pub struct RunArgs {
     /// API: the server is not exposed on every address of the node).
     #[arg(long, env = "COZY_PROXY_METRICS_HOST")]
     pub metrics_host: Option<std::net::IpAddr>,
+    /// LB IPs per step when installing onto a node that holds none of
+    /// ours (tests take small steps to see them).
+    #[arg(long, hide = true, default_value_t = crate::datapath::PART_LBS)]
+    pub install_part_lbs: usize,
     /// How often the manifest directory is checked for changes.
     #[arg(long, default_value = "250ms", value_parser = parse_period)]
     pub poll_interval: Duration,
@@ -224,7 +229,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         upkeep: Duration::from_secs(1),
         counters: args.counters_interval,
     };
-    let cfg = args.ebpf.config();
+    let mut cfg = args.ebpf.config();
+    cfg.install_part_lbs = args.install_part_lbs;
     let node = NodeConfig {
         name: args.node_name.clone(),
         cluster: ClusterConfig {

@@ -41,6 +41,8 @@ pub enum BackendError {
 #[derive(Clone, Debug)]
 pub struct BackendConfig {
     pub ebpf: EbpfConfig,
+    /// LB IPs per step of a fresh install ([`crate::datapath::PART_LBS`]).
+    pub install_part_lbs: usize,
 }
 
 enum Running {
@@ -81,9 +83,10 @@ impl NodeDatapath {
                 }
             },
         };
+        let part = cfg.install_part_lbs;
         let running = match ebpf {
-            Some(k) => Running::Ebpf(Box::new(Synced::new(k))),
-            None => Running::Nft(Box::new(Synced::new(NftKernel::new()?))),
+            Some(k) => Running::Ebpf(Box::new(Synced::new(k).with_part_lbs(part))),
+            None => Running::Nft(Box::new(Synced::new(NftKernel::new()?).with_part_lbs(part))),
         };
         let kind = match &running {
             Running::Nft(_) => BackendKind::Nft,

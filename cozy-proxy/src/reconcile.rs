@@ -329,7 +329,8 @@ pub(crate) mod tests {
         /// pods (endpoints on node n1 or n2); where the kernel's tables are
         /// small, as fitting that into them, keeping what the kernel held
         /// (and the round reports what was left out). Now and then the
-        /// pods' paths change between rounds, and the upkeep says so.
+        /// pods' paths change between rounds, and the upkeep says so. The
+        /// first round installs in parts.
         #[test]
         fn incremental_rounds_leave_the_kernel_as_a_full_computation_would(
             worlds in proptest::collection::vec(crate::model::tests::arb_world(), 1..8),
@@ -341,7 +342,8 @@ pub(crate) mod tests {
             let (kernel, world) = FakeKernel::new();
             world.world().capacity = Some(cap);
             let node = NodeConfig { name: Some("n1".into()), ..Default::default() };
-            let mut r = Reconciler::new(Synced::new(kernel), node);
+            // A fresh install in parts of two LB IPs (the first round).
+            let mut r = Reconciler::new(Synced::new(kernel).with_part_lbs(2), node);
             let mut before = Snapshot::default();
             for (i, (services, mut slices)) in worlds.into_iter().enumerate() {
                 for e in slices.iter_mut().flat_map(|s| s.endpoints.iter_mut()) {

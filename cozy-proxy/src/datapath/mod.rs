@@ -23,7 +23,7 @@ pub use state::{
     repack, AllowedPort, Change, DatapathState, NextHop, NodeView, Path, PathOf, Paths, RemotePods,
     StateDiff,
 };
-pub use sync::Synced;
+pub use sync::{Synced, PART_LBS};
 
 use serde::Serialize;
 use std::{collections::BTreeSet, fmt, net::IpAddr};

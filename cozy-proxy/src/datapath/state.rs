@@ -266,6 +266,92 @@ impl DatapathState {
         self.routes = routes;
     }
 
+    /// Every LB IP it holds: mapped here or elsewhere, or dropped.
+    pub fn lb_ips(&self) -> Vec<IpAddr> {
+        let mut lbs: Vec<IpAddr> = (self.svc_pod.keys())
+            .chain(self.remote.keys())
+            .chain(&self.unmapped_lbs)
+            .copied()
+            .collect();
+        lbs.sort_unstable();
+        lbs.dedup();
+        lbs
+    }
+
+    /// What LB IPs `lbs` bring into `self`: their mappings (local or
+    /// remote) with their pods' policies, or their drop, and the guards of
+    /// their addresses and their routes. A state is the sum of its LB IPs'
+    /// parts and its in-cluster ranges (the parts of two LB IPs never share
+    /// an element; an address both an LB IP and another mapping's pod has
+    /// its guard in its LB IP's part).
+    pub fn part_of(&self, lbs: &[IpAddr]) -> DatapathState {
+        let mut part = DatapathState::default();
+        let is_lb = |a: &IpAddr| {
+            self.svc_pod.contains_key(a)
+                || self.remote.contains_key(a)
+                || self.unmapped_lbs.contains(a)
+        };
+        let guard = |a: &IpAddr, part: &mut DatapathState| {
+            if let Some(g) = self.guard.get(a) {
+                part.guard.insert(*a, *g);
+            }
+        };
+        for lb in lbs {
+            if let Some(pod) = self.svc_pod.get(lb) {
+                part.svc_pod.insert(*lb, *pod);
+                if self.pod_svc.get(pod) == Some(lb) {
+                    part.pod_svc.insert(*pod, *lb);
+                    if self.filtered_pods.contains(pod) {
+                        part.filtered_pods.insert(*pod);
+                    }
+                    if self.icmp_allowed_pods.contains(pod) {
+                        part.icmp_allowed_pods.insert(*pod);
+                    }
+                    let ports = AllowedPort {
+                        pod: *pod,
+                        proto: 0,
+                        port: 0,
+                    }..=AllowedPort {
+                        pod: *pod,
+                        proto: u8::MAX,
+                        port: u16::MAX,
+                    };
+                    part.allowed_ports
+                        .extend(self.allowed_ports.range(ports).copied());
+                }
+            }
+            if let Some(pod) = self.remote.get(lb) {
+                part.remote.insert(*lb, *pod);
+            }
+            for pod in self.svc_pod.get(lb).into_iter().chain(self.remote.get(lb)) {
+                if !is_lb(pod) {
+                    guard(pod, &mut part);
+                }
+            }
+            if self.unmapped_lbs.contains(lb) {
+                part.unmapped_lbs.insert(*lb);
+            }
+            guard(lb, &mut part);
+            if let Some(hop) = self.routes.get(lb) {
+                part.routes.insert(*lb, *hop);
+            }
+            if self.ranged_lbs.contains(lb) {
+                part.ranged_lbs.insert(*lb);
+            }
+            let lowest = IpAddr::from([0u8; 4]);
+            let from = IpRange {
+                first: lowest,
+                last: lowest,
+            };
+            part.source_ranges.extend(
+                (self.source_ranges.range((*lb, from)..))
+                    .take_while(|(l, _)| l == lb)
+                    .copied(),
+            );
+        }
+        part
+    }
+
     /// Every collection [`repack`]ed: for a state built whole.
     pub fn repack(&mut self) {
         repack(&mut self.pod_svc);
