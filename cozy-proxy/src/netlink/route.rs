@@ -2,8 +2,8 @@
 //! datapaths own (tagged with one protocol number).
 //! Constants come from `libc`; the header sizes and RTNH_F_ONLINK (which
 //! it lacks) from <linux/rtnetlink.h> and <linux/if_link.h>.
-use super::socket::{next_seq, NetlinkError, NlSocket};
-use super::wire::{attr, attr_str, ip_bytes as bytes, Writer, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP};
+use super::socket::{next_seq, Acked, NetlinkError, NlSocket};
+use super::wire::{attr, attr_str, ip_bytes as bytes, Writer, NLM_F_CREATE, NLM_F_DUMP};
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
@@ -280,26 +280,26 @@ pub fn delete_host_routes(
     each_chunk(dsts, |chunk| {
         let mut w = Writer::new();
         let mut seqs = Vec::with_capacity(chunk.len());
-        for dst in chunk {
+        for (i, dst) in chunk.iter().enumerate() {
             let seq = next_seq();
             w.message(
                 RTM_DELROUTE,
-                NLM_F_ACK,
+                Acked::Last.flag(i, chunk.len()),
                 seq,
                 &rtmsg(family(dst), host_prefix(dst), protocol, 0),
                 |w| w.put(RTA_DST, &bytes(dst)),
             );
             seqs.push(seq);
         }
-        sock.transact_described(&w.into_bytes(), &seqs, |i| {
+        sock.transact_described(&w.into_bytes(), &seqs, Acked::Last, |i| {
             format!("delete route {}", chunk[i])
         })
     })
 }
 
 /// Runs `send` on each chunk of `items`, every chunk even after one failed
-/// (as a single request would have, each message acknowledged on its own):
-/// the first error is returned.
+/// (as a single request would have: the kernel goes on past a message it
+/// refuses): the first error is returned.
 fn each_chunk<T>(
     items: &[T],
     mut send: impl FnMut(&[T]) -> Result<(), NetlinkError>,
@@ -325,20 +325,21 @@ pub fn set_host_routes<T>(
     each_chunk(routes, |chunk| {
         let mut w = Writer::new();
         let mut seqs = Vec::with_capacity(chunk.len());
-        for r in chunk {
+        for (i, r) in chunk.iter().enumerate() {
             let seq = next_seq();
-            put_route(&mut w, seq, protocol, &route(r));
+            let flags = NLM_F_CREATE | NLM_F_REPLACE | Acked::Last.flag(i, chunk.len());
+            put_route(&mut w, seq, flags, protocol, &route(r));
             seqs.push(seq);
         }
-        sock.transact_described(&w.into_bytes(), &seqs, |i| {
+        sock.transact_described(&w.into_bytes(), &seqs, Acked::Last, |i| {
             let (dst, via) = route(&chunk[i]);
             format!("route {dst} via {via:?}")
         })
     })
 }
 
-/// One request that adds or replaces route `dst` -> `via`.
-fn put_route(w: &mut Writer, seq: u32, protocol: u8, (dst, via): &(IpAddr, Via)) {
+/// One request that adds or replaces route `dst` -> `via` (`flags`).
+fn put_route(w: &mut Writer, seq: u32, flags: u16, protocol: u8, (dst, via): &(IpAddr, Via)) {
     let kind = if via.unreachable {
         RTN_UNREACHABLE
     } else {
@@ -348,21 +349,15 @@ fn put_route(w: &mut Writer, seq: u32, protocol: u8, (dst, via): &(IpAddr, Via))
     if via.onlink {
         header[8..12].copy_from_slice(&RTNH_F_ONLINK.to_ne_bytes());
     }
-    w.message(
-        RTM_NEWROUTE,
-        NLM_F_CREATE | NLM_F_REPLACE | NLM_F_ACK,
-        seq,
-        &header,
-        |w| {
-            w.put(RTA_DST, &bytes(dst));
-            if let Some(gw) = &via.gateway {
-                w.put(RTA_GATEWAY, &bytes(gw));
-            }
-            if via.oif != 0 {
-                w.put_u32_ne(RTA_OIF, via.oif);
-            }
-        },
-    );
+    w.message(RTM_NEWROUTE, flags, seq, &header, |w| {
+        w.put(RTA_DST, &bytes(dst));
+        if let Some(gw) = &via.gateway {
+            w.put(RTA_GATEWAY, &bytes(gw));
+        }
+        if via.oif != 0 {
+            w.put_u32_ne(RTA_OIF, via.oif);
+        }
+    });
 }
 
 /// Of a route notification (RTM_NEWROUTE/RTM_DELROUTE), its protocol.

@@ -1,0 +1,125 @@
+//! Host routes sent many per request, only the last message of each
+//! request acknowledged (`Acked::Last`): a route the kernel refuses is
+//! still reported, whichever message it is (in the middle of a request,
+//! the acknowledged last of one, the very last), and every other route of
+//! the batch is applied. In a network namespace of its own, against the
+//! real kernel. Needs root.
+use anyhow::{bail, ensure, Context, Result};
+use cozy_proxy::netlink::{
+    route::{delete_host_routes, host_routes, links, set_host_routes, Via},
+    NetlinkError, NlSocket,
+};
+// Commands run in the calling thread's network namespace.
+use cozy_proxy_testkit::sh::ok;
+use std::{collections::BTreeSet, net::IpAddr};
+
+const PROTO: u8 = 249;
+/// Three requests of 1 000 (the chunk size) and one of 500.
+const ROUTES: usize = 3_500;
+/// Refused: in the middle of the first request, the last (acknowledged)
+/// message of the second, and the very last message.
+const REFUSED: [usize; 3] = [500, 1_999, ROUTES - 1];
+
+fn dst(i: usize) -> Result<IpAddr> {
+    Ok(format!("2001:db8:100::{i:x}").parse()?)
+}
+
+fn in_own_namespace(test: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
+    std::thread::spawn(move || -> Result<()> {
+        // SAFETY: unshare on this thread only; the commands it spawns
+        // inherit the namespace.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            bail!("unshare: {}", std::io::Error::last_os_error());
+        }
+        test()
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("test thread panicked"))?
+}
+
+/// The index of the route a refusal names, from its description.
+fn refused_route(e: &NetlinkError) -> Result<IpAddr> {
+    match e {
+        NetlinkError::Refused { what, .. } => what
+            .split_whitespace()
+            .find_map(|w| w.parse().ok())
+            .with_context(|| format!("no address in {what:?}")),
+        other => bail!("expected a refusal, got {other}"),
+    }
+}
+
+#[test]
+fn a_refused_route_is_reported_and_the_rest_of_the_batch_applied() -> Result<()> {
+    in_own_namespace(|| {
+        ok(&[
+            "ip", "link", "add", "r0", "type", "veth", "peer", "name", "r1",
+        ])?;
+        for l in ["r0", "r1", "lo"] {
+            ok(&["ip", "link", "set", l, "up"])?;
+        }
+        ok(&[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            "2001:db8::1/64",
+            "dev",
+            "r0",
+            "nodad",
+        ])?;
+        let sock = NlSocket::open(libc::NETLINK_ROUTE)?;
+        let oif = links(&sock)?
+            .into_iter()
+            .find(|l| l.name == "r0")
+            .context("r0")?
+            .index;
+        let good = Via {
+            gateway: Some("2001:db8::2".parse()?),
+            oif,
+            onlink: false,
+            unreachable: false,
+        };
+        // Not on the link, without onlink: the kernel refuses it.
+        let bad = Via {
+            gateway: Some("2001:db8:ffff::9".parse()?),
+            ..good
+        };
+        let routes: Vec<(IpAddr, Via)> = (0..ROUTES)
+            .map(|i| Ok((dst(i)?, if REFUSED.contains(&i) { bad } else { good })))
+            .collect::<Result<_>>()?;
+        let err = match set_host_routes(&sock, PROTO, &routes, |r| *r) {
+            Ok(()) => bail!("the refused routes went unreported"),
+            Err(e) => e,
+        };
+        // The first refusal is the one reported.
+        ensure!(refused_route(&err)? == dst(REFUSED[0])?, "{err}");
+        let held: BTreeSet<IpAddr> = host_routes(&sock, PROTO)?.into_keys().collect();
+        let want: BTreeSet<IpAddr> = (0..ROUTES)
+            .filter(|i| !REFUSED.contains(i))
+            .map(dst)
+            .collect::<Result<_>>()?;
+        ensure!(
+            held == want,
+            "the kernel holds {} routes, {} wanted",
+            held.len(),
+            want.len()
+        );
+        // All applied: nothing to report.
+        let applied: Vec<(IpAddr, Via)> = routes.iter().map(|(d, _)| (*d, good)).collect();
+        set_host_routes(&sock, PROTO, &applied, |r| *r)?;
+        ensure!(host_routes(&sock, PROTO)?.len() == ROUTES);
+        // Deleting routes of which some are gone: the first missing one is
+        // reported, every other is deleted.
+        let gone: Vec<IpAddr> = REFUSED.iter().map(|i| dst(*i)).collect::<Result<_>>()?;
+        delete_host_routes(&sock, PROTO, &gone)?;
+        let all: Vec<IpAddr> = (0..ROUTES).map(dst).collect::<Result<_>>()?;
+        let err = match delete_host_routes(&sock, PROTO, &all) {
+            Ok(()) => bail!("deleting missing routes went unreported"),
+            Err(e) => e,
+        };
+        ensure!(refused_route(&err)? == dst(REFUSED[0])?, "{err}");
+        let left = host_routes(&sock, PROTO)?;
+        ensure!(left.is_empty(), "{} routes left", left.len());
+        Ok(())
+    })
+}
