@@ -672,6 +672,15 @@ const PODS: [&str; 5] = [
     "x",
 ];
 const WHOLE: [&str; 4] = ["", "true", "false", "garbage"];
+const ICMP: [&str; 3] = ["", "true", "false"];
+/// loadBalancerSourceRanges: none, one range per family, several (one of
+/// them invalid: the Service fails closed).
+const RANGES: [&[&str]; 4] = [
+    &[],
+    &["198.51.100.0/24", "2001:db8:100::/120"],
+    &["198.51.100.7", "198.51.100.64/26", "2001:db8:100::1"],
+    &["198.51.100.0/24", "not-a-range"],
+];
 
 pub(crate) fn arb_world() -> impl Strategy<Value = (Vec<Service>, Vec<EndpointSlice>)> {
     let svc = (
@@ -681,26 +690,36 @@ pub(crate) fn arb_world() -> impl Strategy<Value = (Vec<Service>, Vec<EndpointSl
         proptest::collection::vec(0usize..4, 0..3), // LB IPs
         proptest::option::of(0i64..4),              // creation time
         proptest::collection::vec((0usize..5, proptest::option::of(any::<bool>())), 0..3), // endpoints
+        (0usize..3, 0usize..4), // allowICMP, source ranges
     );
     proptest::collection::vec(svc, 0..8).prop_map(|specs| {
         let mut services = Vec::new();
         let mut slices = Vec::new();
-        for (name, label, whole, lbs, created, eps) in specs {
+        for (name, label, whole, lbs, created, eps, (icmp, ranges)) in specs {
             let name = format!("s{name}");
             let lb: Vec<&str> = lbs.iter().map(|i| LBS[*i]).collect();
-            let ann: Vec<(&str, &str)> = if WHOLE[whole].is_empty() {
-                vec![]
-            } else {
-                vec![(WHOLE_IP_ANNOTATION, WHOLE[whole])]
-            };
-            services.push(service(SvcSpec {
+            let ann: Vec<(&str, &str)> = [
+                (WHOLE_IP_ANNOTATION, WHOLE[whole]),
+                (ALLOW_ICMP_ANNOTATION, ICMP[icmp]),
+            ]
+            .into_iter()
+            .filter(|(_, v)| !v.is_empty())
+            .collect();
+            let mut svc = service(SvcSpec {
                 name: &name,
                 label,
                 annotations: &ann,
                 lb: &lb,
                 ports: &[("TCP", 22)],
                 created,
-            }));
+            });
+            if !RANGES[ranges].is_empty() {
+                if let Some(spec) = svc.spec.as_mut() {
+                    spec.load_balancer_source_ranges =
+                        Some(RANGES[ranges].iter().map(|r| r.to_string()).collect());
+                }
+            }
+            services.push(svc);
             let eps: Vec<(&str, Option<bool>)> = eps.iter().map(|(p, r)| (PODS[*p], *r)).collect();
             for family in ["IPv4", "IPv6"] {
                 slices.push(slice(&name, family, &eps));
