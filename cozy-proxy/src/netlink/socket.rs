@@ -294,12 +294,13 @@ impl NlSocket {
         let mut first_error: Option<NetlinkError> = None;
         let mut buf = vec![0u8; 1 << 20];
         let mut nonblocking = false;
-        let mut last_answered = false;
-        let done = |pending: &HashMap<u32, usize>, last_answered: bool| match acked {
-            Acked::Every => pending.is_empty(),
-            Acked::Last => last_answered,
+        // The answers still awaited: every message's, or the last one's (an
+        // answered message leaves `pending`).
+        let awaited = |pending: &HashMap<u32, usize>| match acked {
+            Acked::Every => pending.len(),
+            Acked::Last => usize::from(pending.contains_key(&last)),
         };
-        while !done(&pending, last_answered) {
+        while awaited(&pending) > 0 {
             let Some(n) = self.recv(&mut buf, nonblocking)? else {
                 break;
             };
@@ -311,7 +312,6 @@ impl NlSocket {
                 let Some(i) = pending.remove(&msg.seq) else {
                     continue;
                 };
-                last_answered |= msg.seq == last;
                 if let Some((errno, extack)) = parse_error(&msg) {
                     if first_error.is_none() {
                         first_error = Some(NetlinkError::Refused {
@@ -326,10 +326,9 @@ impl NlSocket {
         if let Some(e) = first_error {
             return Err(e);
         }
-        match acked {
-            Acked::Every if !pending.is_empty() => Err(NetlinkError::MissingAcks(pending.len())),
-            Acked::Last if !last_answered => Err(NetlinkError::MissingAcks(1)),
-            _ => Ok(()),
+        match awaited(&pending) {
+            0 => Ok(()),
+            missing => Err(NetlinkError::MissingAcks(missing)),
         }
     }
 
