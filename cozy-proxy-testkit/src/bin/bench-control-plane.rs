@@ -54,6 +54,9 @@ fn ms(d: Duration) -> f64 {
 
 /// (min, median, p99, max) of samples.
 fn stats(mut v: Vec<f64>) -> (f64, f64, f64, f64) {
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN, f64::NAN);
+    }
     v.sort_by(|a, b| a.total_cmp(b));
     let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
     (v[0], at(0.5), at(0.99), v[v.len() - 1])
@@ -227,7 +230,13 @@ fn bench_backend<D: Datapath>(
     }
     let full = Update::Full(snapshot.clone());
     let mut resync = Vec::new();
-    for _ in 0..rebuilds {
+    // CPBENCH_FULL_SYNC_ONLY: no resyncs, only full syncs onto an emptied
+    // datapath (a profile of these alone).
+    let resyncs = match std::env::var_os("CPBENCH_FULL_SYNC_ONLY") {
+        Some(_) => 0,
+        None => rebuilds,
+    };
+    for _ in 0..resyncs {
         r.datapath_mut().forget();
         let update = full.clone();
         let t = Instant::now();

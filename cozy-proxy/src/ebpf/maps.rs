@@ -316,7 +316,12 @@ impl Maps {
         peer_links: &BTreeSet<u32>,
     ) -> Result<(), EbpfError> {
         let remote_pods = self.remote_pods_after(diff, desired);
-        let touched = touched_addresses(diff, desired);
+        // What `addrs` is to say of each address the diff touches, decided
+        // once (a full sync's step asks it of 8 000 addresses).
+        let wanted: Vec<(IpAddr, Option<AddrInfo>)> = touched_addresses(diff, desired)
+            .into_iter()
+            .map(|a| (a, entry(&a, desired, &remote_pods, peer_links)))
+            .collect();
         // Every address about to be in `addrs` gets its prefilter bit
         // first; bits of addresses that left are cleared at the end.
         // So do the in-cluster ranges about to enter the trie.
@@ -327,11 +332,8 @@ impl Maps {
         // The addresses with a bit are those `addrs` holds.
         let held = self.known_entries()?;
         let (mut entering, mut leaving) = (Vec::new(), Vec::new());
-        for a in &touched {
-            match (
-                entry(a, desired, &remote_pods, peer_links).is_some(),
-                held.contains_key(a),
-            ) {
+        for (a, info) in &wanted {
+            match (info.is_some(), held.contains_key(a)) {
                 (true, false) => entering.push(key(a)),
                 (false, true) => leaving.push(key(a)),
                 _ => {}
@@ -386,15 +388,20 @@ impl Maps {
             }
         }
         self.stale_flows.extend(forgotten);
-        let consulted: BTreeSet<IpKey> = self
-            .stale_flows
+        // A stale pod is consulted once it remembers flows again, which
+        // takes a change of its entry: only touched pods are asked (after
+        // an emptying every pod is stale, and a step of a full sync asked
+        // 50 000 of them).
+        let consulted: BTreeSet<IpKey> = wanted
             .iter()
-            .filter(|k| remembers(&ip(k), desired))
-            .copied()
+            .map(|(a, _)| key(a))
+            .filter(|k| self.stale_flows.contains(k) && remembers(&ip(k), desired))
             .collect();
         self.forget_flows_of(&consulted)?;
-        self.stale_flows.retain(|k| !consulted.contains(k));
-        self.update_addrs(&touched, desired, &remote_pods, peer_links)?;
+        for k in &consulted {
+            self.stale_flows.remove(k);
+        }
+        self.update_addrs(wanted)?;
         // A pod mapped here anew starts with no flows (a reused IP's were
         // forgotten above): its count too, whatever its slot held before.
         let known = self.known.as_ref();
@@ -627,16 +634,10 @@ impl Maps {
         Ok(())
     }
 
-    /// Rewrites the `addrs` entry of every `touched` address from
-    /// `desired`; an address `desired` no longer knows is removed.
-    fn update_addrs(
-        &mut self,
-        touched: &BTreeSet<IpAddr>,
-        desired: &DatapathState,
-        remote_pods: &RemotePods,
-        peer_links: &BTreeSet<u32>,
-    ) -> Result<(), EbpfError> {
-        if touched.is_empty() {
+    /// Writes the `addrs` entry each `wanted` address is to have; one to
+    /// have none is removed.
+    fn update_addrs(&mut self, wanted: Vec<(IpAddr, Option<AddrInfo>)>) -> Result<(), EbpfError> {
+        if wanted.is_empty() {
             return Ok(());
         }
         self.known_entries()?;
@@ -652,17 +653,17 @@ impl Maps {
         // Known to be in the map (deleted in batches), or not (one by one,
         // a missing key being no error).
         let (mut gone, mut gone_unknown) = (Vec::new(), Vec::new());
-        for a in touched {
-            match entry(a, desired, remote_pods, peer_links) {
-                None => match known.remove(a) {
+        for (a, info) in wanted {
+            match info {
+                None => match known.remove(&a) {
                     Some(old) => {
                         slots.release(&old);
-                        gone.push(key(a));
+                        gone.push(key(&a));
                     }
-                    None => gone_unknown.push(key(a)),
+                    None => gone_unknown.push(key(&a)),
                 },
                 Some(info) => {
-                    keys.push(key(a));
+                    keys.push(key(&a));
                     infos.push(info);
                 }
             }
