@@ -10,6 +10,7 @@ use cozy_proxy_common::ROUTE_PROTO;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
+    thread::JoinHandle,
 };
 use tracing::warn;
 
@@ -20,6 +21,12 @@ pub struct Steering {
     /// Paths resolved since the last change the kernel announced (`None`:
     /// the pod has no specific route).
     cache: Paths,
+    /// Host routes being changed on another thread ([`Steering::apply_overlapped`]),
+    /// through the socket it gives back.
+    in_flight: Option<JoinHandle<(NlSocket, Result<(), NetlinkError>)>>,
+    /// That thread's socket between two changes, opened with the others:
+    /// in the network namespace the steering was opened in, as they are.
+    spare: Option<NlSocket>,
 }
 
 impl Steering {
@@ -29,6 +36,8 @@ impl Steering {
             rtnl: NlSocket::open(libc::NETLINK_ROUTE)?,
             events: NlSocket::subscribe(libc::NETLINK_ROUTE, groups as u32)?,
             cache: BTreeMap::new(),
+            in_flight: None,
+            spare: Some(NlSocket::open(libc::NETLINK_ROUTE)?),
         })
     }
 
@@ -82,27 +91,58 @@ impl Steering {
 
     /// Our host routes as they are in the kernel.
     pub fn routes(&self) -> Result<BTreeMap<IpAddr, NextHop>, NetlinkError> {
+        // Only a fresh install's steps leave routes in flight, and they
+        // settle them before anything reads.
+        debug_assert!(self.in_flight.is_none(), "routes read while changing");
         Ok(route::host_routes(&self.rtnl, ROUTE_PROTO)?
             .into_iter()
             .map(|(dst, via)| (dst, next_hop(&via)))
             .collect())
     }
 
-    /// Applies a change of our routes: removals first, then additions and
-    /// replacements (many per request).
-    pub fn apply(&self, change: &Change<(IpAddr, NextHop)>) -> Result<(), NetlinkError> {
-        if !change.remove.is_empty() {
-            // A route replaced is in both lists: not deleted first.
-            let replaced: BTreeSet<&IpAddr> = change.add.iter().map(|(d, _)| d).collect();
-            let gone: Vec<IpAddr> = change
-                .remove
-                .iter()
-                .filter(|(dst, _)| !replaced.contains(dst))
-                .map(|(dst, _)| *dst)
-                .collect();
-            route::delete_host_routes(&self.rtnl, ROUTE_PROTO, &gone)?;
+    /// Applies a change of our routes (after any still in flight).
+    pub fn apply(&mut self, change: &Change<(IpAddr, NextHop)>) -> Result<(), NetlinkError> {
+        self.settle()?;
+        apply_routes(&self.rtnl, change)
+    }
+
+    /// Starts applying a change of our routes on another thread, after any
+    /// still in flight, and returns: a fresh install's step has the kernel
+    /// change one step's routes (a third of its time, in the kernel) while
+    /// it writes the next step's tables. [`Steering::settle`] waits for
+    /// it and tells how it went.
+    pub fn apply_overlapped(
+        &mut self,
+        change: Change<(IpAddr, NextHop)>,
+    ) -> Result<(), NetlinkError> {
+        self.settle()?;
+        if change.is_empty() {
+            return Ok(());
         }
-        route::set_host_routes(&self.rtnl, ROUTE_PROTO, &change.add, |(d, h)| (*d, via(h)))
+        let Some(sock) = self.spare.take() else {
+            // Only a panic there loses it (and goes on as one).
+            return apply_routes(&self.rtnl, &change);
+        };
+        self.in_flight = Some(std::thread::spawn(move || {
+            let done = apply_routes(&sock, &change);
+            (sock, done)
+        }));
+        Ok(())
+    }
+
+    /// Waits for the routes in flight, if any: their outcome.
+    pub fn settle(&mut self) -> Result<(), NetlinkError> {
+        let Some(flight) = self.in_flight.take() else {
+            return Ok(());
+        };
+        match flight.join() {
+            Ok((sock, done)) => {
+                self.spare = Some(sock);
+                done
+            }
+            // A panic there is a bug here: it goes on as one.
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     }
 
     /// Removes every route of ours.
@@ -110,6 +150,23 @@ impl Steering {
         let all: Vec<IpAddr> = self.routes()?.into_keys().collect();
         route::delete_host_routes(&self.rtnl, ROUTE_PROTO, &all)
     }
+}
+
+/// Applies a change of our routes: removals first, then additions and
+/// replacements (many per request).
+fn apply_routes(rtnl: &NlSocket, change: &Change<(IpAddr, NextHop)>) -> Result<(), NetlinkError> {
+    if !change.remove.is_empty() {
+        // A route replaced is in both lists: not deleted first.
+        let replaced: BTreeSet<&IpAddr> = change.add.iter().map(|(d, _)| d).collect();
+        let gone: Vec<IpAddr> = change
+            .remove
+            .iter()
+            .filter(|(dst, _)| !replaced.contains(dst))
+            .map(|(dst, _)| *dst)
+            .collect();
+        route::delete_host_routes(rtnl, ROUTE_PROTO, &gone)?;
+    }
+    route::set_host_routes(rtnl, ROUTE_PROTO, &change.add, |(d, h)| (*d, via(h)))
 }
 
 /// The path of the route `found` toward `pod`. Only a specific route

@@ -2,13 +2,17 @@
 //! request acknowledged (`Acked::Last`): a route the kernel refuses is
 //! still reported, whichever message it is (in the middle of a request,
 //! the acknowledged last of one, the very last), and every other route of
-//! the batch is applied. In a network namespace of its own, against the
-//! real kernel. Needs root.
+//! the batch is applied. Routes changed on another thread (a fresh
+//! install's steps) report their failure when settled, or at the next
+//! change. In a network namespace of its own, against the real kernel.
+//! Needs root.
 use anyhow::{bail, ensure, Context, Result};
+use cozy_proxy::datapath::{Change, NextHop};
 use cozy_proxy::netlink::{
     route::{delete_host_routes, host_routes, links, set_host_routes, Via},
     NetlinkError, NlSocket,
 };
+use cozy_proxy::steer::Steering;
 // Commands run in the calling thread's network namespace.
 use cozy_proxy_testkit::sh::ok;
 use std::{collections::BTreeSet, net::IpAddr};
@@ -48,31 +52,36 @@ fn refused_route(e: &NetlinkError) -> Result<IpAddr> {
     }
 }
 
+/// A veth pair up, `r0` on 2001:db8::/64: its index.
+fn link_up(sock: &NlSocket) -> Result<u32> {
+    ok(&[
+        "ip", "link", "add", "r0", "type", "veth", "peer", "name", "r1",
+    ])?;
+    for l in ["r0", "r1", "lo"] {
+        ok(&["ip", "link", "set", l, "up"])?;
+    }
+    ok(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        "2001:db8::1/64",
+        "dev",
+        "r0",
+        "nodad",
+    ])?;
+    Ok(links(sock)?
+        .into_iter()
+        .find(|l| l.name == "r0")
+        .context("r0")?
+        .index)
+}
+
 #[test]
 fn a_refused_route_is_reported_and_the_rest_of_the_batch_applied() -> Result<()> {
     in_own_namespace(|| {
-        ok(&[
-            "ip", "link", "add", "r0", "type", "veth", "peer", "name", "r1",
-        ])?;
-        for l in ["r0", "r1", "lo"] {
-            ok(&["ip", "link", "set", l, "up"])?;
-        }
-        ok(&[
-            "ip",
-            "-6",
-            "addr",
-            "add",
-            "2001:db8::1/64",
-            "dev",
-            "r0",
-            "nodad",
-        ])?;
         let sock = NlSocket::open(libc::NETLINK_ROUTE)?;
-        let oif = links(&sock)?
-            .into_iter()
-            .find(|l| l.name == "r0")
-            .context("r0")?
-            .index;
+        let oif = link_up(&sock)?;
         let good = Via {
             gateway: Some("2001:db8::2".parse()?),
             oif,
@@ -120,6 +129,58 @@ fn a_refused_route_is_reported_and_the_rest_of_the_batch_applied() -> Result<()>
         ensure!(refused_route(&err)? == dst(REFUSED[0])?, "{err}");
         let left = host_routes(&sock, PROTO)?;
         ensure!(left.is_empty(), "{} routes left", left.len());
+        Ok(())
+    })
+}
+
+#[test]
+fn routes_changed_on_another_thread_report_their_failure() -> Result<()> {
+    in_own_namespace(|| {
+        let sock = NlSocket::open(libc::NETLINK_ROUTE)?;
+        let oif = link_up(&sock)?;
+        let mut steering = Steering::open()?;
+        let good = NextHop {
+            gateway: Some("2001:db8::2".parse()?),
+            oif,
+            onlink: false,
+        };
+        let bad = NextHop {
+            gateway: Some("2001:db8:ffff::9".parse()?),
+            ..good
+        };
+        let adding = |from: usize, to: usize, refused: Option<usize>| -> Result<_> {
+            let add = (from..to)
+                .map(|i| Ok((dst(i)?, if Some(i) == refused { bad } else { good })))
+                .collect::<Result<_>>()?;
+            Ok(Change {
+                remove: Vec::new(),
+                add,
+            })
+        };
+        // Refused in flight: told when settled, the rest applied.
+        steering.apply_overlapped(adding(0, 1_500, Some(700))?)?;
+        let err = match steering.settle() {
+            Ok(()) => bail!("the refused route went unreported"),
+            Err(e) => e,
+        };
+        ensure!(refused_route(&err)? == dst(700)?, "{err}");
+        ensure!(host_routes(&sock, PROTO)?.len() == 1_499);
+        // Refused in flight and not settled: the next change tells it and
+        // is not made.
+        steering.apply_overlapped(adding(2_000, 2_100, Some(2_050))?)?;
+        let err = match steering.apply_overlapped(adding(3_000, 3_100, None)?) {
+            Ok(()) => bail!("a change went ahead of an earlier failure"),
+            Err(e) => e,
+        };
+        ensure!(refused_route(&err)? == dst(2_050)?, "{err}");
+        steering.settle()?;
+        let held = host_routes(&sock, PROTO)?;
+        ensure!(held.len() == 1_499 + 99, "{} routes", held.len());
+        ensure!(!held.contains_key(&dst(3_000)?));
+        // Applied in flight: settled without a word, all there.
+        steering.apply_overlapped(adding(3_000, 3_100, None)?)?;
+        steering.settle()?;
+        ensure!(host_routes(&sock, PROTO)?.len() == 1_499 + 99 + 100);
         Ok(())
     })
 }

@@ -67,6 +67,9 @@ pub struct FakeKernel {
     paths: Paths,
     /// [`FakeWorld::moved`] as of the last upkeep.
     moved: bool,
+    /// The routes of the last [`Kernel::apply_step`], applied when
+    /// settled, as the real backends change them on another thread.
+    in_flight: Option<StateDiff>,
 }
 
 impl FakeKernel {
@@ -77,6 +80,7 @@ impl FakeKernel {
                 world: world.clone(),
                 paths: Paths::new(),
                 moved: false,
+                in_flight: None,
             },
             world,
         )
@@ -127,6 +131,7 @@ impl Kernel for FakeKernel {
         _desired: &DatapathState,
         found: Option<bool>,
     ) -> Result<Applied, FakeError> {
+        self.settle()?;
         let mut w = self.step()?;
         w.applies += 1;
         let mut next = w.kernel.clone();
@@ -145,6 +150,35 @@ impl Kernel for FakeKernel {
             extra_changes: 0,
             installed_schema,
         })
+    }
+
+    /// The tables now, the routes when settled (or at the next step).
+    fn apply_step(
+        &mut self,
+        diff: &StateDiff,
+        desired: &DatapathState,
+        found: Option<bool>,
+    ) -> Result<Applied, FakeError> {
+        let mut tables = diff.clone();
+        let routes = StateDiff {
+            routes: std::mem::take(&mut tables.routes),
+            ..Default::default()
+        };
+        let applied = self.apply(&tables, desired, found)?;
+        self.in_flight = Some(routes);
+        Ok(applied)
+    }
+
+    fn settle(&mut self) -> Result<(), FakeError> {
+        let Some(routes) = self.in_flight.take() else {
+            return Ok(());
+        };
+        let mut w = self.world.world();
+        let mut next = w.kernel.clone();
+        next.apply(&routes)
+            .map_err(|what| FakeError(format!("{what}: no such element")))?;
+        w.kernel = next;
+        Ok(())
     }
 
     fn upkeep(&mut self) -> Result<bool, FakeError> {

@@ -123,6 +123,25 @@ pub trait Kernel {
         found: Option<Self::Found>,
     ) -> Result<Applied, Self::Error>;
 
+    /// [`Kernel::apply`] for one step of a fresh install: what is slow and
+    /// needs not hold up the next step (the host routes) may still be in
+    /// flight when it returns. The routes of an LB IP still follow its
+    /// tables. [`Kernel::settle`] ends the install.
+    fn apply_step(
+        &mut self,
+        diff: &StateDiff,
+        desired: &DatapathState,
+        found: Option<Self::Found>,
+    ) -> Result<Applied, Self::Error> {
+        self.apply(diff, desired, found)
+    }
+
+    /// Waits for what [`Kernel::apply_step`] left in flight: its error, if
+    /// it failed.
+    fn settle(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
     /// Upkeep between syncs (e.g. following interfaces that come and go).
     /// True when the kernel's paths may have changed: the caller syncs again.
     fn upkeep(&mut self) -> Result<bool, Self::Error> {

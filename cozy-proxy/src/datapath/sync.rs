@@ -280,11 +280,22 @@ fn install_in_parts<K: Kernel>(
         };
         parts_len += part.len();
         drop(part);
-        let applied = kernel.apply(&diff, target, found.take())?;
+        let applied = match kernel.apply_step(&diff, target, found.take()) {
+            Ok(applied) => applied,
+            Err(e) => {
+                // The first failure is the one told; nothing is left in
+                // flight either way.
+                if let Err(also) = kernel.settle() {
+                    warn!(error = %also, "a fresh install's earlier step failed too");
+                }
+                return Err(e);
+            }
+        };
         changed += diff.size();
         extra += applied.extra_changes;
         installed |= applied.installed_schema;
     }
+    kernel.settle()?;
     let complete = parts_len == target.len();
     if !complete {
         // Never expected (a state is the sum of its parts); the next sync

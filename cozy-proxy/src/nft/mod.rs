@@ -94,6 +94,34 @@ impl NftKernel {
             missed_news: false,
         })
     }
+
+    /// One batch: the schema the read asked for, then the element changes.
+    fn write_tables(
+        &mut self,
+        diff: &StateDiff,
+        found: Option<Vec<(Layout, Install)>>,
+    ) -> Result<Applied, NftError> {
+        let installs = found.unwrap_or_default();
+        let batch = encode::sync_batch(&installs, diff);
+        debug!(
+            messages = batch.message_count(),
+            bytes = ?batch.bytes_len(),
+            changed = diff.size(),
+            "nft batch"
+        );
+        // Our own notifications stay queued: `foreign_changes` tells them
+        // from others' by their port. Draining them here would discard
+        // with them a change someone made since the last upkeep.
+        if diff.size() >= QUIET_BATCH {
+            self.apply_quietly(batch)?;
+        } else {
+            batch.apply(&self.sock)?;
+        }
+        Ok(Applied {
+            extra_changes: 0,
+            installed_schema: installs.iter().any(|(_, how)| *how != Install::Nothing),
+        })
+    }
 }
 
 impl NftKernel {
@@ -197,35 +225,31 @@ impl Kernel for NftKernel {
         Ok((live, installs))
     }
 
-    /// One batch: the schema the read asked for, then the element changes.
+    /// Routes after the tables: an LB IP is steered once its rules exist.
     fn apply(
         &mut self,
         diff: &StateDiff,
         _desired: &DatapathState,
         found: Option<Self::Found>,
     ) -> Result<Applied, NftError> {
-        let installs = found.unwrap_or_default();
-        let batch = encode::sync_batch(&installs, diff);
-        debug!(
-            messages = batch.message_count(),
-            bytes = ?batch.bytes_len(),
-            changed = diff.size(),
-            "nft batch"
-        );
-        // Our own notifications stay queued: `foreign_changes` tells them
-        // from others' by their port. Draining them here would discard
-        // with them a change someone made since the last upkeep.
-        if diff.size() >= QUIET_BATCH {
-            self.apply_quietly(batch)?;
-        } else {
-            batch.apply(&self.sock)?;
-        }
-        // Routes after the tables: an LB IP is steered once its rules exist.
+        let applied = self.write_tables(diff, found)?;
         self.steering.apply(&diff.routes)?;
-        Ok(Applied {
-            extra_changes: 0,
-            installed_schema: installs.iter().any(|(_, how)| *how != Install::Nothing),
-        })
+        Ok(applied)
+    }
+
+    fn apply_step(
+        &mut self,
+        diff: &StateDiff,
+        _desired: &DatapathState,
+        found: Option<Self::Found>,
+    ) -> Result<Applied, NftError> {
+        let applied = self.write_tables(diff, found)?;
+        self.steering.apply_overlapped(diff.routes.clone())?;
+        Ok(applied)
+    }
+
+    fn settle(&mut self) -> Result<(), NftError> {
+        Ok(self.steering.settle()?)
     }
 
     fn upkeep(&mut self) -> Result<bool, NftError> {
