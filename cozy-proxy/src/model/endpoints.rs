@@ -1,10 +1,11 @@
 //! Which pod backs a Service: the ready addresses of its EndpointSlices.
 use super::types::{Family, ServiceRef};
 use super::warning::{WarningKind, Warnings};
+use super::FastMap;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::{
     borrow::Borrow,
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     sync::Arc,
 };
@@ -64,12 +65,12 @@ impl ReadSlice {
 
 /// EndpointSlice objects read, grouped by the Service they belong to.
 pub struct SliceIndex {
-    by_service: HashMap<ServiceRef, Vec<ReadSlice>>,
+    by_service: FastMap<ServiceRef, Vec<ReadSlice>>,
 }
 
 impl SliceIndex {
     pub fn new<E: Borrow<EndpointSlice>>(slices: &[E]) -> Self {
-        let mut by_service: HashMap<ServiceRef, Vec<ReadSlice>> = HashMap::new();
+        let mut by_service: FastMap<ServiceRef, Vec<ReadSlice>> = FastMap::default();
         for slice in slices.iter().map(Borrow::borrow) {
             if let (Some(owner), Some(read)) = (slice_owner(slice), ReadSlice::of_alone(slice)) {
                 by_service.entry(owner).or_default().push(read);

@@ -18,6 +18,7 @@ use super::plan::{lb_conflict, pod_conflict, read_chosen, wish_of, Outcome, Rank
 use super::service::ReadService;
 use super::types::{LbResult, Mode, Plan, ServiceRef};
 use super::warning::{Warning, WarningKind};
+use super::{FastMap, FastSet};
 use crate::source::ServiceObjects;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
@@ -26,7 +27,7 @@ use k8s_openapi::api::{
 use smallvec::SmallVec;
 use std::{
     borrow::Borrow,
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     sync::Arc,
 };
@@ -37,16 +38,16 @@ pub struct PlanState {
     /// changes every wish: the state is built again ([`PlanState::build`]).
     node_ips: BTreeSet<IpAddr>,
     /// By Service (the name its wish holds).
-    wishes: HashSet<Wished>,
+    wishes: FastSet<Wished>,
     /// Every LB IP asked for: its claimants, the pod its owner claims, its
     /// outcome (one table: three, keyed alike, were 2.7 MiB more at 50 000
     /// Services).
-    lbs: HashMap<IpAddr, LbState>,
+    lbs: FastMap<IpAddr, LbState>,
     /// Pod IP -> the LB owners whose one endpoint it is (rank, LB IP); the
     /// first gets the pod.
-    pod_claims: HashMap<IpAddr, Claims<(Rank, IpAddr)>>,
+    pod_claims: FastMap<IpAddr, Claims<(Rank, IpAddr)>>,
     /// The conflict warnings about one LB IP (its losers, its owner's pod).
-    conflicts: HashMap<IpAddr, Vec<Warning>>,
+    conflicts: FastMap<IpAddr, Vec<Warning>>,
     /// Every current warning, with how many places raise it (the plan's
     /// list holds each once).
     warnings: BTreeMap<Warning, u32>,

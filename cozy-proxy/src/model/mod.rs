@@ -21,5 +21,11 @@ pub use service::{
 pub use types::{Family, LbResult, Mapping, Mode, Plan, PortRule, Protocol, ServiceRef, Uid};
 pub use warning::{Warning, WarningKind};
 
+/// The model's hash tables, keyed by address or Service name: foldhash,
+/// seeded per table (SipHash, the standard one, was a fifth of the plan's
+/// rebuild and half of reading its outcomes at 50 000 Services).
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+pub(crate) type FastSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
+
 #[cfg(test)]
 pub(crate) mod tests;

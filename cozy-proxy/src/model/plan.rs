@@ -4,13 +4,14 @@ use super::endpoints::{ready_addresses, Backends, ReadSlice, SliceIndex};
 use super::service::{is_selected, read_service, service_ref, ReadService, ServiceIntent};
 use super::types::{Family, Mapping, Plan, ServiceRef};
 use super::warning::{Warning, WarningKind, Warnings};
+use super::FastMap;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
 };
 use std::{
     borrow::Borrow,
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     sync::Arc,
 };
@@ -226,8 +227,8 @@ where
     wishes.sort_by_cached_key(Wish::rank);
 
     let mut plan = Plan::default();
-    let mut lb_owner: HashMap<IpAddr, usize> = HashMap::new();
-    let mut pod_owner: HashMap<IpAddr, usize> = HashMap::new();
+    let mut lb_owner: FastMap<IpAddr, usize> = FastMap::default();
+    let mut pod_owner: FastMap<IpAddr, usize> = FastMap::default();
     for (i, wish) in wishes.iter().enumerate() {
         let service = &wish.intent().service;
         warnings.extend(wish.warnings().cloned());
