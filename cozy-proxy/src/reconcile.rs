@@ -3,7 +3,7 @@
 //! concerns costs in proportion to them (the plan, the datapath's state and
 //! the kernel are changed for them alone); a full round (the first, a
 //! resync) computes everything again.
-use crate::datapath::{Datapath, DatapathState, NodeView, Overflow, SyncReport};
+use crate::datapath::{Datapath, DatapathState, NodeView, Overflow, StateBuilder, SyncReport};
 use crate::model::cluster::{cluster_ranges, ClusterConfig, ClusterRanges};
 use crate::model::{LbResult, PlanState, PlanSummary, Warning, WarningKind};
 use crate::source::{Snapshot, Update};
@@ -164,13 +164,13 @@ impl<D: Datapath> Reconciler<D> {
         let me = NodeView {
             name: self.node.name.as_deref(),
         };
-        let mut planned = DatapathState::with_cluster(&self.ranges.ranges);
+        let mut planned = StateBuilder::default();
         for (lb, result) in self.plan.results() {
             planned.add_result(&lb, &result, me);
         }
-        // Kept until the next full round, changed in place meanwhile.
-        planned.repack();
-        planned
+        // Kept until the next full round, changed in place meanwhile
+        // (built packed).
+        planned.build(&self.ranges.ranges)
     }
 
     /// Logs the in-cluster ranges and where they came from when they change,

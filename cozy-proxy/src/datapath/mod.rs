@@ -8,6 +8,7 @@
 //! - [`Datapath`]: what the reconciler drives ([`Synced`] implements it);
 //! - [`worker`]: runs a datapath on a thread of its own, so that netlink and
 //!   BPF syscalls never block the async runtime.
+mod builder;
 mod capacity;
 mod counters;
 pub mod fake;
@@ -16,6 +17,7 @@ mod state;
 mod sync;
 pub mod worker;
 
+pub use builder::StateBuilder;
 pub use capacity::{Capacity, Entries, Overflow, Table};
 pub use counters::{Count, Counters, ServiceCount};
 pub use render::render_text;

@@ -3,7 +3,8 @@
 //! Both backends keep exactly these collections (per family in the
 //! kernel), and `dump` reads them back into this same shape, so tests
 //! compare one value. docs/traffic.md says what each is for.
-use crate::model::{merge_ranges, Cidr, IpRange, LbChange, LbResult, Mapping, Mode, Plan};
+use super::builder::StateBuilder;
+use crate::model::{Cidr, IpRange, LbChange, Plan};
 use serde::{Deserialize, Serialize};
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -165,60 +166,13 @@ impl DatapathState {
     /// What node `me` holds for `plan` (without `guard` and `routes`, which
     /// [`DatapathState::resolve`] adds from the kernel's paths).
     pub fn for_node(plan: &Plan, cluster: &BTreeSet<Cidr>, me: NodeView<'_>) -> Self {
-        let mut s = DatapathState::with_cluster(cluster);
+        let mut s = StateBuilder::default();
         for m in &plan.mappings {
             s.add_mapping(m, me);
         }
+        let mut s = s.build(cluster);
         s.unmapped_lbs = plan.unmapped_lb_ips.keys().copied().collect();
         s
-    }
-
-    /// Holds nothing but the in-cluster ranges.
-    pub fn with_cluster(cluster: &BTreeSet<Cidr>) -> Self {
-        DatapathState {
-            cluster: merge_ranges(cluster.iter().copied()),
-            ..Default::default()
-        }
-    }
-
-    /// Adds what one owned LB IP puts in node `me`'s datapath. The elements
-    /// of two LB IPs never share a key (a plan maps each LB IP and each pod
-    /// IP once): a state is the sum of its LB IPs' parts.
-    pub fn add_result(&mut self, lb_ip: &IpAddr, result: &LbResult, me: NodeView<'_>) {
-        match result {
-            LbResult::Mapped(m) => self.add_mapping(m, me),
-            LbResult::Unmapped(_) => {
-                self.unmapped_lbs.insert(*lb_ip);
-            }
-        }
-    }
-
-    fn add_mapping(&mut self, m: &Mapping, me: NodeView<'_>) {
-        if let Some(ranges) = &m.source_ranges {
-            self.ranged_lbs.insert(m.lb_ip);
-            self.source_ranges.extend(
-                merge_ranges(ranges.iter().copied())
-                    .into_iter()
-                    .map(|r| (m.lb_ip, r)),
-            );
-        }
-        if !me.hosts(m.node.as_deref()) {
-            self.remote.insert(m.lb_ip, m.pod_ip);
-            return;
-        }
-        self.pod_svc.insert(m.pod_ip, m.lb_ip);
-        self.svc_pod.insert(m.lb_ip, m.pod_ip);
-        if let Mode::PortFilter { ports, allow_icmp } = &*m.mode {
-            self.filtered_pods.insert(m.pod_ip);
-            if *allow_icmp {
-                self.icmp_allowed_pods.insert(m.pod_ip);
-            }
-            self.allowed_ports.extend(ports.iter().map(|p| AllowedPort {
-                pod: m.pod_ip,
-                proto: p.protocol.number(),
-                port: p.port,
-            }));
-        }
     }
 
     /// What turns the state of `changes`' old outcomes into their new ones
@@ -226,7 +180,7 @@ impl DatapathState {
     /// difference of the two whole states, since the parts of two LB IPs
     /// never share a key.
     pub fn change_of(changes: &[LbChange], me: NodeView<'_>) -> StateDiff {
-        let (mut old, mut new) = (DatapathState::default(), DatapathState::default());
+        let (mut old, mut new) = (StateBuilder::default(), StateBuilder::default());
         for c in changes {
             if let Some(r) = &c.old {
                 old.add_result(&c.lb_ip, r, me);
@@ -235,7 +189,8 @@ impl DatapathState {
                 new.add_result(&c.lb_ip, r, me);
             }
         }
-        old.diff(&new)
+        let none = BTreeSet::new();
+        old.build(&none).diff(&new.build(&none))
     }
 
     /// Every mapped pod, local or remote: the addresses whose paths
@@ -365,22 +320,6 @@ impl DatapathState {
         guards.extend(lbs.iter().filter_map(|lb| self.guard.get_key_value(lb)));
         part.guard = guards.into_iter().map(|(a, g)| (*a, *g)).collect();
         part
-    }
-
-    /// Every collection [`repack`]ed: for a state built whole.
-    pub fn repack(&mut self) {
-        repack(&mut self.pod_svc);
-        repack(&mut self.svc_pod);
-        repack(&mut self.remote);
-        repack(&mut self.filtered_pods);
-        repack(&mut self.allowed_ports);
-        repack(&mut self.icmp_allowed_pods);
-        repack(&mut self.unmapped_lbs);
-        repack(&mut self.cluster);
-        repack(&mut self.ranged_lbs);
-        repack(&mut self.source_ranges);
-        repack(&mut self.guard);
-        repack(&mut self.routes);
     }
 
     /// The addresses [`DatapathState::guard_of`] guards: every mapping's
