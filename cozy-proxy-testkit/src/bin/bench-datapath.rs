@@ -402,8 +402,8 @@ mod datapath {
                         // DPBENCH_DIRS (a profiling aid): only these
                         // directions, the others reported as null.
                         if !chosen("DPBENCH_DIRS", dir) {
-                            for m in 0..METRICS.len() {
-                                runs[c][d][m].push(f64::NAN);
+                            for metric in runs[c][d].iter_mut() {
+                                metric.push(f64::NAN);
                             }
                             continue;
                         }
