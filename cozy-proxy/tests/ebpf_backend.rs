@@ -61,8 +61,8 @@ fn setup() -> Result<Env> {
 
 #[test]
 fn bpftool_shows_readable_maps_and_tcx_links() -> Result<()> {
-    let env = setup()?;
-    let pins = &env.ctl.pin_dir;
+    let mut env = setup()?;
+    let pins = &env.ctl.pin_dir.clone();
     let dump = bpftool(&[
         "map",
         "dump",
@@ -104,7 +104,10 @@ fn bpftool_shows_readable_maps_and_tcx_links() -> Result<()> {
         links.iter().all(|(_, _, t)| t == "tcx" || t == "type 11"),
         "links: {links:?}"
     );
-    // Per-service and drop counters (per-CPU maps), summed by `dump`.
+    // Per-service and drop counters (per-CPU maps), summed by `dump`;
+    // a second Service, without traffic, counts none of the first's.
+    env.put_service(&Svc::new("vm2", env.net.lbs[1]), &[env.net.pods[1]])?;
+    env.settle()?;
     let _ssh = Server::tcp(&env.topo.pod(1), Fam::V4, 22, "pod1")?;
     eventually(SETTLE, || tcp_request(&env.topo.ext(), env.net.lbs[0], 22))?;
     ensure!(
@@ -138,6 +141,12 @@ fn bpftool_shows_readable_maps_and_tcx_links() -> Result<()> {
     ensure!(
         counters["drops"]["filtered_port"]["packets"].as_u64() > Some(0),
         "drop counter: {counters}"
+    );
+    let quiet = &counters["services"][env.net.lbs[1].to_string()];
+    ensure!(
+        quiet["ingress"]["packets"].as_u64() == Some(0)
+            && quiet["egress"]["packets"].as_u64() == Some(0),
+        "a Service without traffic: {counters}"
     );
     // The host route that steers the LB IP to its pod.
     let routes = ok_in(&env.topo.node(), &["ip", "route", "show", "proto", "249"])?;

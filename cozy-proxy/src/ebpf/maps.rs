@@ -6,7 +6,9 @@ use crate::datapath::{
     AllowedPort, Count, Counters, DatapathState, RemotePods, ServiceCount, StateDiff,
 };
 use crate::model::{merge_ranges, Cidr, IpRange};
-use aya::maps::{lpm_trie::Key, Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{
+    lpm_trie::Key, Array, HashMap, IterableMap, LpmTrie, Map, MapData, MapError, PerCpuArray,
+};
 use cozy_proxy_common::{
     addr, flow, maps as names, prefilter, AddrInfo, Config, Counter, DropReason, FlowKey,
     FlowState, FragKey, IpKey, LbSource, PortKey, Prefilter, RevKey, RevValue, ServiceCounters,
@@ -19,7 +21,7 @@ use std::{
     net::IpAddr,
     path::Path,
 };
-use tracing::warn;
+use tracing::{debug, warn};
 
 fn key(ip: &IpAddr) -> IpKey {
     IpKey::from(*ip)
@@ -814,17 +816,48 @@ impl Maps {
                 Box::new(read.iter().map(|(k, i)| (ip(k), Written::of(i))))
             }
         };
-        for (a, written) in local_lbs.filter(|(_, w)| w.local_lb()) {
-            let per_cpu = self
-                .stats
-                .get(&(written.slot as u32), 0)
-                .map_err(named(names::STATS))?;
-            let sum = out.services.entry(a).or_insert(ServiceCount::default());
-            for c in per_cpu.iter() {
+        let mut by_slot: Vec<(u32, IpAddr)> = local_lbs
+            .filter(|(_, w)| w.local_lb())
+            .map(|(a, w)| (u32::from(w.slot), a))
+            .collect();
+        by_slot.sort_unstable();
+        // Gathered in slot order, sorted into the map once at the end.
+        let mut services = Vec::with_capacity(by_slot.len());
+        let mut add = |a: IpAddr, per_cpu: &[ServiceCounters]| {
+            let mut sum = ServiceCount::default();
+            for c in per_cpu {
                 sum.ingress += count(&c.ingress);
                 sum.egress += count(&c.egress);
             }
+            services.push((a, sum));
+        };
+        // The whole array in a few reads, the slots in use picked as they
+        // come (in order); one lookup per slot where the kernel has no
+        // batch read.
+        let mut next = 0;
+        let read = batch::read_per_cpu(
+            IterableMap::map(&self.stats),
+            possible_cpus()?,
+            |index, per_cpu| {
+                while by_slot.get(next).is_some_and(|(slot, _)| *slot < index) {
+                    next += 1;
+                }
+                while let Some((_, a)) = by_slot.get(next).filter(|(slot, _)| *slot == index) {
+                    add(*a, per_cpu);
+                    next += 1;
+                }
+                // Nothing to read past the last slot in use.
+                next < by_slot.len()
+            },
+        );
+        if let Err(error) = read {
+            debug!(%error, "no batch read of the counters; one slot at a time");
+            for (slot, a) in &by_slot[next..] {
+                let per_cpu = self.stats.get(slot, 0).map_err(named(names::STATS))?;
+                add(*a, &per_cpu[..]);
+            }
         }
+        out.services = services.into_iter().collect();
         for reason in DropReason::ALL {
             let per_cpu = self
                 .drop_stats
