@@ -108,8 +108,11 @@ where
         tokio::select! {
             _ = source.changed() => {
                 // Not cancellable here: whatever else arrives meanwhile is
-                // part of this round.
-                tokio::time::sleep(settings.debounce).await;
+                // part of this round. None at all is no timer: tokio's
+                // rounds a zero sleep up to its next millisecond tick.
+                if !settings.debounce.is_zero() {
+                    tokio::time::sleep(settings.debounce).await;
+                }
                 pending = true;
             }
             _ = &mut retry, if pending => {}
