@@ -1,7 +1,7 @@
 //! Kernel plumbing both backends share: the kernel's own paths toward the
 //! mapped pods (which interface a guarded address may arrive on, where an
 //! LB IP is steered), and the LB IPs' host routes (`proto 249`).
-use crate::datapath::{Change, NextHop, Path, Paths};
+use crate::datapath::{Change, NextHop, Path, Paths, Routes};
 use crate::netlink::{
     route::{self, Via},
     NetlinkError, NlSocket,
@@ -100,10 +100,20 @@ impl Steering {
             .collect())
     }
 
-    /// Applies a change of our routes (after any still in flight).
-    pub fn apply(&mut self, change: &Change<(IpAddr, NextHop)>) -> Result<(), NetlinkError> {
-        self.settle()?;
-        apply_routes(&self.rtnl, change)
+    /// Applies a change of our routes (after any still in flight), now or
+    /// overlapped ([`Steering::apply_overlapped`]).
+    pub fn apply(
+        &mut self,
+        change: &Change<(IpAddr, NextHop)>,
+        when: Routes,
+    ) -> Result<(), NetlinkError> {
+        match when {
+            Routes::Now => {
+                self.settle()?;
+                apply_routes(&self.rtnl, change)
+            }
+            Routes::Overlapped => self.apply_overlapped(change.clone()),
+        }
     }
 
     /// Starts applying a change of our routes on another thread, after any

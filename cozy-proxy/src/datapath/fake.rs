@@ -3,7 +3,8 @@
 //! of the world: change the "kernel" behind the backend's back (drift),
 //! make the next operations fail, and see what was applied.
 use super::{
-    Applied, BackendKind, Capacity, DatapathState, Dump, Entries, Kernel, Path, Paths, StateDiff,
+    Applied, BackendKind, Capacity, DatapathState, Dump, Entries, Kernel, Path, Paths, Routes,
+    StateDiff,
 };
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -125,17 +126,31 @@ impl Kernel for FakeKernel {
 
     /// Applies like a kernel would: removing an absent element or adding a
     /// present one fails the whole step (as an nf_tables batch does).
-    fn apply(
+    /// Overlapped routes are applied when settled (or at the next apply).
+    fn apply_routed(
         &mut self,
         diff: &StateDiff,
         _desired: &DatapathState,
         found: Option<bool>,
+        routes: Routes,
     ) -> Result<Applied, FakeError> {
         self.settle()?;
+        let mut now = diff.clone();
+        let later = StateDiff {
+            routes: std::mem::take(&mut now.routes),
+            ..Default::default()
+        };
+        let later = match routes {
+            Routes::Now => {
+                now.routes = later.routes;
+                None
+            }
+            Routes::Overlapped => Some(later),
+        };
         let mut w = self.step()?;
         w.applies += 1;
         let mut next = w.kernel.clone();
-        next.apply(diff)
+        next.apply(&now)
             .map_err(|what| FakeError(format!("{what}: no such element")))?;
         if let Some(cap) = &w.capacity {
             let over = Entries::of_state(&next).over(cap);
@@ -146,27 +161,13 @@ impl Kernel for FakeKernel {
         w.kernel = next;
         let installed_schema = found == Some(false);
         w.schema = true;
+        drop(w);
+        // In flight once the tables they follow are in.
+        self.in_flight = later;
         Ok(Applied {
             extra_changes: 0,
             installed_schema,
         })
-    }
-
-    /// The tables now, the routes when settled (or at the next step).
-    fn apply_step(
-        &mut self,
-        diff: &StateDiff,
-        desired: &DatapathState,
-        found: Option<bool>,
-    ) -> Result<Applied, FakeError> {
-        let mut tables = diff.clone();
-        let routes = StateDiff {
-            routes: std::mem::take(&mut tables.routes),
-            ..Default::default()
-        };
-        let applied = self.apply(&tables, desired, found)?;
-        self.in_flight = Some(routes);
-        Ok(applied)
     }
 
     fn settle(&mut self) -> Result<(), FakeError> {

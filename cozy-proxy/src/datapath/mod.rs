@@ -90,6 +90,17 @@ pub struct Applied {
 
 /// The kernel side of a backend: everything [`Synced`] needs to keep the
 /// kernel equal to a [`DatapathState`], and nothing of the policy around it.
+/// When an apply's host routes change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routes {
+    /// Before the apply returns.
+    Now,
+    /// Meanwhile, on another thread, until [`Kernel::settle`] or the next
+    /// apply: a fresh install's step has the kernel change its routes while
+    /// the next step writes its tables.
+    Overlapped,
+}
+
 pub trait Kernel {
     type Error: std::error::Error + Send + Sync + 'static;
     /// What a read learned besides the elements (which parts of the schema
@@ -118,31 +129,41 @@ pub trait Kernel {
     /// Turns the kernel from what `diff` starts at into `desired`. `found`
     /// is set on the first apply after a [`Kernel::read`]: install or repair
     /// the schema it reports, in the same step where the kernel allows.
+    /// `routes`: when the host routes change (an LB IP's route follows its
+    /// tables either way).
+    fn apply_routed(
+        &mut self,
+        diff: &StateDiff,
+        desired: &DatapathState,
+        found: Option<Self::Found>,
+        routes: Routes,
+    ) -> Result<Applied, Self::Error>;
+
+    /// [`Kernel::apply_routed`], the routes changed before it returns.
     fn apply(
         &mut self,
         diff: &StateDiff,
         desired: &DatapathState,
         found: Option<Self::Found>,
-    ) -> Result<Applied, Self::Error>;
+    ) -> Result<Applied, Self::Error> {
+        self.apply_routed(diff, desired, found, Routes::Now)
+    }
 
-    /// [`Kernel::apply`] for one step of a fresh install: what is slow and
-    /// needs not hold up the next step (the host routes) may still be in
-    /// flight when it returns. The routes of an LB IP still follow its
-    /// tables. [`Kernel::settle`] ends the install.
+    /// [`Kernel::apply_routed`] for one step of a fresh install: the host
+    /// routes (slow, in the kernel) may still be in flight when it returns.
+    /// [`Kernel::settle`] ends the install.
     fn apply_step(
         &mut self,
         diff: &StateDiff,
         desired: &DatapathState,
         found: Option<Self::Found>,
     ) -> Result<Applied, Self::Error> {
-        self.apply(diff, desired, found)
+        self.apply_routed(diff, desired, found, Routes::Overlapped)
     }
 
-    /// Waits for what [`Kernel::apply_step`] left in flight: its error, if
-    /// it failed.
-    fn settle(&mut self) -> Result<(), Self::Error> {
-        Ok(())
-    }
+    /// Waits for the routes [`Kernel::apply_step`] left in flight: their
+    /// error, if they failed.
+    fn settle(&mut self) -> Result<(), Self::Error>;
 
     /// Upkeep between syncs (e.g. following interfaces that come and go).
     /// True when the kernel's paths may have changed: the caller syncs again.

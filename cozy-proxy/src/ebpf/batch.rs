@@ -42,6 +42,26 @@ unsafe fn update_raw(map: &MapData, keys: *const u8, values: *const u8, count: u
     unsafe { batch_raw(BPF_MAP_UPDATE_BATCH, map, keys, values, count) }
 }
 
+/// The bpf(2) batch command `cmd` with `attr`.
+///
+/// # Safety
+/// The pointers in `attr` must point at what `cmd` reads and writes.
+unsafe fn sys_bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> std::io::Result<()> {
+    // SAFETY: the caller's promise about `attr`'s pointers.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut BatchAttr,
+            std::mem::size_of::<BatchAttr>(),
+        )
+    };
+    match ret {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
 /// One batch command `cmd` over `count` keys (and values, for an update);
 /// how many it did.
 ///
@@ -71,18 +91,9 @@ unsafe fn batch_raw(
     // SAFETY: `attr` points at `count` keys and values laid out as the
     // map's (the caller's promise); the kernel reads them and writes back
     // `count` only.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            &mut attr as *mut BatchAttr,
-            std::mem::size_of::<BatchAttr>(),
-        )
-    };
-    if ret == 0 {
+    let Err(error) = (unsafe { sys_bpf(cmd, &mut attr) }) else {
         return count;
-    }
-    let error = std::io::Error::last_os_error();
+    };
     // On an error the kernel says how many went in before it.
     let done = (attr.count as usize).min(count);
     debug!(%error, done, count, cmd, "batch map command stopped; the rest one by one");
@@ -180,21 +191,11 @@ pub fn read_per_cpu<V: Pod>(
         };
         // SAFETY: `keys` and `values` have room for `count` array indexes
         // and per-CPU values; `in_batch` and `out_batch` point at an index.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>(),
-            )
-        };
         // ENOENT: the end of the array, after `count` more.
-        let end = match ret {
-            0 => false,
-            _ => match std::io::Error::last_os_error() {
-                e if e.raw_os_error() == Some(libc::ENOENT) => true,
-                e => return Err(e),
-            },
+        let end = match unsafe { sys_bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) } {
+            Ok(()) => false,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+            Err(e) => return Err(e),
         };
         let got = (attr.count as usize).min(chunk);
         let bytes = values.as_ptr().cast::<u8>();

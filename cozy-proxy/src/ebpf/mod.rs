@@ -8,7 +8,7 @@ mod links;
 mod maps;
 
 use crate::datapath::{
-    Applied, BackendKind, Capacity, Counters, DatapathState, Dump, Kernel, Paths, StateDiff,
+    Applied, BackendKind, Capacity, Counters, DatapathState, Dump, Kernel, Paths, Routes, StateDiff,
 };
 use crate::netlink::{route, NetlinkError, NlSocket};
 use crate::steer::Steering;
@@ -186,14 +186,6 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> EbpfError + '_ {
     }
 }
 
-/// When an apply's host routes change: before it returns, or meanwhile
-/// on another thread (a fresh install's step).
-#[derive(Clone, Copy, Debug)]
-enum Routes {
-    Now,
-    Overlapped,
-}
-
 impl EbpfKernel {
     /// What is pinned under `cfg.pin_dir`, without loading anything: for
     /// `dump` and `cleanup`.
@@ -369,66 +361,6 @@ impl EbpfKernel {
         }
         Ok(forgotten)
     }
-
-    /// Maps first, then routes: an LB IP is steered toward its pod only
-    /// once the rewrite for it is in place. After the first sync the
-    /// programs go live on the interfaces.
-    fn apply_routed(
-        &mut self,
-        diff: &StateDiff,
-        desired: &DatapathState,
-        found: Option<()>,
-        how: Routes,
-    ) -> Result<Applied, EbpfError> {
-        let Some(maps) = self.maps.as_mut() else {
-            return Err(self.no_pins());
-        };
-        let known = |links: &BTreeMap<u32, bool>| {
-            diff.routes
-                .add
-                .iter()
-                .all(|(_, hop)| links.contains_key(&hop.oif))
-        };
-        if !self.peer_links.as_ref().is_some_and(known) {
-            self.peer_links = Some(
-                route::links(&self.rtnl)?
-                    .into_iter()
-                    .map(|l| (l.index, l.peer_elsewhere))
-                    .collect(),
-            );
-        }
-        let peer_links: BTreeSet<u32> = self
-            .peer_links
-            .iter()
-            .flatten()
-            .filter(|(_, &peer)| peer)
-            .map(|(&index, _)| index)
-            .collect();
-        let started = std::time::Instant::now();
-        maps.apply(diff, desired, &peer_links)?;
-        if found.is_some() {
-            // After a read (startup, resync): the counts as they are.
-            maps.count_flows(true, &Default::default())?;
-        }
-        let maps_took = started.elapsed();
-        self.follow_node_addresses(false)?;
-        match how {
-            Routes::Now => self.steering.apply(&diff.routes)?,
-            Routes::Overlapped => self.steering.apply_overlapped(diff.routes.clone())?,
-        }
-        debug!(maps_took = ?maps_took, routes = diff.routes.size(), took = ?started.elapsed(), ?how, "eBPF maps and routes written");
-        let mut installed_schema = false;
-        if let Some(p) = self.programs.as_mut().filter(|p| !p.live) {
-            p.live = true;
-            installed_schema = true;
-            self.follow_interfaces()?;
-            info!("eBPF programs live on the node's interfaces");
-        }
-        Ok(Applied {
-            extra_changes: 0,
-            installed_schema,
-        })
-    }
 }
 
 impl Kernel for EbpfKernel {
@@ -472,22 +404,61 @@ impl Kernel for EbpfKernel {
         Ok((state, ()))
     }
 
-    fn apply(
+    /// Maps first, then routes: an LB IP is steered toward its pod only
+    /// once the rewrite for it is in place. After the first sync the
+    /// programs go live on the interfaces.
+    fn apply_routed(
         &mut self,
         diff: &StateDiff,
         desired: &DatapathState,
         found: Option<()>,
+        how: Routes,
     ) -> Result<Applied, EbpfError> {
-        self.apply_routed(diff, desired, found, Routes::Now)
-    }
-
-    fn apply_step(
-        &mut self,
-        diff: &StateDiff,
-        desired: &DatapathState,
-        found: Option<()>,
-    ) -> Result<Applied, EbpfError> {
-        self.apply_routed(diff, desired, found, Routes::Overlapped)
+        let Some(maps) = self.maps.as_mut() else {
+            return Err(self.no_pins());
+        };
+        let known = |links: &BTreeMap<u32, bool>| {
+            diff.routes
+                .add
+                .iter()
+                .all(|(_, hop)| links.contains_key(&hop.oif))
+        };
+        if !self.peer_links.as_ref().is_some_and(known) {
+            self.peer_links = Some(
+                route::links(&self.rtnl)?
+                    .into_iter()
+                    .map(|l| (l.index, l.peer_elsewhere))
+                    .collect(),
+            );
+        }
+        let peer_links: BTreeSet<u32> = self
+            .peer_links
+            .iter()
+            .flatten()
+            .filter(|(_, &peer)| peer)
+            .map(|(&index, _)| index)
+            .collect();
+        let started = std::time::Instant::now();
+        maps.apply(diff, desired, &peer_links)?;
+        if found.is_some() {
+            // After a read (startup, resync): the counts as they are.
+            maps.count_flows(true, &Default::default())?;
+        }
+        let maps_took = started.elapsed();
+        self.follow_node_addresses(false)?;
+        self.steering.apply(&diff.routes, how)?;
+        debug!(maps_took = ?maps_took, routes = diff.routes.size(), took = ?started.elapsed(), ?how, "eBPF maps and routes written");
+        let mut installed_schema = false;
+        if let Some(p) = self.programs.as_mut().filter(|p| !p.live) {
+            p.live = true;
+            installed_schema = true;
+            self.follow_interfaces()?;
+            info!("eBPF programs live on the node's interfaces");
+        }
+        Ok(Applied {
+            extra_changes: 0,
+            installed_schema,
+        })
     }
 
     fn settle(&mut self) -> Result<(), EbpfError> {

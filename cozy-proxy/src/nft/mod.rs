@@ -21,7 +21,7 @@ pub mod schema;
 mod sys;
 
 use crate::datapath::{
-    Applied, BackendKind, Capacity, DatapathState, Dump, Kernel, Paths, StateDiff,
+    Applied, BackendKind, Capacity, DatapathState, Dump, Kernel, Paths, Routes, StateDiff,
 };
 pub use crate::netlink::NetlinkError;
 use crate::netlink::NlSocket;
@@ -226,25 +226,15 @@ impl Kernel for NftKernel {
     }
 
     /// Routes after the tables: an LB IP is steered once its rules exist.
-    fn apply(
+    fn apply_routed(
         &mut self,
         diff: &StateDiff,
         _desired: &DatapathState,
         found: Option<Self::Found>,
+        routes: Routes,
     ) -> Result<Applied, NftError> {
         let applied = self.write_tables(diff, found)?;
-        self.steering.apply(&diff.routes)?;
-        Ok(applied)
-    }
-
-    fn apply_step(
-        &mut self,
-        diff: &StateDiff,
-        _desired: &DatapathState,
-        found: Option<Self::Found>,
-    ) -> Result<Applied, NftError> {
-        let applied = self.write_tables(diff, found)?;
-        self.steering.apply_overlapped(diff.routes.clone())?;
+        self.steering.apply(&diff.routes, routes)?;
         Ok(applied)
     }
 
