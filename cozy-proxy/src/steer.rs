@@ -21,7 +21,7 @@ pub struct Steering {
     /// Paths resolved since the last change the kernel announced (`None`:
     /// the pod has no specific route).
     cache: Paths,
-    /// Host routes being changed on another thread ([`Steering::apply_overlapped`]),
+    /// Host routes being changed on another thread (`Routes::Overlapped`),
     /// through the socket it gives back.
     in_flight: Option<JoinHandle<(NlSocket, Result<(), NetlinkError>)>>,
     /// That thread's socket between two changes, opened with the others:
@@ -101,7 +101,7 @@ impl Steering {
     }
 
     /// Applies a change of our routes (after any still in flight), now or
-    /// overlapped ([`Steering::apply_overlapped`]).
+    /// overlapped (see [`Steering::apply_overlapped`]).
     pub fn apply(
         &mut self,
         change: &Change<(IpAddr, NextHop)>,
@@ -121,10 +121,7 @@ impl Steering {
     /// change one step's routes (a third of its time, in the kernel) while
     /// it writes the next step's tables. [`Steering::settle`] waits for
     /// it and tells how it went.
-    pub fn apply_overlapped(
-        &mut self,
-        change: Change<(IpAddr, NextHop)>,
-    ) -> Result<(), NetlinkError> {
+    fn apply_overlapped(&mut self, change: Change<(IpAddr, NextHop)>) -> Result<(), NetlinkError> {
         self.settle()?;
         if change.is_empty() {
             return Ok(());

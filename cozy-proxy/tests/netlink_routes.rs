@@ -7,7 +7,7 @@
 //! change. In a network namespace of its own, against the real kernel.
 //! Needs root.
 use anyhow::{bail, ensure, Context, Result};
-use cozy_proxy::datapath::{Change, NextHop};
+use cozy_proxy::datapath::{Change, NextHop, Routes};
 use cozy_proxy::netlink::{
     route::{delete_host_routes, host_routes, links, set_host_routes, Via},
     NetlinkError, NlSocket,
@@ -158,7 +158,7 @@ fn routes_changed_on_another_thread_report_their_failure() -> Result<()> {
             })
         };
         // Refused in flight: told when settled, the rest applied.
-        steering.apply_overlapped(adding(0, 1_500, Some(700))?)?;
+        steering.apply(&adding(0, 1_500, Some(700))?, Routes::Overlapped)?;
         let err = match steering.settle() {
             Ok(()) => bail!("the refused route went unreported"),
             Err(e) => e,
@@ -167,8 +167,8 @@ fn routes_changed_on_another_thread_report_their_failure() -> Result<()> {
         ensure!(host_routes(&sock, PROTO)?.len() == 1_499);
         // Refused in flight and not settled: the next change tells it and
         // is not made.
-        steering.apply_overlapped(adding(2_000, 2_100, Some(2_050))?)?;
-        let err = match steering.apply_overlapped(adding(3_000, 3_100, None)?) {
+        steering.apply(&adding(2_000, 2_100, Some(2_050))?, Routes::Overlapped)?;
+        let err = match steering.apply(&adding(3_000, 3_100, None)?, Routes::Overlapped) {
             Ok(()) => bail!("a change went ahead of an earlier failure"),
             Err(e) => e,
         };
@@ -178,7 +178,7 @@ fn routes_changed_on_another_thread_report_their_failure() -> Result<()> {
         ensure!(held.len() == 1_499 + 99, "{} routes", held.len());
         ensure!(!held.contains_key(&dst(3_000)?));
         // Applied in flight: settled without a word, all there.
-        steering.apply_overlapped(adding(3_000, 3_100, None)?)?;
+        steering.apply(&adding(3_000, 3_100, None)?, Routes::Overlapped)?;
         steering.settle()?;
         ensure!(host_routes(&sock, PROTO)?.len() == 1_499 + 99 + 100);
         Ok(())

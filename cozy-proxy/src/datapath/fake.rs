@@ -136,17 +136,10 @@ impl Kernel for FakeKernel {
     ) -> Result<Applied, FakeError> {
         self.settle()?;
         let mut now = diff.clone();
-        let later = StateDiff {
+        let later = (routes == Routes::Overlapped).then(|| StateDiff {
             routes: std::mem::take(&mut now.routes),
             ..Default::default()
-        };
-        let later = match routes {
-            Routes::Now => {
-                now.routes = later.routes;
-                None
-            }
-            Routes::Overlapped => Some(later),
-        };
+        });
         let mut w = self.step()?;
         w.applies += 1;
         let mut next = w.kernel.clone();

@@ -88,8 +88,6 @@ pub struct Applied {
     pub installed_schema: bool,
 }
 
-/// The kernel side of a backend: everything [`Synced`] needs to keep the
-/// kernel equal to a [`DatapathState`], and nothing of the policy around it.
 /// When an apply's host routes change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Routes {
@@ -101,6 +99,8 @@ pub enum Routes {
     Overlapped,
 }
 
+/// The kernel side of a backend: everything [`Synced`] needs to keep the
+/// kernel equal to a [`DatapathState`], and nothing of the policy around it.
 pub trait Kernel {
     type Error: std::error::Error + Send + Sync + 'static;
     /// What a read learned besides the elements (which parts of the schema

@@ -835,22 +835,26 @@ impl Maps {
         // come (in order); one lookup per slot where the kernel has no
         // batch read.
         let mut next = 0;
-        let read = batch::read_per_cpu(
-            IterableMap::map(&self.stats),
-            possible_cpus()?,
-            |index, per_cpu| {
-                while by_slot.get(next).is_some_and(|(slot, _)| *slot < index) {
-                    next += 1;
-                }
-                while let Some((_, a)) = by_slot.get(next).filter(|(slot, _)| *slot == index) {
-                    add(*a, per_cpu);
-                    next += 1;
-                }
-                // Nothing to read past the last slot in use.
-                next < by_slot.len()
-            },
-        );
-        if let Err(error) = read {
+        let batched = if by_slot.is_empty() {
+            Ok(())
+        } else {
+            batch::read_per_cpu(
+                IterableMap::map(&self.stats),
+                possible_cpus()?,
+                |index, per_cpu| {
+                    while by_slot.get(next).is_some_and(|(slot, _)| *slot < index) {
+                        next += 1;
+                    }
+                    while let Some((_, a)) = by_slot.get(next).filter(|(slot, _)| *slot == index) {
+                        add(*a, per_cpu);
+                        next += 1;
+                    }
+                    // Nothing to read past the last slot in use.
+                    next < by_slot.len()
+                },
+            )
+        };
+        if let Err(error) = batched {
             debug!(%error, "no batch read of the counters; one slot at a time");
             for (slot, a) in &by_slot[next..] {
                 let per_cpu = self.stats.get(slot, 0).map_err(named(names::STATS))?;

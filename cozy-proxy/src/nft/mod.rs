@@ -94,34 +94,6 @@ impl NftKernel {
             missed_news: false,
         })
     }
-
-    /// One batch: the schema the read asked for, then the element changes.
-    fn write_tables(
-        &mut self,
-        diff: &StateDiff,
-        found: Option<Vec<(Layout, Install)>>,
-    ) -> Result<Applied, NftError> {
-        let installs = found.unwrap_or_default();
-        let batch = encode::sync_batch(&installs, diff);
-        debug!(
-            messages = batch.message_count(),
-            bytes = ?batch.bytes_len(),
-            changed = diff.size(),
-            "nft batch"
-        );
-        // Our own notifications stay queued: `foreign_changes` tells them
-        // from others' by their port. Draining them here would discard
-        // with them a change someone made since the last upkeep.
-        if diff.size() >= QUIET_BATCH {
-            self.apply_quietly(batch)?;
-        } else {
-            batch.apply(&self.sock)?;
-        }
-        Ok(Applied {
-            extra_changes: 0,
-            installed_schema: installs.iter().any(|(_, how)| *how != Install::Nothing),
-        })
-    }
 }
 
 impl NftKernel {
@@ -225,7 +197,7 @@ impl Kernel for NftKernel {
         Ok((live, installs))
     }
 
-    /// Routes after the tables: an LB IP is steered once its rules exist.
+    /// One batch: the schema the read asked for, then the element changes.
     fn apply_routed(
         &mut self,
         diff: &StateDiff,
@@ -233,9 +205,28 @@ impl Kernel for NftKernel {
         found: Option<Self::Found>,
         routes: Routes,
     ) -> Result<Applied, NftError> {
-        let applied = self.write_tables(diff, found)?;
+        let installs = found.unwrap_or_default();
+        let batch = encode::sync_batch(&installs, diff);
+        debug!(
+            messages = batch.message_count(),
+            bytes = ?batch.bytes_len(),
+            changed = diff.size(),
+            "nft batch"
+        );
+        // Our own notifications stay queued: `foreign_changes` tells them
+        // from others' by their port. Draining them here would discard
+        // with them a change someone made since the last upkeep.
+        if diff.size() >= QUIET_BATCH {
+            self.apply_quietly(batch)?;
+        } else {
+            batch.apply(&self.sock)?;
+        }
+        // Routes after the tables: an LB IP is steered once its rules exist.
         self.steering.apply(&diff.routes, routes)?;
-        Ok(applied)
+        Ok(Applied {
+            extra_changes: 0,
+            installed_schema: installs.iter().any(|(_, how)| *how != Install::Nothing),
+        })
     }
 
     fn settle(&mut self) -> Result<(), NftError> {
