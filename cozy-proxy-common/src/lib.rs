@@ -261,6 +261,14 @@ pub struct ServiceCounters {
 /// harmless); userspace sets an address's bit before the address enters
 /// `addrs` and clears it only after it left.
 ///
+/// Two more bitmaps hold the addresses whose entry a hook acts on
+/// ([`prefilter::roles`]): a packet whose address is in `addrs` but not
+/// there is left alone without the lookup, which would only find an entry
+/// that says "pass" (the LB IP of a translated packet leaving by the
+/// uplink, a local LB IP at the uplink's TC ingress on the stack path).
+/// Kept as `words` is, per bitmap: an address's bit is set before its
+/// entry takes that role and cleared after it lost it.
+///
 /// It also holds the in-cluster hint: one bit per IPv4 /16 and per hashed
 /// IPv6 /32 that holds in-cluster addresses (what the `cluster` trie
 /// holds). An address whose bit is clear is not in the cluster, decided
@@ -269,7 +277,16 @@ pub struct ServiceCounters {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Prefilter {
+    /// Every address in `addrs`: a source at TC ingress (the guard), a
+    /// destination at TC egress.
     pub words: [u64; prefilter::WORDS],
+    /// The mapped pods (`addr::POD`): a source at TC egress, where only a
+    /// pod's entry matters (a reply translated back).
+    pub pods: [u64; prefilter::WORDS],
+    /// The LB IPs whose pod is not on this node, and those without one
+    /// (`addr::UNMAPPED`): a destination at TC ingress. A local mapping's
+    /// LB IP is acted on there only by the fast path, which reads `words`.
+    pub foreign_lbs: [u64; prefilter::WORDS],
     pub cluster: [u64; prefilter::CLUSTER_WORDS],
     /// Non-zero when an IPv6 range is wider than /32: the hint cannot
     /// exclude any IPv6 address.
@@ -305,6 +322,25 @@ pub mod prefilter {
             CLUSTER_WORDS / 2 + ((h >> 6) as usize & (CLUSTER_WORDS / 2 - 1)),
             1u64 << (h & 63),
         )
+    }
+
+    /// The prefilter's address bitmaps an `addrs` entry with these flags
+    /// is in (see [`super::Prefilter`]).
+    pub const ALL: u8 = 1;
+    pub const PODS: u8 = 1 << 1;
+    pub const FOREIGN_LBS: u8 = 1 << 2;
+
+    #[inline(always)]
+    pub const fn roles(flags: u16) -> u8 {
+        use super::addr;
+        let mut r = ALL;
+        if flags & addr::POD != 0 {
+            r |= PODS;
+        }
+        if flags & addr::LB != 0 && (flags & addr::UNMAPPED != 0 || flags & addr::LOCAL == 0) {
+            r |= FOREIGN_LBS;
+        }
+        r
     }
 
     /// The word and bit of a folded address (multiplicative hashing).
@@ -462,8 +498,9 @@ mod layout {
     const _: () = assert!(size_of::<Counter>() == 16);
     const _: () = assert!(size_of::<ServiceCounters>() == 32);
     const _: () = assert!(size_of::<Config>() == 4);
-    const _: () =
-        assert!(size_of::<Prefilter>() == 8 * (prefilter::WORDS + prefilter::CLUSTER_WORDS + 1));
+    const _: () = assert!(
+        size_of::<Prefilter>() == 8 * (3 * prefilter::WORDS + prefilter::CLUSTER_WORDS + 1)
+    );
     const _: () = assert!(limits::MAPPINGS <= u16::MAX as usize + 1);
 }
 

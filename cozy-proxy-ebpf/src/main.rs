@@ -72,15 +72,16 @@ fn count(ctx: &TcContext, info: &AddrInfo, toward_pod: bool) {
     }
 }
 
-/// Might `k` be in `addrs`? `false` is certain (see `Prefilter`).
+/// The prefilter's word and bit of an address.
 #[inline(always)]
-fn maybe_ours(k: &IpKey) -> bool {
-    let Some(f) = PREFILTER.get_ptr(0) else {
-        return true;
-    };
-    let (word, bit) = prefilter::slot(k.fold());
-    // SAFETY: a map value, read one word at an index below its length.
-    unsafe { (*f).words.get(word).is_none_or(|w| w & bit != 0) }
+fn slot(k: &IpKey) -> (usize, u64) {
+    prefilter::slot(k.fold())
+}
+
+/// Is the bit `(word, bit)` set in `bitmap`? `false` is certain.
+#[inline(always)]
+fn set_in(bitmap: &[u64; prefilter::WORDS], (word, bit): (usize, u64)) -> bool {
+    bitmap.get(word).is_none_or(|w| w & bit != 0)
 }
 
 /// What the prefilter says of each address: `false` is certain, so the
@@ -92,12 +93,39 @@ struct Ours {
     dst: bool,
 }
 
-/// `None`: neither address is ours, the packet is left alone at once.
+const MAYBE_BOTH: Ours = Ours { src: true, dst: true };
+
+/// At TC ingress: any source in `addrs` (the guard); as destination, an LB
+/// IP of another node's mapping or without one, or with the fast path on,
+/// any (a local LB IP is the fast path's; on the stack path TC egress
+/// translates it). `None`: neither, the packet is left alone at once.
 #[inline(always)]
-fn ours(p: &Packet) -> Option<Ours> {
+fn ours_at_ingress(p: &Packet) -> Option<Ours> {
+    let Some(f) = PREFILTER.get_ptr(0) else {
+        return Some(MAYBE_BOTH);
+    };
+    // SAFETY: a map value, read one word at an index below its length.
+    let f = unsafe { &*f };
+    let d = slot(&p.dst);
     let o = Ours {
-        src: maybe_ours(&p.src),
-        dst: maybe_ours(&p.dst),
+        src: set_in(&f.words, slot(&p.src)),
+        dst: set_in(&f.words, d) && (set_in(&f.foreign_lbs, d) || fast::enabled()),
+    };
+    (o.src || o.dst).then_some(o)
+}
+
+/// At TC egress: a source only if a pod (a reply translated back), any
+/// destination in `addrs`.
+#[inline(always)]
+fn ours_at_egress(p: &Packet) -> Option<Ours> {
+    let Some(f) = PREFILTER.get_ptr(0) else {
+        return Some(MAYBE_BOTH);
+    };
+    // SAFETY: as above.
+    let f = unsafe { &*f };
+    let o = Ours {
+        src: set_in(&f.pods, slot(&p.src)),
+        dst: set_in(&f.words, slot(&p.dst)),
     };
     (o.src || o.dst).then_some(o)
 }
@@ -223,7 +251,7 @@ fn translate(ctx: &mut TcContext, p: &mut Packet, field: Field, old: &IpKey, new
 #[classifier]
 pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
     let Some(mut p) = parse(&ctx) else { return PASS };
-    let Some(ours) = ours(&p) else { return PASS };
+    let Some(ours) = ours_at_ingress(&p) else { return PASS };
     // SAFETY: reading a field of the context the kernel passed us.
     let iif = unsafe { (*ctx.skb.skb).ifindex };
     if let Some(s) = addr_info(&p.src, ours.src) {
@@ -350,7 +378,7 @@ fn from_pod(ctx: &mut TcContext, p: &mut Packet, s: &AddrInfo) -> Result<(), i32
 #[classifier]
 pub fn cozy_egress(mut ctx: TcContext) -> i32 {
     let Some(mut p) = parse(&ctx) else { return PASS };
-    let Some(ours) = ours(&p) else { return PASS };
+    let Some(ours) = ours_at_egress(&p) else { return PASS };
     // SAFETY: reading a field of the context the kernel passed us.
     let forwarded = unsafe { (*ctx.skb.skb).ingress_ifindex } != 0;
     if let Some(d) = addr_info(&p.dst, ours.dst) {

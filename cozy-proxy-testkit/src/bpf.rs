@@ -146,7 +146,13 @@ impl World {
         for name in names::ALL {
             loader.map_pin_path(name, pin_dir.join(name));
         }
-        let mut ebpf = loader.load(OBJECT)?;
+        // `PERPACKET_OBJECT`: another build of the programs (with the same
+        // maps), for an A/B of two programs in one sitting.
+        let other = match std::env::var_os("PERPACKET_OBJECT") {
+            Some(path) => Some(std::fs::read(&path).with_context(|| format!("reading {path:?}"))?),
+            None => None,
+        };
+        let mut ebpf = loader.load(other.as_deref().unwrap_or(OBJECT))?;
         for name in PROGRAMS {
             let prog: &mut SchedClassifier = ebpf
                 .program_mut(name)

@@ -519,9 +519,12 @@ fn a_full_map_leaves_out_whole_services_reports_them_and_applies_the_rest() -> R
 }
 
 /// The prefilter's address bits, as the real `bpftool` reads them, are
-/// exactly those of the addresses `addrs` holds: set for each one as it
-/// enters, cleared when the last address setting a bit leaves (a bit left
-/// set would cost every packet to that address the full lookup).
+/// exactly those of the addresses `addrs` holds, in each bitmap those of
+/// the entries of its role (every address, the pods, the LB IPs mapped
+/// elsewhere or unmapped): set for each one as it enters, cleared when the
+/// last address setting a bit leaves (a bit left set would cost every
+/// packet to that address the full lookup; one missing, on the stack path,
+/// would skip an LB IP's drop or translation).
 fn prefilter_matches_addrs(pins: &Path) -> Result<()> {
     use cozy_proxy_common::{prefilter, IpKey};
     let dump = |name: &str| {
@@ -532,7 +535,12 @@ fn prefilter_matches_addrs(pins: &Path) -> Result<()> {
             &pins.join(name).display().to_string(),
         ])
     };
-    let mut want = vec![0u64; prefilter::WORDS];
+    let bitmaps = [
+        ("words", prefilter::ALL),
+        ("pods", prefilter::PODS),
+        ("foreign_lbs", prefilter::FOREIGN_LBS),
+    ];
+    let mut want = vec![vec![0u64; prefilter::WORDS]; bitmaps.len()];
     let addrs = dump("addrs")?;
     for e in addrs.as_array().context("addrs")? {
         let key = &e["formatted"]["key"];
@@ -550,24 +558,35 @@ fn prefilter_matches_addrs(pins: &Path) -> Result<()> {
             family: key["family"].as_u64().context("family")? as u32,
             addr: bytes.try_into().ok().context("16 bytes")?,
         };
+        let flags = e["formatted"]["value"]["flags"]
+            .as_u64()
+            .and_then(|f| u16::try_from(f).ok())
+            .context("flags")?;
+        let roles = prefilter::roles(flags);
         let (word, bit) = prefilter::slot(k.fold());
-        want[word] |= bit;
+        for ((_, role), w) in bitmaps.iter().zip(want.iter_mut()) {
+            if roles & role != 0 {
+                w[word] |= bit;
+            }
+        }
     }
     let filter = dump("prefilter")?;
-    let words: Vec<u64> = filter[0]["formatted"]["value"]["words"]
-        .as_array()
-        .context("prefilter words")?
-        .iter()
-        .map(|w| w.as_u64().context("word"))
-        .collect::<Result<_>>()?;
-    let differ: Vec<usize> = (0..want.len())
-        .filter(|i| words.get(*i) != Some(&want[*i]))
-        .collect();
-    ensure!(
-        differ.is_empty() && words.len() == want.len(),
-        "prefilter words differ from the bits of addrs ({} entries) at {differ:?}",
-        addrs.as_array().map_or(0, Vec::len)
-    );
+    for ((name, _), want) in bitmaps.iter().zip(&want) {
+        let words: Vec<u64> = filter[0]["formatted"]["value"][name]
+            .as_array()
+            .with_context(|| format!("prefilter {name}"))?
+            .iter()
+            .map(|w| w.as_u64().context("word"))
+            .collect::<Result<_>>()?;
+        let differ: Vec<usize> = (0..want.len())
+            .filter(|i| words.get(*i) != Some(&want[*i]))
+            .collect();
+        ensure!(
+            differ.is_empty() && words.len() == want.len(),
+            "prefilter {name} differs from the bits of addrs ({} entries) at {differ:?}",
+            addrs.as_array().map_or(0, Vec::len)
+        );
+    }
     Ok(())
 }
 
@@ -588,19 +607,40 @@ fn the_prefilter_holds_the_bits_of_the_addresses_mapped_and_no_other() -> Result
             &slice(&name(i), "IPv4", &[(format!("192.0.2.{}", 100 + i), None)]),
         )?;
     }
-    let mapped = |n: usize| {
+    let mapped = |n: usize, unmapped: usize| {
         eventually(SETTLE, || {
             let s = env.dump()?;
             ensure!(s.svc_pod.len() == n, "mapped: {}", s.svc_pod.len());
+            ensure!(
+                s.unmapped_lbs.len() == unmapped,
+                "unmapped: {}",
+                s.unmapped_lbs.len()
+            );
             prefilter_matches_addrs(&env.ctl.pin_dir)
         })
         .with_context(|| env.ctl.log_text())
     };
-    mapped(25)?;
-    for i in 0..20 {
+    mapped(25, 0)?;
+    // Roles change with the address staying: a mapping's LB IP left
+    // without its pod (unmapped: a foreign LB IP now), and back.
+    for i in 20..24 {
+        env.dir.remove(&format!("{}-eps", name(i)))?;
+    }
+    mapped(21, 4)?;
+    for i in 20..22 {
+        env.dir.put(
+            &format!("{}-eps", name(i)),
+            &slice(&name(i), "IPv4", &[(format!("192.0.2.{}", 100 + i), None)]),
+        )?;
+    }
+    mapped(23, 2)?;
+    for i in 0..22 {
         env.delete_service_files(&name(i))?;
     }
-    mapped(5)?;
+    for i in 22..24 {
+        env.dir.remove(&name(i))?;
+    }
+    mapped(1, 0)?;
     Ok(())
 }
 

@@ -9,6 +9,10 @@
 //! only be measured once. The mapped cases therefore use a pair of
 //! addresses that map to each other (A -> B and B -> A, both local, both
 //! with the same policy): every run does the full rewrite, back and forth.
+//!
+//! `PERPACKET_OBJECT=path` runs another build of the programs (the object
+//! `cozy-proxy-ebpf` builds, with the same maps) instead of the embedded
+//! one: two variants of a program compared in one sitting.
 use anyhow::{bail, Context, Result};
 use aya::maps::{HashMap as AyaHashMap, MapData};
 use cozy_proxy::datapath::{AllowedPort, DatapathState};
@@ -164,6 +168,16 @@ fn cases(w: &World, a: &Addrs) -> Vec<Case> {
             "cozy_ingress",
             tcp(a.ext, a.pair.0, 80),
             i.up,
+            i.up,
+            PASS,
+        ),
+        // A packet the pod's TC ingress translated, leaving by the uplink:
+        // its source (the LB IP) is no pod, so not looked up.
+        case(
+            "translated, leaving by the uplink's TC egress",
+            "cozy_egress",
+            tcp(a.pair.0, a.ext, 80),
+            i.pod,
             i.up,
             PASS,
         ),

@@ -327,18 +327,19 @@ impl Maps {
         // Every address about to be in `addrs` gets its prefilter bit
         // first; bits of addresses that left are cleared at the end.
         // So do the in-cluster ranges about to enter the trie.
-        let mut bits = match self.in_addrs.take() {
-            Some(known) => known,
-            None => AddrBits::of(self.addresses()?),
-        };
-        // The addresses with a bit are those `addrs` holds.
+        let mut bits = self.addr_bits()?;
+        // The addresses with a bit are those `addrs` holds, in the bitmaps
+        // of their entries' roles.
         let held = self.known_entries()?;
         let (mut entering, mut leaving) = (Vec::new(), Vec::new());
         for (a, info) in &wanted {
-            match (info.is_some(), held.contains_key(a)) {
-                (true, false) => entering.push(key(a)),
-                (false, true) => leaving.push(key(a)),
-                _ => {}
+            let had = held.get(a).map_or(0, |w| prefilter::roles(w.flags));
+            let has = info.as_ref().map_or(0, |i| prefilter::roles(i.flags));
+            if has & !had != 0 {
+                entering.push((key(a), has & !had));
+            }
+            if had & !has != 0 {
+                leaving.push((key(a), had & !has));
             }
         }
         let adding: Vec<Cidr> = diff.cluster.add.iter().flat_map(IpRange::cidrs).collect();
@@ -347,12 +348,12 @@ impl Maps {
             && diff.cluster.remove.is_empty()
             && adding.is_empty();
         if !unchanged {
-            for k in entering {
-                bits.add(k);
+            for (k, roles) in entering {
+                bits.add(k, roles);
             }
             let mut cidrs = self.trie_cidrs()?;
             cidrs.extend(adding);
-            self.write_prefilter(bits.words(), &cidrs)?;
+            self.write_prefilter(&bits, &cidrs)?;
         }
         let mut room_made = false;
         let adding: Vec<PortKey> = diff.allowed_ports.add.iter().map(port_key).collect();
@@ -421,14 +422,14 @@ impl Maps {
         }
         self.update_ranges(diff, desired, false)?;
         self.remove_ports(&diff.allowed_ports.remove)?;
-        for k in &leaving {
-            bits.remove(k);
+        for (k, roles) in &leaving {
+            bits.remove(k, *roles);
         }
         // Rewritten in full at every sync that follows a read (startup,
         // resync): a prefilter lost or stale is repaired there.
         if !unchanged || !self.prefilter_written {
             let cidrs = self.trie_cidrs()?;
-            self.write_prefilter(bits.words(), &cidrs)?;
+            self.write_prefilter(&bits, &cidrs)?;
             self.prefilter_written = true;
         }
         self.in_addrs = Some(bits);
@@ -515,14 +516,11 @@ impl Maps {
         if adding.is_empty() && removing.is_empty() {
             return Ok(());
         }
-        let bits = match self.in_addrs.take() {
-            Some(a) => a,
-            None => AddrBits::of(self.addresses()?),
-        };
+        let bits = self.addr_bits()?;
         // The hint covers an address before the trie holds it.
         let mut cidrs = self.trie_cidrs()?;
         cidrs.extend(adding.iter().map(|a| Cidr::host(*a)));
-        self.write_prefilter(bits.words(), &cidrs)?;
+        self.write_prefilter(&bits, &cidrs)?;
         for a in &adding {
             self.cluster
                 .insert(&cluster_key(&Cidr::host(*a)), NODE_ADDRESS, 0)
@@ -533,9 +531,19 @@ impl Maps {
                 .map_err(named(names::CLUSTER))?;
         }
         let cidrs = self.trie_cidrs()?;
-        self.write_prefilter(bits.words(), &cidrs)?;
+        self.write_prefilter(&bits, &cidrs)?;
         self.in_addrs = Some(bits);
         Ok(())
+    }
+
+    /// The prefilter's address bits as of our last apply, or of what
+    /// `addrs` holds.
+    fn addr_bits(&mut self) -> Result<AddrBits, EbpfError> {
+        if let Some(bits) = self.in_addrs.take() {
+            return Ok(bits);
+        }
+        let held = self.known_entries()?;
+        Ok(AddrBits::of(held.iter().map(|(a, w)| (key(a), w.flags))))
     }
 
     /// Forgets what this process believes the maps hold: the next apply
@@ -548,28 +556,18 @@ impl Maps {
         self.prefilter_written = false;
     }
 
-    /// The addresses `addrs` holds.
-    fn addresses(&self) -> Result<Vec<IpKey>, EbpfError> {
-        self.addrs
-            .keys()
-            .collect::<Result<_, _>>()
-            .map_err(named(names::ADDRS))
-    }
-
-    /// Writes the prefilter with the address bits `words`. A bit
+    /// Writes the prefilter with the address bits `addr_bits`. A bit
     /// set before and after is never cleared in between (the map update
     /// copies the same word over itself).
     fn write_prefilter(
         &mut self,
-        words: &[u64],
+        addr_bits: &AddrBits,
         cluster: &BTreeSet<Cidr>,
     ) -> Result<(), EbpfError> {
-        let mut bits = Box::new(Prefilter {
-            words: [0; prefilter::WORDS],
-            cluster: [0; prefilter::CLUSTER_WORDS],
-            cluster_v6_wide: 0,
-        });
-        bits.words.copy_from_slice(words);
+        // Zeroed where it lives (400 KiB: not built on the stack first).
+        // SAFETY: `Prefilter` is integers only; all zeroes is a value.
+        let mut bits = unsafe { Box::<Prefilter>::new_zeroed().assume_init() };
+        addr_bits.write_into(&mut bits);
         for c in cluster {
             mark_cluster(&mut bits, c);
         }
