@@ -343,11 +343,12 @@ impl Maps {
             }
         }
         let adding: Vec<Cidr> = diff.cluster.add.iter().flat_map(IpRange::cidrs).collect();
-        let unchanged = entering.is_empty()
-            && leaving.is_empty()
-            && diff.cluster.remove.is_empty()
-            && adding.is_empty();
-        if !unchanged {
+        // A write (400 KiB) only where bits go up before the entries that
+        // need them, or down after the entries left: a Service added or
+        // removed is one write, not two.
+        let growing = !entering.is_empty() || !adding.is_empty();
+        let shrinking = !leaving.is_empty() || !diff.cluster.remove.is_empty();
+        if growing {
             for (k, roles) in entering {
                 bits.add(k, roles);
             }
@@ -427,7 +428,7 @@ impl Maps {
         }
         // Rewritten in full at every sync that follows a read (startup,
         // resync): a prefilter lost or stale is repaired there.
-        if !unchanged || !self.prefilter_written {
+        if shrinking || !self.prefilter_written {
             let cidrs = self.trie_cidrs()?;
             self.write_prefilter(&bits, &cidrs)?;
             self.prefilter_written = true;
