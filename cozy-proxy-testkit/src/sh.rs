@@ -47,6 +47,9 @@ pub fn ok(args: &[&str]) -> Result<String> {
 /// A background process in a namespace, killed when dropped.
 pub struct Proc {
     pub child: Child,
+    /// The child leads a process group of its own, signalled whole: its
+    /// forks go with it.
+    group: bool,
 }
 
 impl Proc {
@@ -56,22 +59,45 @@ impl Proc {
         Proc::spawn(&all, stdout, stderr)
     }
 
+    /// Like [`Proc::spawn_in`], for a server that forks a child per
+    /// client: the children are killed with it. (A socat UDP server's
+    /// child outlived it holding the port, and the next server on that
+    /// port could not bind.)
+    pub fn spawn_group_in(ns: &str, args: &[&str], stdout: Stdio, stderr: Stdio) -> Result<Proc> {
+        let mut all = vec!["ip", "netns", "exec", ns];
+        all.extend_from_slice(args);
+        Proc::start(&all, stdout, stderr, true)
+    }
+
     /// A background process on the host (no namespace of its own).
     pub fn spawn(args: &[&str], stdout: Stdio, stderr: Stdio) -> Result<Proc> {
-        let child = Command::new(args[0])
-            .args(&args[1..])
+        Proc::start(args, stdout, stderr, false)
+    }
+
+    fn start(args: &[&str], stdout: Stdio, stderr: Stdio, group: bool) -> Result<Proc> {
+        let mut cmd = Command::new(args[0]);
+        cmd.args(&args[1..])
             .stdin(Stdio::null())
             .stdout(stdout)
-            .stderr(stderr)
-            .spawn()
-            .with_context(|| format!("starting {args:?}"))?;
-        Ok(Proc { child })
+            .stderr(stderr);
+        if group {
+            use std::os::unix::process::CommandExt;
+            cmd.process_group(0);
+        }
+        let child = cmd.spawn().with_context(|| format!("starting {args:?}"))?;
+        Ok(Proc { child, group })
+    }
+
+    /// Still running?
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     pub fn kill(&mut self, signal: i32) {
-        // SAFETY: plain kill(2) on our own child.
+        let pid = self.child.id() as i32;
+        // SAFETY: plain kill(2) on our own child, or on the group it leads.
         unsafe {
-            libc::kill(self.child.id() as i32, signal);
+            libc::kill(if self.group { -pid } else { pid }, signal);
         }
     }
 }

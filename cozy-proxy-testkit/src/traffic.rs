@@ -57,16 +57,26 @@ impl Server {
             format!("UDP{v}-RECVFROM:{port},fork")
         };
         let reply = format!("SYSTEM:echo {ident} $SOCAT_PEERADDR");
-        let proc = Proc::spawn_in(
-            ns,
-            &["socat", &listen, &reply],
-            Stdio::null(),
-            Stdio::null(),
-        )?;
+        let spawn = || {
+            Proc::spawn_group_in(
+                ns,
+                &["socat", &listen, &reply],
+                Stdio::null(),
+                Stdio::null(),
+            )
+        };
         let ss_flag = if proto == "TCP" { "-Hltn" } else { "-Hlun" };
-        eventually(Duration::from_secs(2), || {
+        let mut proc = spawn()?;
+        eventually(Duration::from_secs(3), || {
+            // A socket on the port is ours only while our server runs: one
+            // that failed to bind (a dying server's fork still on it) is
+            // started again.
+            if !proc.alive() {
+                proc = spawn()?;
+                bail!("{proto} {port}: the server exited in {ns}; started again");
+            }
             let out = ok_in(ns, &["ss", ss_flag, &format!("sport = :{port}")])?;
-            if out.trim().is_empty() {
+            if out.trim().is_empty() || !proc.alive() {
                 bail!("{proto} {port} not listening in {ns}");
             }
             Ok(())
