@@ -31,8 +31,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cozy_proxy_common::{
-    addr, prefilter, AddrInfo, DropReason, IpKey, LbSource, RevKey, RevValue, FAMILY_BITS,
-    FAMILY_V4, IP_KEY_BITS,
+    addr, prefilter, AddrInfo, DropReason, IpKey, LbSource, Prefilter, RevKey, RevValue,
+    FAMILY_BITS, FAMILY_V4, IP_KEY_BITS,
 };
 use maps::{ADDRS, CLUSTER, DROP_STATS, PREFILTER, REV_NAT, SRC_RANGES, STATS};
 use nat::{rewrite, rewrite_quoted, Field};
@@ -72,6 +72,15 @@ fn count(ctx: &TcContext, info: &AddrInfo, toward_pod: bool) {
     }
 }
 
+/// The prefilter (`None` only if the map has no entry, which an array
+/// always has).
+#[inline(always)]
+fn prefilter() -> Option<&'static Prefilter> {
+    // SAFETY: a map value; userspace replaces it whole, and it lives as
+    // long as the map, which the program holds.
+    PREFILTER.get_ptr(0).map(|f| unsafe { &*f })
+}
+
 /// The prefilter's word and bit of an address.
 #[inline(always)]
 fn slot(k: &IpKey) -> (usize, u64) {
@@ -101,11 +110,9 @@ const MAYBE_BOTH: Ours = Ours { src: true, dst: true };
 /// translates it). `None`: neither, the packet is left alone at once.
 #[inline(always)]
 fn ours_at_ingress(p: &Packet) -> Option<Ours> {
-    let Some(f) = PREFILTER.get_ptr(0) else {
+    let Some(f) = prefilter() else {
         return Some(MAYBE_BOTH);
     };
-    // SAFETY: a map value, read one word at an index below its length.
-    let f = unsafe { &*f };
     let d = slot(&p.dst);
     let o = Ours {
         src: set_in(&f.words, slot(&p.src)),
@@ -118,11 +125,9 @@ fn ours_at_ingress(p: &Packet) -> Option<Ours> {
 /// destination in `addrs`.
 #[inline(always)]
 fn ours_at_egress(p: &Packet) -> Option<Ours> {
-    let Some(f) = PREFILTER.get_ptr(0) else {
+    let Some(f) = prefilter() else {
         return Some(MAYBE_BOTH);
     };
-    // SAFETY: as above.
-    let f = unsafe { &*f };
     let o = Ours {
         src: set_in(&f.pods, slot(&p.src)),
         dst: set_in(&f.words, slot(&p.dst)),
@@ -153,21 +158,19 @@ fn addr_bits(ip: &IpKey) -> u32 {
 /// `Prefilter`): most traffic from outside skips the trie lookup.
 #[inline(always)]
 fn maybe_in_cluster(ip: &IpKey) -> bool {
-    let Some(f) = PREFILTER.get_ptr(0) else {
+    let Some(f) = prefilter() else {
         return true;
     };
     let w = ip.words()[0];
     let (word, bit) = if ip.family == FAMILY_V4 {
         prefilter::cluster_slot_v4(w)
     } else {
-        // SAFETY: a map value, read whole fields.
-        if unsafe { (*f).cluster_v6_wide } != 0 {
+        if f.cluster_v6_wide != 0 {
             return true;
         }
         prefilter::cluster_slot_v6(w)
     };
-    // SAFETY: a map value, one word at an index below its length.
-    unsafe { (*f).cluster.get(word).is_none_or(|w| w & bit != 0) }
+    f.cluster.get(word).is_none_or(|w| w & bit != 0)
 }
 
 #[inline(always)]

@@ -54,9 +54,7 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn_in(ns: &str, args: &[&str], stdout: Stdio, stderr: Stdio) -> Result<Proc> {
-        let mut all = vec!["ip", "netns", "exec", ns];
-        all.extend_from_slice(args);
-        Proc::spawn(&all, stdout, stderr)
+        Proc::start(&in_ns(ns, args), stdout, stderr, false)
     }
 
     /// Like [`Proc::spawn_in`], for a server that forks a child per
@@ -64,9 +62,7 @@ impl Proc {
     /// child outlived it holding the port, and the next server on that
     /// port could not bind.)
     pub fn spawn_group_in(ns: &str, args: &[&str], stdout: Stdio, stderr: Stdio) -> Result<Proc> {
-        let mut all = vec!["ip", "netns", "exec", ns];
-        all.extend_from_slice(args);
-        Proc::start(&all, stdout, stderr, true)
+        Proc::start(&in_ns(ns, args), stdout, stderr, true)
     }
 
     /// A background process on the host (no namespace of its own).
@@ -100,6 +96,13 @@ impl Proc {
             libc::kill(if self.group { -pid } else { pid }, signal);
         }
     }
+}
+
+/// `args` run in namespace `ns`.
+fn in_ns<'a>(ns: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec!["ip", "netns", "exec", ns];
+    all.extend_from_slice(args);
+    all
 }
 
 impl Drop for Proc {
