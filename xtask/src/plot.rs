@@ -19,12 +19,13 @@ fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)
 }
 
-const CASES: [(&str, RGBColor); 5] = [
+const CASES: [(&str, RGBColor); 6] = [
     ("baseline_again", RGBColor(150, 150, 150)),
     ("nft", BLUE),
     ("ebpf", GREEN),
     ("ebpf_fast", RGBColor(0, 120, 0)),
     ("conntrack_dnat", RED),
+    ("kube_proxy", RGBColor(200, 120, 0)),
 ];
 
 /// Bars: each case's median as a ratio to the baseline (offloads on), for
@@ -73,6 +74,10 @@ pub fn datapath(d: &Value, out: &Path) -> Result<()> {
     for (g, (key, dir, label)) in groups.iter().enumerate() {
         for (i, (case, color)) in CASES.iter().enumerate() {
             let v = ratio(case, dir, key);
+            if !v.is_finite() {
+                // A case this run did not measure.
+                continue;
+            }
             let x0 = g as f64 + 0.1 + i as f64 * width;
             chart.draw_series(std::iter::once(Rectangle::new(
                 [(x0, 0.0), (x0 + width * 0.9, v)],

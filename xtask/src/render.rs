@@ -87,8 +87,11 @@ pub fn benchmarks_md(
              pod1 -> ext (egress) in the scenario topology (without the CNI masquerade), every case set up side by \
              side and measured in turns, {reps} repetitions of {secs} s per measure: the **baseline** (plain routing \
              to the pod IP, no NAT), measured twice (**baseline_again**: the A/A control), the **nft** backend, the \
-             **ebpf** backend (stack path) and its fast path (**ebpf_fast**), and the peer **conntrack_dnat** \
-             (kube-proxy-style `dnat to`/`snat to`). Cells: median [min-max] and the ratio of the median to the \
+             **ebpf** backend (stack path) and its fast path (**ebpf_fast**), the peer **conntrack_dnat** \
+             (kube-proxy-style `dnat to`/`snat to`) and, where the run has it, the real **kube_proxy** (nftables \
+             mode, with a real API server: the LB IP as an unlabelled LoadBalancer Service, `externalTrafficPolicy: \
+             Local`, on the meters' ports; its egress is the pod's own traffic through its chains, leaving with the \
+             pod IP, as kube-proxy has no source-IP preservation). Cells: median [min-max] and the ratio of the median to the \
              baseline's; a ratio within the A/A spread (|baseline_again / baseline - 1|) is marked `≈` (no \
              difference). Packet rates count what the receiver's interface got.\n"
         );
@@ -339,6 +342,20 @@ fn targets(
                     "| nft >= 0.9x baseline and >= conntrack DNAT, {what} | {nft:.2}x (peer {peer:.2}x) | {} |",
                     if nft >= peer { against(nft, 0.9, aa) } else { against(nft, peer, aa) }
                 ));
+                // The real kube-proxy does the same job only inward: its
+                // egress keeps the pod IP (no row for it).
+                let (kube_proxy, _) = ratio(r, "kube_proxy", dir, key);
+                if dir == "ingress" && kube_proxy.is_finite() {
+                    rows.push(format!(
+                        "| ebpf fast path >= 1.15x the real kube-proxy, {what} | {:.2}x | {} |",
+                        fast / kube_proxy,
+                        against(fast / kube_proxy, 1.15, aa)
+                    ));
+                    rows.push(format!(
+                        "| nft not behind the real kube-proxy, {what} | {nft:.2}x (kube-proxy {kube_proxy:.2}x) | {} |",
+                        against(nft, kube_proxy, aa)
+                    ));
+                }
             }
         }
     }

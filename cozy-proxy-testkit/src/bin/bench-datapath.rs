@@ -1,4 +1,4 @@
-//! The datapath benchmark (`cargo xtask bench datapath [REPS]`), separate
+//! The datapath benchmark (`cargo xtask bench datapath [REPS]`, 5 by default), separate
 //! from the tests. In the scenario topology (without the CNI masquerade),
 //! the same path ext -> node -> pod1 (ingress) and pod1 -> ext (egress)
 //! through every case, all set up side by side and measured in turns
@@ -8,7 +8,14 @@
 //!   (twice: the A/A control; their spread is the noise floor);
 //! - `nft`, `ebpf` (stack path), `ebpf_fast` (the fast path);
 //! - `conntrack_dnat`: the peer, a kube-proxy-style stateful `dnat to` /
-//!   `snat to` of the LB IP.
+//!   `snat to` of the LB IP;
+//! - `kube_proxy`: the real kube-proxy (nftables mode, built from its Go
+//!   module by `cargo xtask setup`) with a real API server, serving the
+//!   same LB IP as an unlabelled LoadBalancer Service with
+//!   `externalTrafficPolicy: Local` (the client's address kept, as
+//!   cozy-proxy keeps it) on the ports the meters use. Egress is the pod's
+//!   own traffic through kube-proxy's chains, leaving with the pod IP:
+//!   kube-proxy has no source-IP preservation to measure.
 //!
 //! Metrics: 64-byte UDP packets per second received at the far end, one
 //! flow and many flows (trafgen from a raw socket, the receiver's
@@ -30,10 +37,12 @@ fn main() -> anyhow::Result<()> {
 mod datapath {
     use super::harness::{
         frames::mac,
+        k8s::ControlPlane,
         manifests::{slice, Svc},
         net::{Fam, Net},
         sh::{feed_in, ok_in, run_in, Proc},
         topology::Topology,
+        traffic::eventually,
         Backend, Env,
     };
     use anyhow::{bail, Context, Result};
@@ -41,18 +50,29 @@ mod datapath {
     use std::{net::IpAddr, process::Stdio, time::Duration};
 
     const SECONDS: u64 = 2;
-    const CASES: [&str; 6] = [
+    const CASES: [&str; 7] = [
         "baseline",
         "baseline_again",
         "nft",
         "ebpf",
         "ebpf_fast",
         "conntrack_dnat",
+        "kube_proxy",
     ];
+
+    /// The ports the meters use (trafgen's UDP, iperf3, sockperf, the
+    /// connection meter): what a port-based proxy has to list.
+    const PORTS: [(&str, u16); 4] = [("UDP", 9), ("TCP", 5201), ("UDP", 11111), ("TCP", 6000)];
 
     pub enum Holder {
         Plain(Topology),
         Cozy(Box<Env>),
+        /// Held for its processes; the first field, so stopped before
+        /// the namespaces it runs in are removed.
+        Api {
+            _control_plane: Box<ControlPlane>,
+            topo: Topology,
+        },
     }
 
     pub struct Case {
@@ -65,6 +85,7 @@ mod datapath {
             match &self.holder {
                 Holder::Plain(t) => t,
                 Holder::Cozy(e) => &e.topo,
+                Holder::Api { topo, .. } => topo,
             }
         }
 
@@ -123,6 +144,13 @@ mod datapath {
                 }
                 Holder::Plain(t)
             }
+            "kube_proxy" => {
+                let t = Topology::new()?;
+                Holder::Api {
+                    _control_plane: Box::new(kube_proxy(&t, net)?),
+                    topo: t,
+                }
+            }
             backend => {
                 let b = match backend {
                     "nft" => Backend::Nft,
@@ -150,9 +178,54 @@ mod datapath {
                 &["ping", "-c", "2", "-i", "0.2", "-W", "1", &dst.to_string()],
             )
         };
-        ping(&t.ext(), case.target(net))?;
+        // kube-proxy forwards only the Service's ports: ICMP to its LB IP
+        // goes nowhere, the pod IP takes the same two hops.
+        let warm = if name == "kube_proxy" {
+            net.pods[0]
+        } else {
+            case.target(net)
+        };
+        ping(&t.ext(), warm)?;
         ping(&t.pod(1), net.ext)?;
         Ok(case)
+    }
+
+    /// A real API server in the node's namespace and the real kube-proxy
+    /// serving the LB IP on [`PORTS`] to pod1, on node1; returns once
+    /// kube-proxy's ruleset has the LB IP and its endpoint.
+    fn kube_proxy(t: &Topology, net: &Net) -> Result<ControlPlane> {
+        let mut cp = ControlPlane::start(
+            &t.node(),
+            std::env::temp_dir().join(format!("{}-k8s", t.prefix)),
+        )?;
+        cp.create_node("node1")?;
+        cp.set_node_address("node1", net.node)?;
+        cp.start_kube_proxy("node1")?;
+        let mut svc = Svc::new("vm1", net.lbs[0]);
+        svc.label = false;
+        svc.ports = PORTS.iter().map(|(p, n)| (p.to_string(), *n)).collect();
+        cp.put_service(&svc, "IPv4", &[(net.pods[0].to_string(), None)], "node1")?;
+        cp.kubectl(&[
+            "patch",
+            "service",
+            "vm1",
+            "-n",
+            "default",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"externalTrafficPolicy":"Local"}}"#,
+        ])?;
+        cp.wait_ready_endpoint("vm1", &net.pods[0].to_string(), Duration::from_secs(30))?;
+        let (lb, pod) = (net.lbs[0].to_string(), net.pods[0].to_string());
+        eventually(Duration::from_secs(30), || {
+            let table = ok_in(&t.node(), &["nft", "list", "table", "ip", "kube-proxy"])?;
+            if table.contains(&lb) && table.contains(&pod) {
+                Ok(())
+            } else {
+                bail!("kube-proxy has not programmed {lb} -> {pod} yet:\n{table}")
+            }
+        })?;
+        Ok(cp)
     }
 
     fn rx_packets(ns: &str, dev: &str) -> Result<u64> {
@@ -375,7 +448,7 @@ mod datapath {
     }
 
     pub fn run(args: &[String]) -> Result<()> {
-        let reps: usize = args.first().and_then(|r| r.parse().ok()).unwrap_or(3);
+        let reps: usize = args.first().and_then(|r| r.parse().ok()).unwrap_or(5);
         let net = Net::new(Fam::V4);
         let mut results = serde_json::Map::new();
         // DPBENCH_CASES, DPBENCH_OFFLOADS (profiling aids): only these
