@@ -281,6 +281,9 @@ pub fn benchmarks_md(
              - The fast path hands packets to the pod's namespace directly (`bpf_redirect_peer`); the baseline \
              goes through the host's routing and the veth. Its gain is what the host stack costs here.\n",
         );
+        if let Some(d) = &datapath_ref {
+            md.push_str(&repetition_spread(d));
+        }
     }
     if control_ref.is_some() {
         md.push_str(
@@ -293,6 +296,51 @@ pub fn benchmarks_md(
         );
     }
     md
+}
+
+/// How far the repetitions of one measure spread in this run (max / min
+/// over a cell's runs), per metric: the median cell and the range over
+/// every case, direction and offload setting.
+fn repetition_spread(d: &Value) -> String {
+    let mut parts = Vec::new();
+    for (key, label, _) in METRICS {
+        let mut spreads: Vec<f64> = d["datapath"]
+            .as_object()
+            .into_iter()
+            .flat_map(|settings| settings.values())
+            .filter_map(Value::as_object)
+            .flat_map(|cases| cases.values())
+            .filter_map(Value::as_object)
+            .flat_map(|dirs| dirs.values())
+            .filter_map(|m| m[key]["runs"].as_array())
+            .map(|runs| {
+                let runs: Vec<f64> = runs.iter().map(f).filter(|x| x.is_finite()).collect();
+                let max = runs.iter().copied().fold(f64::NAN, f64::max);
+                let min = runs.iter().copied().fold(f64::NAN, f64::min);
+                max / min
+            })
+            .filter(|x| x.is_finite())
+            .collect();
+        if spreads.is_empty() {
+            continue;
+        }
+        spreads.sort_by(|a, b| a.total_cmp(b));
+        parts.push(format!(
+            "{label}: {:.2} ({:.2}-{:.2})",
+            spreads[spreads.len() / 2],
+            spreads[0],
+            spreads[spreads.len() - 1]
+        ));
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!(
+        "- The repetitions of one measure spread, max / min, median cell (range): {}. The tables compare \
+         medians of cases measured in turns, and the A/A control shows which differences are noise; a single \
+         repetition says little on this machine.\n",
+        parts.join("; ")
+    )
 }
 
 /// The issues' targets, checked against this run's numbers.
