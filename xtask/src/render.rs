@@ -312,13 +312,8 @@ fn repetition_spread(d: &Value) -> String {
             .flat_map(|cases| cases.values())
             .filter_map(Value::as_object)
             .flat_map(|dirs| dirs.values())
-            .filter_map(|m| m[key]["runs"].as_array())
-            .map(|runs| {
-                let runs: Vec<f64> = runs.iter().map(f).filter(|x| x.is_finite()).collect();
-                let max = runs.iter().copied().fold(f64::NAN, f64::max);
-                let min = runs.iter().copied().fold(f64::NAN, f64::min);
-                max / min
-            })
+            // The benchmark's own summary of the cell's runs.
+            .map(|m| f(&m[key]["max"]) / f(&m[key]["min"]))
             .filter(|x| x.is_finite())
             .collect();
         if spreads.is_empty() {
