@@ -25,7 +25,7 @@ mod nat;
 mod parse;
 
 use aya_ebpf::{
-    bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
+    bindings::{TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC},
     btf_maps::lpm_trie::Key,
     macros::classifier,
     programs::TcContext,
@@ -455,6 +455,14 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
 #[classifier]
 pub fn cozy_pass(_ctx: TcContext) -> i32 {
     PASS
+}
+
+/// Ends the chain (`TC_ACT_OK`) as another agent's program does (Cilium's
+/// never return "next"): never attached by cozy-proxy; the coexistence
+/// tests attach it ahead of and behind ours, as another agent would.
+#[classifier]
+pub fn test_chain_end(_ctx: TcContext) -> i32 {
+    TC_ACT_OK as i32
 }
 
 #[cfg(not(test))]

@@ -4,6 +4,7 @@
 //! `cozy-proxy dump` and real traffic), and the Kubernetes API stand-in.
 //! The tests, the demo and the benchmarks share it.
 
+pub mod agent;
 pub mod bpf;
 pub mod cluster;
 pub mod frames;

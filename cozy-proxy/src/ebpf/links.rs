@@ -1,23 +1,33 @@
-//! Attaching the two programs to interfaces, with links pinned under
-//! `<pin dir>/links/` so they outlive the process: a restart re-points them
-//! to the new programs atomically (`bpf_link_update`), never detaching.
+//! Attaching the two programs to interfaces, first on each hook, with links
+//! pinned under `<pin dir>/links/` so they outlive the process: a restart
+//! re-points them to the new programs atomically (`bpf_link_update`), never
+//! detaching.
+//!
+//! Ours run first (see `chain.rs` for why): a tcx link is attached before
+//! every other program (`BPF_F_BEFORE`); when another agent later puts its
+//! program ahead, ours is put back first by attaching the other loaded
+//! instance of the same program at the head (the kernel runs a program once
+//! per hook, so it cannot be the same one) and pinning its link over the
+//! old one's pin, which lets the old link go: no moment without ours.
 //!
 //! Before tcx (kernels before 6.6, or `--tc-attach netlink`) a program is a
 //! tc filter in the interface's clsact qdisc, which is no BPF link and
 //! cannot be pinned (nor can a record of it: a bpffs holds no plain
-//! files). Our filters therefore sit at a fixed place, priority
-//! [`TC_PRIORITY`] and handle [`TC_HANDLE`] on each hook, as Cilium's do:
-//! a restart replaces the program of that very filter in place (netlink,
-//! without NLM_F_CREATE), and cleanup deletes it on every interface.
-//! Without that, each restart added one more filter and cleanup left them
-//! running.
+//! files). Our filters sit at priority [`TC_PRIORITY`] (1, the first there
+//! is) under one of the handles [`TC_HANDLES`]: a restart replaces the
+//! program of that very filter in place (netlink, without NLM_F_CREATE),
+//! and cleanup deletes both on every interface. Within one priority the
+//! kernel runs the filter added last first: ours is put ahead of another
+//! agent's filter at priority 1 by adding it again under the other handle,
+//! then deleting the first.
+use super::chain::{self, Place};
 use super::EbpfError;
 use super::TcAttach;
-use crate::netlink::route::Link;
+use crate::netlink::{route::Link, tc, NlSocket};
 use aya::{
     programs::{
-        links::{FdLink, PinnedLink},
-        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions},
+        links::{FdLink, LinkOrder, PinnedLink},
+        tc::{self as aya_tc, NlOptions, SchedClassifierLink, TcAttachOptions},
         SchedClassifier, TcAttachType,
     },
     Ebpf,
@@ -45,51 +55,187 @@ fn pin_path(pin_dir: &Path, ifindex: u32, hook: &str) -> PathBuf {
 
 /// Where our tc filters sit on each clsact hook (legacy attachments).
 pub const TC_PRIORITY: u16 = 1;
-pub const TC_HANDLE: u32 = 0xc0;
+pub const TC_HANDLES: [u32; 2] = [0xc0, 0xc1];
+/// ETH_P_ALL: the protocol our filters (aya's) match.
+const ETH_P_ALL: u16 = 3;
 
-fn our_filter(interface: &str, hook: TcAttachType) -> std::io::Result<SchedClassifierLink> {
-    SchedClassifierLink::attached(interface, hook, TC_PRIORITY, TC_HANDLE.into(), None)
+/// Is this tc filter one of ours?
+pub fn is_our_filter(f: &tc::Filter) -> bool {
+    f.priority == TC_PRIORITY && TC_HANDLES.contains(&f.handle) && f.kind == "bpf"
 }
 
-/// Attaches `prog` to `link`'s `hook` as our tc filter: the program of the
-/// one already there is replaced in place, else the filter is added.
-fn attach_tc_filter(
+/// A filter that runs at our priority or before, and that ours cannot be
+/// put ahead of: at a lower priority number (none is lower than ours), or
+/// at ours but not of ours' kind (one priority holds one classifier kind
+/// and protocol: the kernel refuses ours there).
+fn blocks_ours(f: &tc::Filter) -> bool {
+    !is_our_filter(f)
+        && (f.priority < TC_PRIORITY
+            || (f.priority == TC_PRIORITY && (f.kind != "bpf" || f.protocol != ETH_P_ALL)))
+}
+
+/// Describes a filter for an error or a log line.
+fn describe(f: &tc::Filter) -> String {
+    let prog = f
+        .program
+        .as_ref()
+        .map(|(name, id)| format!(" program {name} (id {id})"))
+        .unwrap_or_default();
+    format!(
+        "{} filter{prog} at priority {} handle {:#x}",
+        f.kind, f.priority, f.handle
+    )
+}
+
+/// What keeps our tc filters from running first on `link`'s `hook`, if
+/// anything: a filter ours cannot be put ahead of, or (on a kernel with
+/// tcx) another agent's tcx programs, which run before every tc filter.
+pub fn tc_blocker(
+    sock: &NlSocket,
+    link: &Link,
+    hook: TcAttachType,
+    hook_name: &str,
+    our_tcx: &BTreeSet<u32>,
+) -> Result<Option<String>, EbpfError> {
+    if tcx_available() {
+        let mut others =
+            chain::tcx_program_ids(link.index, hook).map_err(|source| EbpfError::Io {
+                path: PathBuf::from(format!("tcx {hook_name} of {}", link.name)),
+                source,
+            })?;
+        others.retain(|id| !our_tcx.contains(id));
+        if !others.is_empty() {
+            let names = chain::program_names(&others);
+            return Ok(Some(format!(
+                "tcx programs {:?} on {} {hook_name} run before every tc filter: attach with tcx \
+                 (--tc-attach auto) or move that agent to tc filters",
+                names.values().collect::<Vec<_>>(),
+                link.name
+            )));
+        }
+    }
+    let filters = tc::filters(sock, link.index, chain::tc_parent(hook))?;
+    Ok(filters.iter().find(|f| blocks_ours(f)).map(|f| {
+        format!(
+            "a {} on {} {hook_name} runs before ours, which cannot be put ahead of it (ours sit at \
+             priority {TC_PRIORITY}, the first there is): give that agent's filters a priority of \
+             {} or more (Cilium: --bpf-filter-priority), or attach with tcx on kernels 6.6+",
+            describe(f),
+            link.name,
+            TC_PRIORITY + 1
+        )
+    }))
+}
+
+fn our_filter(
+    interface: &str,
+    hook: TcAttachType,
+    handle: u32,
+) -> std::io::Result<SchedClassifierLink> {
+    SchedClassifierLink::attached(interface, hook, TC_PRIORITY, handle.into(), None)
+}
+
+/// Adds `prog` to `link`'s `hook` as a filter of ours under `handle`.
+fn add_tc_filter(
     prog: &mut SchedClassifier,
     link: &Link,
     hook: TcAttachType,
+    handle: u32,
 ) -> Result<(), EbpfError> {
     let err = |source| EbpfError::Attach {
         interface: link.name.clone(),
         source,
     };
-    let _ = tc::qdisc_add_clsact(&link.name);
-    let existing = our_filter(&link.name, hook).map_err(|e| err(e.into()))?;
-    let id = match prog.attach_to_link(existing) {
-        Ok(id) => id,
-        // Not there yet (or gone): added at our place.
-        Err(_) => prog
-            .attach_with_options(
-                &link.name,
-                hook,
-                TcAttachOptions::Netlink(NlOptions {
-                    priority: TC_PRIORITY,
-                    handle: TC_HANDLE.into(),
-                    ..Default::default()
-                }),
-            )
-            .map_err(err)?,
-    };
+    let id = prog
+        .attach_with_options(
+            &link.name,
+            hook,
+            TcAttachOptions::Netlink(NlOptions {
+                priority: TC_PRIORITY,
+                handle: handle.into(),
+                ..Default::default()
+            }),
+        )
+        .map_err(err)?;
     // Not dropped: dropping a tc link deletes the filter.
     std::mem::forget(prog.take_link(id).map_err(err)?);
     Ok(())
 }
 
+/// Attaches `prog` to `link`'s `hook` as our tc filter: the program of the
+/// one already there is replaced in place, else the filter is added; then
+/// put first (see [`keep_tc_first`]).
+fn attach_tc_filter(
+    sock: &NlSocket,
+    prog: &mut SchedClassifier,
+    link: &Link,
+    (hook, hook_name): (TcAttachType, &str),
+) -> Result<(), EbpfError> {
+    let _ = aya_tc::qdisc_add_clsact(&link.name);
+    let filters = tc::filters(sock, link.index, chain::tc_parent(hook))?;
+    let existing = filters.iter().find(|f| is_our_filter(f)).map(|f| f.handle);
+    let replaced = existing.is_some_and(|handle| {
+        our_filter(&link.name, hook, handle)
+            .ok()
+            .and_then(|l| prog.attach_to_link(l).ok())
+            .and_then(|id| prog.take_link(id).ok())
+            .map(std::mem::forget)
+            .is_some()
+    });
+    if !replaced {
+        if let Err(e) = add_tc_filter(prog, link, hook, TC_HANDLES[0]) {
+            // Name what holds our place, if anything does.
+            if let Some(why) = tc_blocker(sock, link, hook, hook_name, &BTreeSet::new())? {
+                return Err(EbpfError::Blocked(why));
+            }
+            return Err(e);
+        }
+    }
+    keep_tc_first(sock, prog, link, (hook, hook_name)).map(|_| ())
+}
+
+/// Puts our tc filter first on `link`'s `hook` if another runs before it:
+/// added again under the other handle (the newest filter of a priority
+/// runs first), then the displaced one deleted. Returns whether it moved.
+pub fn keep_tc_first(
+    sock: &NlSocket,
+    prog: &mut SchedClassifier,
+    link: &Link,
+    (hook, hook_name): (TcAttachType, &str),
+) -> Result<bool, EbpfError> {
+    let filters = tc::filters(sock, link.index, chain::tc_parent(hook))?;
+    let Some(at) = filters.iter().position(is_our_filter) else {
+        add_tc_filter(prog, link, hook, TC_HANDLES[0])?;
+        info!(interface = %link.name, hook = hook_name, "our tc filter was gone; added again");
+        return Ok(true);
+    };
+    if at == 0 {
+        return Ok(false);
+    }
+    if let Some(why) = tc_blocker(sock, link, hook, hook_name, &BTreeSet::new())? {
+        return Err(EbpfError::Blocked(why));
+    }
+    let old = filters[at].handle;
+    let new = TC_HANDLES.into_iter().find(|h| *h != old).unwrap_or(old);
+    let ahead: Vec<String> = filters[..at].iter().map(describe).collect();
+    add_tc_filter(prog, link, hook, new)?;
+    if let Ok(l) = our_filter(&link.name, hook, old) {
+        // Dropping the link deletes the filter.
+        drop(l);
+    }
+    warn!(interface = %link.name, hook = hook_name, ahead = ?ahead, "another agent's tc filter ran before ours; ours is first again");
+    chain::count_reclaimed();
+    Ok(true)
+}
+
 /// Deletes our tc filters (if any) from `interface`'s hooks.
 pub fn delete_tc_filters(interface: &str) {
     for (_, hook, _) in PROGRAMS {
-        // Dropping the link deletes the filter; absent, nothing happens.
-        if let Ok(link) = our_filter(interface, hook) {
-            drop(link);
+        for handle in TC_HANDLES {
+            // Dropping the link deletes the filter; absent, nothing happens.
+            if let Ok(link) = our_filter(interface, hook, handle) {
+                drop(link);
+            }
         }
     }
 }
@@ -104,10 +250,57 @@ pub fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassi
     })
 }
 
+/// Attaches `prog` to `link`'s `hook` as a new tcx link before every other
+/// program, pinned at `pin` (replacing what was pinned there: a link
+/// pinned only there is let go).
+fn attach_tcx_first(
+    prog: &mut SchedClassifier,
+    link: &Link,
+    hook: TcAttachType,
+    pin: &Path,
+) -> Result<(), EbpfError> {
+    let err = |source| EbpfError::Attach {
+        interface: link.name.clone(),
+        source,
+    };
+    // clsact is only needed where the kernel has no tcx; harmless else.
+    let _ = aya_tc::qdisc_add_clsact(&link.name);
+    let id = prog
+        .attach_with_options(
+            &link.name,
+            hook,
+            TcAttachOptions::TcxOrder(LinkOrder::first()),
+        )
+        .map_err(err)?;
+    let tc_link = prog.take_link(id).map_err(err)?;
+    let Ok(fd_link) = FdLink::try_from(tc_link) else {
+        // tcx_available() said yes: not expected.
+        warn!(interface = %link.name, "attached as a tc filter although tcx was expected");
+        return Ok(());
+    };
+    // Pinned beside, then renamed over the old pin: the old link goes
+    // only once the new one runs. (A bpffs refuses dots in names; the
+    // prefix keeps it out of [`pinned`].)
+    let fresh = pin.with_file_name(format!(
+        "new-{}",
+        pin.file_name().and_then(|n| n.to_str()).unwrap_or_default()
+    ));
+    let _ = fs::remove_file(&fresh);
+    fd_link.pin(&fresh).map_err(|source| EbpfError::PinLink {
+        path: fresh.clone(),
+        source,
+    })?;
+    fs::rename(&fresh, pin).map_err(|source| EbpfError::Io {
+        path: pin.to_path_buf(),
+        source,
+    })
+}
+
 /// Attaches both programs to `link`, or re-points its pinned links (or
-/// its recorded tc filters).
+/// its tc filters).
 pub fn attach(
     ebpf: &mut Ebpf,
+    sock: &NlSocket,
     pin_dir: &Path,
     link: &Link,
     mode: TcAttach,
@@ -117,7 +310,9 @@ pub fn attach(
         let pin = pin_path(pin_dir, link.index, hook_name);
         let prog = program(ebpf, name)?;
         if !tcx {
-            attach_tc_filter(prog, link, hook)?;
+            attach_tc_filter(sock, prog, link, (hook, hook_name))?;
+            // A tcx link of ours from an earlier start goes: ours run once.
+            let _ = fs::remove_file(&pin);
             info!(interface = %link.name, hook = hook_name, "attached (tc filter)");
             continue;
         }
@@ -144,20 +339,11 @@ pub fn attach(
             }
             let _ = fs::remove_file(&pin);
         }
-        // clsact is only needed where the kernel has no tcx; harmless else.
-        let _ = tc::qdisc_add_clsact(&link.name);
-        let id = prog.attach(&link.name, hook).map_err(err)?;
-        let tc_link = prog.take_link(id).map_err(err)?;
-        match FdLink::try_from(tc_link) {
-            Ok(fd_link) => {
-                fd_link.pin(&pin).map_err(|source| EbpfError::PinLink {
-                    path: pin.clone(),
-                    source,
-                })?;
-            }
-            // tcx_available() said yes: not expected.
-            Err(_) => {
-                warn!(interface = %link.name, "attached as a tc filter although tcx was expected")
+        attach_tcx_first(prog, link, hook, &pin)?;
+        // A tc filter of ours from an earlier start goes: ours run once.
+        for handle in TC_HANDLES {
+            if let Ok(l) = our_filter(&link.name, hook, handle) {
+                drop(l);
             }
         }
         info!(interface = %link.name, hook = hook_name, "attached");
@@ -165,9 +351,62 @@ pub fn attach(
     Ok(())
 }
 
+/// The program ids of our pinned tcx links.
+pub fn pinned_program_ids(pin_dir: &Path) -> BTreeSet<u32> {
+    pinned(pin_dir)
+        .iter()
+        .filter_map(|(_, path)| {
+            let link = PinnedLink::from_pin(path).ok()?;
+            Some(FdLink::from(link).info().ok()?.program_id())
+        })
+        .collect()
+}
+
+/// Puts ours first again on `link`'s tcx `hook`, or attaches it again where
+/// it is gone: `instances` are the loaded instances of the program for
+/// this hook (two, see the module's doc), `ids` their program ids in the
+/// same order. Returns whether anything changed.
+pub fn keep_tcx_first(
+    instances: [&mut SchedClassifier; 2],
+    ids: [u32; 2],
+    pin_dir: &Path,
+    link: &Link,
+    (hook, hook_name): (TcAttachType, &str),
+) -> Result<bool, EbpfError> {
+    let io = |source| EbpfError::Io {
+        path: PathBuf::from(format!("tcx {hook_name} of {}", link.name)),
+        source,
+    };
+    let chain_ids = chain::tcx_program_ids(link.index, hook).map_err(io)?;
+    let place = chain::place(&chain_ids, |id| ids.contains(&id));
+    if place == Place::First {
+        return Ok(false);
+    }
+    // The instance not on this hook (either, when none is).
+    let on_hook = chain_ids
+        .iter()
+        .find_map(|id| ids.iter().position(|i| i == id));
+    let [a, b] = instances;
+    let fresh = if on_hook == Some(0) { b } else { a };
+    let ahead: Vec<u32> = chain_ids
+        .iter()
+        .take_while(|id| !ids.contains(id))
+        .copied()
+        .collect();
+    attach_tcx_first(fresh, link, hook, &pin_path(pin_dir, link.index, hook_name))?;
+    if place == Place::Missing {
+        info!(interface = %link.name, hook = hook_name, "our tcx link was gone; attached again");
+    } else {
+        let names = chain::program_names(&ahead);
+        warn!(interface = %link.name, hook = hook_name, ahead = ?names, "another agent's program ran before ours; ours is first again");
+        chain::count_reclaimed();
+    }
+    Ok(true)
+}
+
 /// Does this kernel attach TC programs as tcx links? They came in 6.6;
 /// read once from the kernel's release.
-fn tcx_available() -> bool {
+pub fn tcx_available() -> bool {
     static TCX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *TCX.get_or_init(|| {
         let (major, minor) = kernel_version();

@@ -4,6 +4,7 @@
 mod addr_bits;
 mod batch;
 mod bpffs;
+pub mod chain;
 mod links;
 mod maps;
 
@@ -78,6 +79,9 @@ pub enum EbpfError {
     },
     #[error(transparent)]
     Netlink(#[from] NetlinkError),
+    /// Another agent's program holds the place ours must run from.
+    #[error("our programs cannot run first: {0}")]
+    Blocked(String),
 }
 
 /// Which interfaces get the programs.
@@ -132,6 +136,10 @@ pub enum TcAttach {
 /// The loaded programs and where they are attached.
 struct Programs {
     ebpf: aya::Ebpf,
+    /// A second load of the same object, on the same pinned maps: what puts
+    /// ours first again on a tcx hook where another agent's program got
+    /// ahead (see links.rs). Loaded the first time it is needed.
+    spare: Option<aya::Ebpf>,
     /// Link notifications (RTMGRP_LINK): interfaces to follow.
     link_events: NlSocket,
     attached: BTreeSet<u32>,
@@ -143,6 +151,127 @@ struct Programs {
     /// with their own maps, so even an upgrade that changes the maps' layout
     /// translates without a gap.
     live: bool,
+    /// Hooks where ours could not be put first (warned once each).
+    behind: BTreeSet<(u32, &'static str)>,
+}
+
+impl Programs {
+    /// The ids of both instances of program `name` (0: the spare is not
+    /// loaded).
+    fn ids(&mut self, name: &str) -> Result<[u32; 2], EbpfError> {
+        let id = |ebpf: &mut aya::Ebpf| -> Result<u32, EbpfError> {
+            let prog = links::program(ebpf, name)?;
+            let info = prog.info().map_err(|source| EbpfError::Program {
+                name: name.to_string(),
+                source,
+            })?;
+            Ok(info.id())
+        };
+        let spare = match self.spare.as_mut() {
+            Some(s) => id(s)?,
+            None => 0,
+        };
+        Ok([id(&mut self.ebpf)?, spare])
+    }
+
+    /// Keeps program `name` first on `link`'s `hook` (see links.rs).
+    fn keep_first(
+        &mut self,
+        rtnl: &NlSocket,
+        cfg: &EbpfConfig,
+        link: &route::Link,
+        (name, hook, hook_name): (&str, aya::programs::TcAttachType, &'static str),
+    ) -> Result<(), EbpfError> {
+        if !(cfg.tc_attach == TcAttach::Auto && links::tcx_available()) {
+            let prog = links::program(&mut self.ebpf, name)?;
+            return links::keep_tc_first(rtnl, prog, link, (hook, hook_name)).map(|_| ());
+        }
+        let ids = self.ids(name)?;
+        let chain_ids =
+            chain::tcx_program_ids(link.index, hook).map_err(|source| EbpfError::Io {
+                path: PathBuf::from(format!("tcx {hook_name} of {}", link.name)),
+                source,
+            })?;
+        if chain::place(&chain_ids, |id| ids.contains(&id)) == chain::Place::First {
+            return Ok(());
+        }
+        if self.spare.is_none() {
+            self.spare = Some(load_object(&cfg.pin_dir)?);
+        }
+        let ids = self.ids(name)?;
+        let Some(spare) = self.spare.as_mut() else {
+            return Ok(());
+        };
+        let instances = [
+            links::program(&mut self.ebpf, name)?,
+            links::program(spare, name)?,
+        ];
+        links::keep_tcx_first(instances, ids, &cfg.pin_dir, link, (hook, hook_name)).map(|_| ())
+    }
+}
+
+/// Loads the embedded object on the maps pinned under `pin_dir` (created
+/// and pinned where absent), with both programs loaded into the kernel.
+fn load_object(pin_dir: &Path) -> Result<aya::Ebpf, EbpfError> {
+    let mut loader = EbpfLoader::new();
+    for name in names::ALL {
+        loader.map_pin_path(name, pin_dir.join(name));
+    }
+    let mut ebpf = loader.load(OBJECT)?;
+    for (name, _, _) in links::PROGRAMS {
+        links::program(&mut ebpf, name)?
+            .load()
+            .map_err(|source| EbpfError::Program {
+                name: name.into(),
+                source,
+            })?;
+    }
+    Ok(ebpf)
+}
+
+/// The interfaces the programs go on: with `auto`, every Ethernet-type
+/// interface but loopback; else those named that exist (`warn_missing`:
+/// say which do not yet).
+fn wanted_links<'a>(
+    all: &'a [route::Link],
+    interfaces: &Interfaces,
+    warn_missing: bool,
+) -> Vec<&'a route::Link> {
+    match interfaces {
+        Interfaces::Auto => all
+            .iter()
+            .filter(|l| l.kind == route::ARPHRD_ETHER && l.name != "lo")
+            .collect(),
+        Interfaces::Named(names) => {
+            let mut v = Vec::new();
+            for n in names {
+                match all.iter().find(|l| &l.name == n) {
+                    Some(l) => v.push(l),
+                    // Named but absent: attached when it appears.
+                    None if warn_missing => warn!(interface = %n, "interface not found yet"),
+                    None => {}
+                }
+            }
+            v
+        }
+    }
+}
+
+/// With tc filters: refuses to start where another agent's filter (or tcx
+/// program) would run before ours on a hook of an interface we attach to
+/// and ours cannot be put ahead of it (see `links::tc_blocker`).
+fn refuse_blocked_tc_hooks(rtnl: &NlSocket, cfg: &EbpfConfig) -> Result<(), EbpfError> {
+    let all = route::links(rtnl)?;
+    // Our own tcx links of an earlier start go once our filters are in.
+    let ours = links::pinned_program_ids(&cfg.pin_dir);
+    for link in wanted_links(&all, &cfg.interfaces, false) {
+        for (_, hook, hook_name) in links::PROGRAMS {
+            if let Some(why) = links::tc_blocker(rtnl, link, hook, hook_name, &ours)? {
+                return Err(EbpfError::Blocked(why));
+            }
+        }
+    }
+    Ok(())
 }
 
 pub struct EbpfKernel {
@@ -216,18 +345,10 @@ impl EbpfKernel {
         let links_dir = links::links_dir(&cfg.pin_dir);
         fs::create_dir_all(&links_dir).map_err(io(&links_dir))?;
         maps::drop_incompatible_pins(&cfg.pin_dir);
-        let mut loader = EbpfLoader::new();
-        for name in names::ALL {
-            loader.map_pin_path(name, cfg.pin_dir.join(name));
-        }
-        let mut ebpf = loader.load(OBJECT)?;
-        for (name, _, _) in links::PROGRAMS {
-            links::program(&mut ebpf, name)?
-                .load()
-                .map_err(|source| EbpfError::Program {
-                    name: name.into(),
-                    source,
-                })?;
+        let ebpf = load_object(&cfg.pin_dir)?;
+        let rtnl = NlSocket::open(libc::NETLINK_ROUTE)?;
+        if cfg.tc_attach == TcAttach::Netlink {
+            refuse_blocked_tc_hooks(&rtnl, &cfg)?;
         }
         let mut maps = Maps::open(&cfg.pin_dir)?;
         maps.configure(cozy_proxy_common::Config {
@@ -238,12 +359,14 @@ impl EbpfKernel {
             cfg,
             programs: Some(Programs {
                 ebpf,
+                spare: None,
                 link_events: NlSocket::subscribe(libc::NETLINK_ROUTE, libc::RTMGRP_LINK as u32)?,
                 attached: BTreeSet::new(),
                 failed: BTreeSet::new(),
                 live: false,
+                behind: BTreeSet::new(),
             }),
-            rtnl: NlSocket::open(libc::NETLINK_ROUTE)?,
+            rtnl,
             steering: Steering::open()?,
             last_sweep: Instant::now(),
             node_addresses: None,
@@ -252,40 +375,28 @@ impl EbpfKernel {
     }
 
     /// Attaches to interfaces not yet attached (new pod veths), forgets
-    /// vanished ones.
+    /// vanished ones, and keeps ours first on every hook.
     fn follow_interfaces(&mut self) -> Result<(), EbpfError> {
         let Some(p) = self.programs.as_mut().filter(|p| p.live) else {
             return Ok(());
         };
         let all = route::links(&self.rtnl)?;
         let live: BTreeSet<u32> = all.iter().map(|l| l.index).collect();
-        let wanted: Vec<&route::Link> = match &self.cfg.interfaces {
-            Interfaces::Auto => all
-                .iter()
-                .filter(|l| l.kind == route::ARPHRD_ETHER && l.name != "lo")
-                .collect(),
-            Interfaces::Named(names) => {
-                let mut v = Vec::new();
-                for n in names {
-                    match all.iter().find(|l| &l.name == n) {
-                        Some(l) => v.push(l),
-                        // Named but absent: attached when it appears.
-                        None if p.attached.is_empty() => {
-                            warn!(interface = %n, "interface not found yet")
-                        }
-                        None => {}
-                    }
-                }
-                v
-            }
-        };
+        let wanted = wanted_links(&all, &self.cfg.interfaces, p.attached.is_empty());
         // One interface that cannot be attached does not keep the others
         // from being attached.
-        for link in wanted {
+        for link in &wanted {
             if p.attached.contains(&link.index) {
                 continue;
             }
-            match links::attach(&mut p.ebpf, &self.cfg.pin_dir, link, self.cfg.tc_attach) {
+            let attached = links::attach(
+                &mut p.ebpf,
+                &self.rtnl,
+                &self.cfg.pin_dir,
+                link,
+                self.cfg.tc_attach,
+            );
+            match attached {
                 Ok(()) => {
                     p.attached.insert(link.index);
                     p.failed.remove(&link.index);
@@ -299,6 +410,24 @@ impl EbpfKernel {
         p.attached.retain(|i| live.contains(i));
         p.failed.retain(|i| live.contains(i));
         links::forget_vanished(&self.cfg.pin_dir, &live);
+        let mut behind = 0;
+        let attached: Vec<&route::Link> = (wanted.iter().copied())
+            .filter(|l| p.attached.contains(&l.index))
+            .collect();
+        for link in attached {
+            for (name, hook, hook_name) in links::PROGRAMS {
+                if let Err(e) = p.keep_first(&self.rtnl, &self.cfg, link, (name, hook, hook_name)) {
+                    behind += 1;
+                    if p.behind.insert((link.index, hook_name)) {
+                        warn!(interface = %link.name, hook = hook_name, error = %e, "another program runs before ours and ours cannot be put first: traffic here is not translated");
+                    }
+                } else {
+                    p.behind.remove(&(link.index, hook_name));
+                }
+            }
+        }
+        p.behind.retain(|(i, _)| live.contains(i));
+        chain::set_behind(behind);
         Ok(())
     }
 
@@ -347,6 +476,31 @@ impl EbpfKernel {
         maps.sync_node_addresses(&locals)?;
         self.node_addresses = Some(locals);
         Ok(())
+    }
+
+    /// Each hook our programs are on, with every program there in the order
+    /// they run: ours are those of our pinned links (tcx), or our filters.
+    fn chains(&self, all: &[route::Link]) -> Result<Vec<chain::HookChain>, EbpfError> {
+        let mut out = Vec::new();
+        let pinned = links::pinned(&self.cfg.pin_dir);
+        let our_ids = links::pinned_program_ids(&self.cfg.pin_dir);
+        let with_pins: BTreeSet<u32> = pinned.iter().map(|(i, _)| *i).collect();
+        for link in all {
+            for (_, hook, hook_name) in links::PROGRAMS {
+                let c = if with_pins.contains(&link.index) {
+                    let ours = |id: u32| our_ids.contains(&id);
+                    chain::tcx_chain(&link.name, link.index, (hook, hook_name), &ours)
+                        .map_err(io(Path::new(&link.name)))?
+                } else {
+                    let ours = |f: &crate::netlink::tc::Filter| links::is_our_filter(f);
+                    chain::tc_chain(&self.rtnl, &link.name, link.index, (hook, hook_name), &ours)?
+                };
+                if c.ours_at.is_some() {
+                    out.push(c);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Forgets the flows quiet for longer than their timeout; returns how
@@ -515,6 +669,7 @@ impl Kernel for EbpfKernel {
             .into_iter()
             .map(|(index, path)| json!({ "ifindex": index, "interface": name_of(index), "pin": path }))
             .collect();
+        let chains = self.chains(&links_by_index)?;
         let mut state = maps.read_state()?;
         state.routes = self.steering.routes()?;
         let routes: Vec<String> = state
@@ -536,6 +691,7 @@ impl Kernel for EbpfKernel {
             details: json!({
                 "pin_dir": pin_dir,
                 "attachments": attachments,
+                "chains": chains,
                 "routes": routes,
             }),
         })
@@ -557,6 +713,7 @@ impl Kernel for EbpfKernel {
         for link in route::links(&self.rtnl)? {
             links::delete_tc_filters(&link.name);
         }
+        chain::set_behind(0);
         for name in names::ALL {
             let _ = fs::remove_file(pin_dir.join(name));
         }

@@ -43,6 +43,26 @@ pub struct Link {
     /// (a pod's interface): BPF can hand a packet to that peer directly
     /// (`bpf_redirect_peer`).
     pub peer_elsewhere: bool,
+    /// The device it is enslaved to (IFLA_MASTER): a bridge, a bond, an
+    /// Open vSwitch datapath, a VRF.
+    pub master: Option<u32>,
+    /// Its own kind (IFLA_INFO_KIND: "veth", "bridge", "bond", "vlan",
+    /// "vxlan", "openvswitch", ...), empty for a physical device.
+    pub info_kind: String,
+    /// What its master makes of it (IFLA_INFO_SLAVE_KIND: "bridge",
+    /// "bond", "openvswitch", ...), empty when it has none.
+    pub slave_kind: String,
+}
+
+impl Link {
+    /// A port of a Linux bridge.
+    pub fn is_bridge_port(&self) -> bool {
+        self.master.is_some() && self.slave_kind == "bridge"
+    }
+
+    pub fn is_bridge(&self) -> bool {
+        self.info_kind == "bridge"
+    }
 }
 
 pub fn links(sock: &NlSocket) -> Result<Vec<Link>, NetlinkError> {
@@ -59,16 +79,22 @@ pub fn links(sock: &NlSocket) -> Result<Vec<Link>, NetlinkError> {
             continue;
         };
         let body = &a[IFINFOMSG_LEN..];
-        let pair_kind = attr(body, libc::IFLA_LINKINFO)
-            .and_then(|info| attr_str(info, libc::IFLA_INFO_KIND))
-            .is_some_and(|k| k == "veth" || k == "netkit");
+        let info = attr(body, libc::IFLA_LINKINFO);
+        let info_str = |t: u16| info.and_then(|i| attr_str(i, t)).unwrap_or_default();
+        let info_kind = info_str(libc::IFLA_INFO_KIND);
+        let slave_kind = info_str(libc::IFLA_INFO_SLAVE_KIND);
+        let pair_kind = info_kind == "veth" || info_kind == "netkit";
         let peer_elsewhere = pair_kind && attr(body, libc::IFLA_LINK_NETNSID).is_some();
+        let master = u32_attr(body, libc::IFLA_MASTER).filter(|m| *m != 0);
         if let Ok(index) = u32::try_from(index) {
             out.push(Link {
                 index,
                 name,
                 kind,
                 peer_elsewhere,
+                master,
+                info_kind,
+                slave_kind,
             });
         }
     }

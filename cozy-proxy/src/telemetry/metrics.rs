@@ -8,7 +8,7 @@ use prometheus_client::{
     metrics::{
         counter::{ConstCounter, Counter},
         family::Family,
-        gauge::Gauge,
+        gauge::{ConstGauge, Gauge},
         histogram::{exponential_buckets, Histogram},
         MetricType,
     },
@@ -94,6 +94,31 @@ impl Collector for InterruptedDumps {
     }
 }
 
+/// Where the eBPF programs run among other agents' programs (ebpf/chain.rs),
+/// read at scrape.
+#[derive(Debug)]
+struct HookPlaces;
+
+impl Collector for HookPlaces {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use crate::ebpf::chain;
+        let family = encoder.encode_descriptor(
+            "ebpf_hooks_reclaimed",
+            "Times another agent's program was found running before ours on a hook and ours was put first again",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(chain::reclaimed()).encode(family)?;
+        let family = encoder.encode_descriptor(
+            "ebpf_hooks_behind",
+            "Hooks where another agent's program runs before ours and ours could not be put first (traffic there is not translated)",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(chain::behind() as i64).encode(family)
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
@@ -165,6 +190,7 @@ impl Metrics {
         );
         registry.register_collector(Box::new(DatapathCounters(m.datapath_counters.clone())));
         registry.register_collector(Box::new(InterruptedDumps));
+        registry.register_collector(Box::new(HookPlaces));
         Metrics { registry, ..m }
     }
 

@@ -1,0 +1,220 @@
+//! Scenario 33: another agent's programs on the hooks cozy-proxy uses, as
+//! Cilium attaches them (a program that ends the chain, `TC_ACT_OK`): tcx
+//! links at the head and at the tail of every hook, before cozy-proxy
+//! starts, after, and re-attached while it runs (an agent restart); tc
+//! filters at priority 1 on the legacy path. In each case ours run first,
+//! and the outside reaches the pod through its LB IP and the pod's traffic
+//! leaves with its LB IP, both families. Needs root.
+use anyhow::{ensure, Context, Result};
+use cozy_proxy_testkit::{
+    agent::{OtherAgent, Place},
+    manifests::Svc,
+    net::Fam,
+    scenario::WEB,
+    sh::ok_in,
+    traffic::{eventually, SETTLE},
+    Backend, Env,
+};
+use serde_json::Value;
+use std::time::Duration;
+
+/// The hooks the other agent takes: the uplink's and pod1's.
+const DEVS: [&str; 2] = ["uplink", "pod1"];
+
+fn setup(fam: Fam, extra: &[&str]) -> Result<Env> {
+    let mut env = Env::new(Backend::Ebpf, fam)?;
+    if !extra.is_empty() {
+        env.ctl.extra_args = extra.iter().map(|a| a.to_string()).collect();
+        env.ctl.restart()?;
+    }
+    env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
+    env.settle()?;
+    Ok(env)
+}
+
+/// The outside reaches pod1 through its LB IP (seeing the client), and
+/// pod1's own traffic leaves with its LB IP.
+fn both_ways(env: &Env) -> Result<()> {
+    let _web = env.serve_tcp(1, WEB)?;
+    env.tcp_reaches(env.lb(0), WEB, 1)?;
+    env.egress_seen_as(1, env.lb(0))
+}
+
+/// `cozy-proxy dump`'s chains: every hook of `DEVS`, ours first, with the
+/// other agent's program also there.
+fn ours_first(env: &Env) -> Result<Value> {
+    let pins = env.ctl.pin_dir.display().to_string();
+    let dump: Value = serde_json::from_str(&ok_in(
+        &env.topo.node(),
+        &[
+            &cozy_proxy_testkit::bin(),
+            "dump",
+            "--backend",
+            "ebpf",
+            "-o",
+            "json",
+            "--bpf-pin-dir",
+            &pins,
+        ],
+    )?)?;
+    let chains = dump["details"]["chains"]
+        .as_array()
+        .context("chains")?
+        .clone();
+    for dev in DEVS {
+        for hook in ["ingress", "egress"] {
+            let c = chains
+                .iter()
+                .find(|c| c["interface"] == dev && c["hook"] == hook)
+                .with_context(|| format!("no chain for {dev} {hook}: {chains:?}"))?;
+            ensure!(c["ours_at"] == 0, "ours not first on {dev} {hook}: {c}");
+            let progs = c["programs"].as_array().context("programs")?;
+            ensure!(
+                progs.iter().any(|p| p["name"] == "test_chain_end"),
+                "the other agent's program is missing from {dev} {hook}: {c}"
+            );
+        }
+    }
+    Ok(Value::Array(chains))
+}
+
+fn eventually_first(env: &Env) -> Result<Value> {
+    eventually(Duration::from_secs(5), || ours_first(env)).with_context(|| env.ctl.log_text())
+}
+
+fn reclaimed(env: &Env) -> Result<u64> {
+    let (_, body) = env.controller_http("/metrics")?;
+    let line = body
+        .lines()
+        .find(|l| l.starts_with("cozy_proxy_ebpf_hooks_reclaimed_total "))
+        .with_context(|| format!("no reclaimed metric:\n{body}"))?;
+    Ok(line.rsplit(' ').next().unwrap_or("0").parse()?)
+}
+
+/// Stops the controller and removes what it installed (a node before
+/// cozy-proxy is deployed).
+fn stop_and_clean(env: &mut Env) -> Result<()> {
+    env.ctl.stop()?;
+    let pins = env.ctl.pin_dir.display().to_string();
+    ok_in(
+        &env.topo.node(),
+        &[
+            &cozy_proxy_testkit::bin(),
+            "cleanup",
+            "--bpf-pin-dir",
+            &pins,
+        ],
+    )
+    .map(|_| ())
+}
+
+/// tcx: the other agent at `place` on every hook before cozy-proxy starts,
+/// then re-attached at the head while it runs (an agent restart).
+fn tcx(fam: Fam, place: Place) -> Result<()> {
+    let mut env = setup(fam, &[])?;
+    let mut agent = OtherAgent::new()?;
+    stop_and_clean(&mut env)?;
+    agent.attach_all(&env.topo.node(), &DEVS, place)?;
+    env.ctl.restart()?;
+    env.settle()?;
+    both_ways(&env).context("the other agent attached before the start")?;
+    eventually_first(&env)?;
+    // The agent restarts: its programs go, and come back at the head.
+    let before = reclaimed(&env)?;
+    agent.detach_all()?;
+    agent.attach_all(&env.topo.node(), &DEVS, Place::TcxHead)?;
+    both_ways(&env).context("the other agent re-attached at the head while running")?;
+    eventually_first(&env)?;
+    let after = reclaimed(&env)?;
+    ensure!(
+        after >= before + 4,
+        "reclaimed {before} -> {after}: four hooks were taken"
+    );
+    // Once more, at the tail: it stays behind ours.
+    agent.detach_all()?;
+    agent.attach_all(&env.topo.node(), &DEVS, Place::TcxTail)?;
+    std::thread::sleep(Duration::from_millis(500));
+    ours_first(&env)?;
+    both_ways(&env)
+}
+
+#[test]
+fn tcx_head_v4() -> Result<()> {
+    tcx(Fam::V4, Place::TcxHead)
+}
+
+#[test]
+fn tcx_head_v6() -> Result<()> {
+    tcx(Fam::V6, Place::TcxHead)
+}
+
+#[test]
+fn tcx_tail_v4() -> Result<()> {
+    tcx(Fam::V4, Place::TcxTail)
+}
+
+#[test]
+fn tcx_tail_v6() -> Result<()> {
+    tcx(Fam::V6, Place::TcxTail)
+}
+
+/// tc filters (`--tc-attach netlink`): the other agent's filter at
+/// priority 1 on every hook before cozy-proxy starts, then added again
+/// (ahead of ours) while it runs.
+fn tc_filters(fam: Fam) -> Result<()> {
+    let mut env = setup(fam, &["--tc-attach", "netlink"])?;
+    let mut agent = OtherAgent::new()?;
+    stop_and_clean(&mut env)?;
+    agent.attach_all(&env.topo.node(), &DEVS, Place::TcFilter)?;
+    env.ctl.restart()?;
+    env.settle()?;
+    both_ways(&env).context("the other agent's filters added before the start")?;
+    eventually_first(&env)?;
+    agent.detach_all()?;
+    agent.attach_all(&env.topo.node(), &DEVS, Place::TcFilter)?;
+    both_ways(&env).context("the other agent's filters added again while running")?;
+    eventually_first(&env)?;
+    ensure!(
+        reclaimed(&env)? >= 4,
+        "four hooks were taken and given back"
+    );
+    Ok(())
+}
+
+#[test]
+fn tc_filters_v4() -> Result<()> {
+    tc_filters(Fam::V4)
+}
+
+#[test]
+fn tc_filters_v6() -> Result<()> {
+    tc_filters(Fam::V6)
+}
+
+/// A filter ours cannot be put ahead of (priority 1, another protocol):
+/// `--backend ebpf` refuses to start and names it; `auto` takes nftables
+/// and says why, and traffic flows.
+#[test]
+fn a_tc_filter_ours_cannot_pass_is_refused_by_name() -> Result<()> {
+    let mut env = setup(Fam::V4, &["--tc-attach", "netlink"])?;
+    stop_and_clean(&mut env)?;
+    ok_in(
+        &env.topo.node(),
+        &[
+            "tc", "filter", "add", "dev", "uplink", "ingress", "pref", "1", "protocol", "ip",
+            "handle", "800::7", "u32", "match", "u32", "0", "0", "flowid", "1:1",
+        ],
+    )?;
+    env.ctl.restart()?;
+    eventually(SETTLE, || {
+        ensure!(!env.ctl.alive(), "still running");
+        Ok(())
+    })
+    .with_context(|| env.ctl.log_text())?;
+    let log = env.ctl.log_text();
+    ensure!(
+        log.contains("u32 filter at priority 1") && log.contains("uplink ingress"),
+        "the error does not name the filter:\n{log}"
+    );
+    Ok(())
+}
