@@ -77,13 +77,16 @@ pub fn next_hop(ctx: &TcContext, p: &Packet, src: &IpKey, dst: &IpKey) -> Option
     })
 }
 
-/// Can the packet be forwarded here (a hop limit above 1, no VLAN tag in
-/// the frame)? The stack answers
-/// the others (time exceeded).
+/// Can the packet be forwarded here (a hop limit above 1, no VLAN tag)?
+/// The stack answers the others (time exceeded; a frame of a VLAN the node
+/// has no interface for is dropped there).
 #[inline(always)]
 pub fn forwardable(ctx: &TcContext, p: &Packet) -> bool {
-    // Not with a VLAN tag in the frame: it would go on into the pod.
-    if p.l3 != ETH_HLEN {
+    // Not with a VLAN tag in the frame, nor one the kernel moved into the
+    // skb's metadata before TC ingress: a redirect would carry it on into
+    // the pod.
+    // SAFETY: reading a field of the context the kernel passed us.
+    if p.l3 != ETH_HLEN || unsafe { (*ctx.skb.skb).vlan_present } != 0 {
         return false;
     }
     let at = p.l3 + if p.v6 { IP6_HOP_LIMIT } else { IP4_TTL };

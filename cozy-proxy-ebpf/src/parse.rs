@@ -13,7 +13,11 @@ pub const PROTO_ICMPV6: u8 = 58;
 pub const PROTO_SCTP: u8 = 132;
 
 /// IPv6 extension headers walked at most (hop-by-hop, routing, fragment,
-/// destination options): a bound the verifier can see.
+/// destination options): a bound the verifier can see. A chain longer than
+/// this ends with an extension header as the "protocol", which no port
+/// filter lists (a filtered pod does not get it), and its addresses are
+/// still guarded. Headers beyond the linear data are read all the same
+/// (see [`load`]).
 const MAX_EXT_HEADERS: usize = 4;
 
 /// Headers this deep are made linear before parsing (an skb may carry
@@ -49,6 +53,21 @@ pub fn load<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
     }
     // SAFETY: bounds checked against data_end just above.
     Some(unsafe { core::ptr::read_unaligned((start + off) as *const T) })
+}
+
+/// `size_of::<T>()` bytes at `off`: from the linear data, or, where they lie
+/// beyond it (a long extension header chain in paged data), copied out by
+/// the kernel. `None` only past the packet's end.
+#[inline(always)]
+pub fn load_any<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
+    load(ctx, off).or_else(|| copy(ctx, off))
+}
+
+/// `bpf_skb_load_bytes`, out of line: inlined, LLVM kept pointers into
+/// the context across the call, which the verifier refuses.
+#[inline(never)]
+fn copy<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
+    ctx.load::<T>(off).ok()
 }
 
 /// `size_of::<T>()` bytes at `off` read as whole 32-bit words (`T` is made
@@ -196,13 +215,15 @@ fn parse_v6(ctx: &TcContext, l3: usize) -> Option<Packet> {
         match next {
             NEXT_HOP_BY_HOP | NEXT_ROUTING | NEXT_DEST_OPTS => {
                 // Next header and length in one read (one bounds check the
-                // verifier can tie to the offset).
-                let e: [u8; 2] = load(ctx, off)?;
+                // verifier can tie to the offset). Past the packet's end:
+                // the header's own type stays the "protocol" (no filter
+                // lists it; the addresses are still guarded).
+                let Some(e) = load_any::<[u8; 2]>(ctx, off) else { break };
                 next = e[EXT_NEXT];
                 off += (e[EXT_LEN] as usize + 1) * EXT_UNIT;
             }
             NEXT_FRAGMENT => {
-                let f: [u8; FRAG6_HLEN] = load(ctx, off)?;
+                let Some(f) = load_any::<[u8; FRAG6_HLEN]>(ctx, off) else { break };
                 let field = u16::from_be_bytes([f[FRAG6_OFFSET], f[FRAG6_OFFSET + 1]]);
                 fragment = true;
                 later_fragment = field & FRAG6_OFFSET_MASK != 0;
@@ -238,7 +259,8 @@ pub fn ports(ctx: &TcContext, p: &Packet) -> Option<(u16, u16)> {
     if p.later_fragment || !has_ports(p.proto) {
         return None;
     }
-    let w: u32 = load_words(ctx, p.l4)?;
+    // Beyond the linear data after a long extension header chain: copied.
+    let w: u32 = load_words(ctx, p.l4).or_else(|| copy(ctx, p.l4))?;
     Some((be16_of(w, L4_SPORT as u32), be16_of(w, L4_DPORT as u32)))
 }
 

@@ -55,7 +55,9 @@ pub struct Spec {
     pub payload: Vec<u8>,
     /// IPv4: 4 bytes of options (IHL 6). IPv6: a hop-by-hop header.
     pub options: bool,
+    /// An 802.1Q tag in the frame, with `vlan_id` (100 by default).
     pub vlan: bool,
+    pub vlan_id: u16,
     /// (identification, offset in bytes, more fragments)
     pub fragment: Option<(u32, u16, bool)>,
     /// IPv4 UDP sent without checksum (0).
@@ -67,6 +69,10 @@ pub struct Spec {
     /// The transport segment as is (no header built, no checksum): for
     /// truncated and malformed headers.
     pub raw_l4: Option<Vec<u8>>,
+    /// IPv6: destination options headers of these lengths (bytes, a
+    /// multiple of 8), in order, before the upper-layer header; filled
+    /// with options a host skips.
+    pub dest_opts: Vec<usize>,
 }
 
 impl Spec {
@@ -81,11 +87,13 @@ impl Spec {
             payload: b"cozy-proxy test payload".to_vec(),
             options: false,
             vlan: false,
+            vlan_id: 100,
             fragment: None,
             udp_no_checksum: false,
             hop_limit: 64,
             macs: ([0x02, 0, 0, 0, 0, 1], [0x02, 0, 0, 0, 0, 2]),
             raw_l4: None,
+            dest_opts: Vec::new(),
         }
     }
 
@@ -163,7 +171,8 @@ impl Spec {
         let mut f = self.macs.0.to_vec();
         f.extend_from_slice(&self.macs.1);
         if self.vlan {
-            f.extend_from_slice(&[0x81, 0x00, 0x00, 0x64]);
+            f.extend_from_slice(&[0x81, 0x00]);
+            f.extend_from_slice(&(self.vlan_id & 0x0fff).to_be_bytes());
         }
         if !self.v6() {
             f.extend_from_slice(&[0x08, 0x00]);
@@ -190,6 +199,12 @@ impl Spec {
             f.extend_from_slice(&[0x86, 0xdd]);
             let mut ext = Vec::new();
             let mut next = self.proto;
+            for len in self.dest_opts.iter().rev() {
+                let mut h = dest_options(next, *len);
+                h.extend_from_slice(&ext);
+                ext = h;
+                next = 60;
+            }
             if let Some((id, offset, more)) = self.fragment {
                 let field = offset | u16::from(more);
                 let mut h = vec![next, 0];
@@ -217,6 +232,37 @@ impl Spec {
         f.extend_from_slice(&seg);
         f
     }
+}
+
+/// A destination options header of `len` bytes (a multiple of 8, at least
+/// 8) before `next`: options of an unknown type a host skips (type 0x1e:
+/// the two high bits 00), at most 255 bytes each, and padding (the kernel
+/// refuses more than 7 bytes of it in a row).
+fn dest_options(next: u8, len: usize) -> Vec<u8> {
+    let len = len.max(8) / 8 * 8;
+    let mut h = vec![next, (len / 8 - 1) as u8];
+    let mut left = len - 2;
+    while left > 0 {
+        match left {
+            1 => {
+                h.push(0); // Pad1
+                left = 0;
+            }
+            2..=257 => {
+                h.extend_from_slice(&[0x1e, (left - 2) as u8]);
+                h.resize(h.len() + left - 2, 0xab);
+                left = 0;
+            }
+            _ => {
+                // Never leave a single byte behind (that needs Pad1).
+                let data = if left - 257 == 1 { 254 } else { 255 };
+                h.extend_from_slice(&[0x1e, data as u8]);
+                h.resize(h.len() + data, 0xab);
+                left -= data + 2;
+            }
+        }
+    }
+    h
 }
 
 /// A parsed frame: addresses and whether every checksum is right.
@@ -551,6 +597,75 @@ pub fn send_all(ns: &str, dev: &str, frames: &[Vec<u8>]) -> Result<usize> {
                 Some(e) if sent == 0 => bail!("sendto: {e}"),
                 _ => Ok(sent),
             }
+        }
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("sender thread panicked"))?
+}
+
+/// Sends `frame` out of `dev` in `ns` as an skb whose first `linear` bytes
+/// only are in its linear data (the rest in pages, as a NIC's receive path
+/// or GRO leaves large packets): an AF_PACKET socket with a virtio-net
+/// header (PACKET_VNET_HDR) whose `hdr_len` says so. The kernel keeps a
+/// packet under a page linear whatever it is asked: `frame` must be larger
+/// (and the interface's MTU take it).
+pub fn send_paged(ns: &str, dev: &str, frame: &[u8], linear: u16) -> Result<()> {
+    const PACKET_VNET_HDR: libc::c_int = 15;
+    let ns_file = std::fs::File::open(format!("/var/run/netns/{ns}"))?;
+    let dev = std::ffi::CString::new(dev)?;
+    // struct virtio_net_hdr: flags, gso_type (none), hdr_len, gso_size,
+    // csum_start, csum_offset; little-endian (a packet socket's virtio is
+    // the legacy, host-endian one).
+    let mut buf = vec![0u8; 10];
+    buf[2..4].copy_from_slice(&linear.to_le_bytes());
+    buf.extend_from_slice(frame);
+    let dst: [u8; 6] = frame.get(..6).context("frame")?.try_into()?;
+    std::thread::spawn(move || -> Result<()> {
+        // SAFETY: setns on this short-lived thread only.
+        if unsafe { libc::setns(ns_file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            bail!("setns: {}", std::io::Error::last_os_error());
+        }
+        // SAFETY: plain syscalls on a socket we own and close.
+        unsafe {
+            let index = libc::if_nametoindex(dev.as_ptr());
+            if index == 0 {
+                bail!("no interface {dev:?}");
+            }
+            let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
+            if fd < 0 {
+                bail!("AF_PACKET socket: {}", std::io::Error::last_os_error());
+            }
+            let on: libc::c_int = 1;
+            let rc = libc::setsockopt(
+                fd,
+                libc::SOL_PACKET,
+                PACKET_VNET_HDR,
+                &on as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as u32,
+            );
+            let mut addr: libc::sockaddr_ll = std::mem::zeroed();
+            addr.sll_family = libc::AF_PACKET as u16;
+            addr.sll_ifindex = index as i32;
+            addr.sll_halen = 6;
+            addr.sll_addr[..6].copy_from_slice(&dst);
+            let n = if rc == 0 {
+                libc::sendto(
+                    fd,
+                    buf.as_ptr() as *const libc::c_void,
+                    buf.len(),
+                    0,
+                    &addr as *const _ as *const libc::sockaddr,
+                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                )
+            } else {
+                -1
+            };
+            let err = std::io::Error::last_os_error();
+            libc::close(fd);
+            if n < 0 {
+                bail!("sending a paged frame: {err}");
+            }
+            Ok(())
         }
     })
     .join()

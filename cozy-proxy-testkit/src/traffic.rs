@@ -302,7 +302,22 @@ impl Capture {
         let proc = Proc::spawn_in(
             ns,
             &[
-                "tcpdump", "-n", "-U", "-s", "0", "-Q", "in", "-i", dev, "-w", &file, filter,
+                // Immediate mode: without it, frames wait in the kernel's
+                // ring for a block to fill or a second to pass, and a
+                // capture stopped sooner misses them.
+                "tcpdump",
+                "-n",
+                "-U",
+                "--immediate-mode",
+                "-s",
+                "0",
+                "-Q",
+                "in",
+                "-i",
+                dev,
+                "-w",
+                &file,
+                filter,
             ],
             Stdio::null(),
             Stdio::from(fs::File::create(&err)?),

@@ -3,11 +3,12 @@
 //! discovery exempt only as neighbour discovery.
 use anyhow::{bail, ensure, Context, Result};
 use cozy_proxy_testkit::{
-    frames::{mac, send, Spec, ICMPV6, TCP, UDP},
+    frames::{mac, parse, send, send_paged, Spec, ICMPV6, TCP, UDP},
     manifests::Svc,
     net::Fam,
     scenario::WEB,
     sh::ok_in,
+    topology::cmd,
     traffic::{conntrack, tcp_request_from, Capture},
     Backend, Env,
 };
@@ -277,6 +278,136 @@ pub fn s31_fail_closed_and_neighbour_discovery(env: &mut Env) -> Result<()> {
             at_ext.is_empty(),
             "the solicitation came back out: {at_ext:#?}"
         );
+        extension_chain_in_paged_data(env)?;
     }
+    vlan_tagged_frames(env)
+}
+
+/// 802.1Q-tagged frames sent raw onto the uplink (the kernel moves the tag
+/// into the skb's metadata before TC ingress): one of VLAN 100, which the
+/// node has no interface for, reaches no pod (the fast path does not hand
+/// it on, tag and all); a priority-tagged one (VLAN 0) is the node's own
+/// and reaches the pod behind the LB IP, untagged.
+fn vlan_tagged_frames(env: &Env) -> Result<()> {
+    let (node, ext) = (env.topo.node(), env.topo.ext());
+    // Untagged first: the node knows pod3's link-layer address (the fast
+    // path hands on only what the FIB resolves).
+    let _udp = env.serve_udp(3, 7000)?;
+    env.udp_reaches(env.lb(1), 7000, 3)?;
+    let cap = Capture::start_pcap(&env.pod_ns(3), "eth0", "", env.scratch("vlan"))?;
+    for (vid, dport) in [(100, 7100), (0, 7000)] {
+        let mut spec = Spec::new(env.net.ext, env.lb(1), UDP).ports(4000, dport);
+        spec.vlan = true;
+        spec.vlan_id = vid;
+        send(
+            &ext,
+            "uplink",
+            &on_link(&ext, "uplink", &node, "uplink", spec)?,
+        )?;
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let frames = cap.stop_frames()?;
+    let tagged: Vec<&Vec<u8>> = frames
+        .iter()
+        .filter(|f| f.get(12..14) == Some(&[0x81, 0x00][..]))
+        .collect();
+    ensure!(tagged.is_empty(), "pod3 received tagged frames: {tagged:?}");
+    let dports: Vec<u16> = frames
+        .iter()
+        .filter_map(|f| parse(f)?.ports.map(|p| p.1))
+        .collect();
+    ensure!(
+        !dports.contains(&7100),
+        "a frame of VLAN 100 reached pod3: {dports:?}"
+    );
+    ensure!(
+        dports.contains(&7000),
+        "the priority-tagged frame did not reach pod3: {dports:?}"
+    );
+    Ok(())
+}
+
+/// IPv6 packets whose second extension header lies beyond the skb's
+/// linear data (sent with only Ethernet and IPv6 headers linear; the
+/// eBPF programs pull 256 bytes, and the first header is 264 long): the
+/// filter still reads the port, a forged source is still dropped, and a
+/// listed port is still translated with a right checksum. A packet of
+/// the same shape from a source not ours to an unmanaged pod arrives
+/// (the control: the path carries such packets).
+fn extension_chain_in_paged_data(env: &Env) -> Result<()> {
+    let (node, ext) = (env.topo.node(), env.topo.ext());
+    // Room for packets larger than a page (the kernel keeps smaller ones
+    // linear whatever it is asked).
+    for (ns, dev) in [
+        (&ext, "uplink"),
+        (&node, "uplink"),
+        (&node, "pod1"),
+        (&node, "pod2"),
+    ] {
+        cmd(ns, &format!("ip link set {dev} mtu 9000"))?;
+    }
+    for i in [1, 2] {
+        cmd(&env.pod_ns(i), "ip link set eth0 mtu 9000")?;
+    }
+    let long = |src: IpAddr, dst: IpAddr, dport: u16| -> Result<Vec<u8>> {
+        let mut spec = Spec::new(src, dst, UDP).ports(4000, dport);
+        spec.dest_opts = vec![264, 8];
+        spec.payload = vec![0x5a; 4800];
+        on_link(&ext, "uplink", &node, "uplink", spec)
+    };
+    let caps = |name: &str| -> Result<[Capture; 2]> {
+        Ok([
+            // (tcpdump's "udp" does not look past extension headers.)
+            Capture::start_pcap(
+                &env.pod_ns(1),
+                "eth0",
+                "ip6",
+                env.scratch(&format!("{name}1")),
+            )?,
+            Capture::start_pcap(
+                &env.pod_ns(2),
+                "eth0",
+                "ip6",
+                env.scratch(&format!("{name}2")),
+            )?,
+        ])
+    };
+    let [pod1, pod2] = caps("paged")?;
+    // 54: Ethernet and the fixed IPv6 header.
+    send_paged(&ext, "uplink", &long(env.net.ext, env.pod_ip(1), 9999)?, 54)?;
+    send_paged(
+        &ext,
+        "uplink",
+        &long(env.pod_ip(1), env.pod_ip(2), 9998)?,
+        54,
+    )?;
+    send_paged(&ext, "uplink", &long(env.net.ext, env.pod_ip(2), 9997)?, 54)?;
+    send_paged(&ext, "uplink", &long(env.net.ext, env.lb(0), 53)?, 54)?;
+    std::thread::sleep(Duration::from_millis(500));
+    let (at1, at2) = (pod1.stop_frames()?, pod2.stop_frames()?);
+    let dports = |frames: &[Vec<u8>]| -> Vec<(IpAddr, u16, Option<bool>)> {
+        frames
+            .iter()
+            .filter_map(|f| parse(f))
+            .filter_map(|s| Some((s.src, s.ports?.1, s.l4_checksum_ok)))
+            .collect()
+    };
+    let (at1, at2) = (dports(&at1), dports(&at2));
+    ensure!(
+        at2.iter().any(|(_, port, _)| *port == 9997),
+        "the control did not arrive at pod2 (the path does not carry such packets): {at2:?}"
+    );
+    ensure!(
+        !at1.iter().any(|(_, port, _)| *port == 9999),
+        "the filtered pod received an unlisted port behind a long extension chain: {at1:?}"
+    );
+    ensure!(
+        !at2.iter().any(|(_, port, _)| *port == 9998),
+        "a forged source behind a long extension chain reached pod2: {at2:?}"
+    );
+    ensure!(
+        at1.contains(&(env.net.ext, 53, Some(true))),
+        "the listed port behind a long extension chain did not arrive translated and whole: {at1:?}"
+    );
     Ok(())
 }
