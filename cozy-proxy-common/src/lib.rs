@@ -443,6 +443,35 @@ pub mod limits {
     pub const FRAGS: usize = 16_384;
     /// In-cluster clients' flows to LB IPs, translated on this node.
     pub const REV_NAT: usize = 262_144;
+    /// Interfaces with a role in `ifaces` (bridges, their ports, ports of
+    /// bonds and other masters).
+    pub const IFACES: usize = 16_384;
+}
+
+/// What an interface is to the anti-spoofing check (`ifaces`, keyed by
+/// ifindex): consulted only when a guarded source arrives elsewhere than
+/// its own entry interface, to tell a frame on its way there (a bridge
+/// port, a bond's port, a VLAN's parent) from a forgery. An interface
+/// without an entry has no such role.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IfRole {
+    /// The bridge this interface is a port of (0: none).
+    pub bridge: u32,
+    /// [`iface`] flags.
+    pub flags: u32,
+}
+
+pub mod iface {
+    /// Frames arriving here are judged where they go next: a bridge whose
+    /// ports all carry the programs (judged at the port they came in by),
+    /// a port of a bond, team or Open vSwitch datapath (judged at that
+    /// device, or at the interface the host's stack receives them on).
+    pub const DEFER: u32 = 1;
+    /// A port of a bridge whose ports all carry the programs: it judges,
+    /// and translates for, the addresses whose entry is the bridge itself
+    /// (their port not known yet).
+    pub const PORT_JUDGES: u32 = 2;
 }
 
 /// Map names, as pinned under [`PIN_DIR`].
@@ -459,7 +488,8 @@ pub mod maps {
     pub const DROP_STATS: &str = "drop_stats";
     pub const CONFIG: &str = "config";
     pub const PREFILTER: &str = "prefilter";
-    pub const ALL: [&str; 12] = [
+    pub const IFACES: &str = "ifaces";
+    pub const ALL: [&str; 13] = [
         ADDRS,
         ALLOWED_PORTS,
         CLUSTER,
@@ -472,6 +502,7 @@ pub mod maps {
         DROP_STATS,
         CONFIG,
         PREFILTER,
+        IFACES,
     ];
 }
 
@@ -487,6 +518,7 @@ mod layout {
     const _: () = assert!(offset_of!(AddrInfo, src_ifindex) == 20);
     const _: () = assert!(offset_of!(AddrInfo, flags) == 28 && offset_of!(AddrInfo, slot) == 30);
     const _: () = assert!(size_of::<PortKey>() == 24);
+    const _: () = assert!(size_of::<IfRole>() == 8 && offset_of!(IfRole, flags) == 4);
     const _: () = assert!(offset_of!(PortKey, proto) == 20 && offset_of!(PortKey, port) == 22);
     const _: () = assert!(size_of::<LbSource>() == 40);
     const _: () = assert!(size_of::<FlowKey>() == 48);
@@ -520,4 +552,5 @@ mod user {
     unsafe impl aya::Pod for super::ServiceCounters {}
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::Prefilter {}
+    unsafe impl aya::Pod for super::IfRole {}
 }

@@ -31,10 +31,10 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cozy_proxy_common::{
-    addr, prefilter, AddrInfo, DropReason, IpKey, LbSource, Prefilter, RevKey, RevValue,
+    addr, iface, prefilter, AddrInfo, DropReason, IpKey, LbSource, Prefilter, RevKey, RevValue,
     FAMILY_BITS, FAMILY_V4, IP_KEY_BITS,
 };
-use maps::{ADDRS, CLUSTER, DROP_STATS, PREFILTER, REV_NAT, SRC_RANGES, STATS};
+use maps::{ADDRS, CLUSTER, DROP_STATS, IFACES, PREFILTER, REV_NAT, SRC_RANGES, STATS};
 use nat::{rewrite, rewrite_quoted, Field};
 use parse::{flow_ports, parse, Packet};
 
@@ -251,6 +251,42 @@ fn translate(ctx: &mut TcContext, p: &mut Packet, field: Field, old: &IpKey, new
     Ok(())
 }
 
+/// What becomes of a guarded source arriving on `iif`, which is not its own
+/// entry interface `entry`.
+enum Elsewhere {
+    /// On its way to where it is judged: left alone here.
+    Pass,
+    /// Judged here after all: a port of the bridge it enters by, its port
+    /// not known yet.
+    Here,
+    Spoofed,
+}
+
+/// Only off the common path (a guarded source on its own interface never
+/// asks): the interface's role (`ifaces`, see cozy-proxy-common `IfRole`).
+#[inline(never)]
+fn arriving_elsewhere(ctx: &TcContext, iif: u32, entry: u32) -> Elsewhere {
+    // SAFETY: a map value, copied whole.
+    let role = IFACES.get_ptr(&iif).map(|r| unsafe { *r }).unwrap_or_default();
+    if role.flags & iface::DEFER != 0 {
+        return Elsewhere::Pass;
+    }
+    if role.bridge != 0 {
+        if entry == role.bridge {
+            return if role.flags & iface::PORT_JUDGES != 0 { Elsewhere::Here } else { Elsewhere::Pass };
+        }
+        return Elsewhere::Spoofed;
+    }
+    // A frame of a VLAN, tag in the skb's metadata: the VLAN's interface
+    // receives (and judges) it next, or, without one, the stack drops it.
+    // SAFETY: reading fields of the context the kernel passed us.
+    let (tagged, tci) = unsafe { ((*ctx.skb.skb).vlan_present, (*ctx.skb.skb).vlan_tci) };
+    if tagged != 0 && tci & 0x0fff != 0 {
+        return Elsewhere::Pass;
+    }
+    Elsewhere::Spoofed
+}
+
 #[classifier]
 pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
     let Some(mut p) = parse(&ctx) else { return PASS };
@@ -259,9 +295,13 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
     let iif = unsafe { (*ctx.skb.skb).ifindex };
     if let Some(s) = addr_info(&p.src, ours.src) {
         if s.src_ifindex == 0 || s.src_ifindex != iif {
-            // A guarded address from anywhere but its own path: nothing is
-            // translated, remembered or tracked for it.
-            return drop(&ctx, DropReason::Spoofed);
+            match arriving_elsewhere(&ctx, iif, s.src_ifindex) {
+                Elsewhere::Pass => return PASS,
+                Elsewhere::Here => {}
+                // A guarded address from anywhere but its own path:
+                // nothing is translated, remembered or tracked for it.
+                Elsewhere::Spoofed => return drop(&ctx, DropReason::Spoofed),
+            }
         }
         if s.flags & addr::POD == 0 {
             return PASS;

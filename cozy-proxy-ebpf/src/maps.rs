@@ -4,8 +4,8 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use cozy_proxy_common::{
-    limits, AddrInfo, Config, Counter, Prefilter, FlowKey, FlowState, FragKey, IpKey, LbSource, PortKey,
-    RevKey, RevValue, ServiceCounters, DROP_REASONS,
+    limits, AddrInfo, Config, Counter, Prefilter, FlowKey, FlowState, FragKey, IfRole, IpKey, LbSource,
+    PortKey, RevKey, RevValue, ServiceCounters, DROP_REASONS,
 };
 
 /// Allocate hash entries on demand: a node with few Services uses little.
@@ -63,3 +63,8 @@ pub static PREFILTER: Array<Prefilter, 1> = Array::new();
 /// Settings from userspace.
 #[btf_map(name = "config")]
 pub static CONFIG: Array<Config, 1> = Array::new();
+
+/// Interfaces by ifindex, with their role for a guarded source arriving on
+/// them from elsewhere than its own interface (`IfRole`).
+#[btf_map(name = "ifaces")]
+pub static IFACES: HashMap<u32, IfRole, { limits::IFACES }, NO_PREALLOC> = HashMap::new();

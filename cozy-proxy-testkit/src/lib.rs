@@ -25,7 +25,7 @@ use manifests::ManifestDir;
 use net::{Fam, Net};
 use sh::{ok_in, Proc};
 use std::{fs, path::PathBuf, process::Stdio, time::Duration};
-use topology::Topology;
+use topology::{Shape, Topology};
 
 /// The cozy-proxy binary under test: `COZY_PROXY_BIN` (xtask sets it for
 /// the demo and the benchmarks), else the one cargo built beside the
@@ -406,7 +406,12 @@ impl Env {
     }
 
     pub fn with_source(backend: Backend, source: SourceKind, fam: Fam) -> Result<Env> {
-        Env::create(backend, source, fam, None)
+        Env::create(backend, source, fam, Shape::Routed, None)
+    }
+
+    /// On a node of the given shape (manifests source).
+    pub fn with_shape(backend: Backend, fam: Fam, shape: Shape) -> Result<Env> {
+        Env::create(backend, SourceKind::Manifests, fam, shape, None)
     }
 
     /// The controller runs from the image as a container under the chart's
@@ -423,6 +428,7 @@ impl Env {
             backend,
             SourceKind::Manifests,
             fam,
+            Shape::Routed,
             Some(ContainerRequest { seccomp, bpffs }),
         )
     }
@@ -431,10 +437,11 @@ impl Env {
         backend: Backend,
         source: SourceKind,
         fam: Fam,
+        shape: Shape,
         container: Option<ContainerRequest>,
     ) -> Result<Env> {
         check_root()?;
-        let topo = Topology::new()?;
+        let topo = Topology::with_shape(shape)?;
         let dir = ManifestDir::new(&topo.prefix)?;
         let log = std::env::temp_dir().join(format!("{}-controller.log", topo.prefix));
         let _ = fs::remove_file(&log);
@@ -634,24 +641,74 @@ pub fn expected_state(
         if dst == "default" {
             continue;
         }
-        let link: serde_json::Value =
-            serde_json::from_str(&sh::ok_in(ns, &["ip", "-j", "link", "show", "dev", dev])?)?;
-        let oif = link[0]["ifindex"].as_u64().context("ifindex")? as u32;
+        let oif = ifindex_in(ns, dev)?;
         let onlink = route["flags"]
             .as_array()
             .is_some_and(|f| f.iter().any(|x| x == "onlink"));
-        let gateway = route["gateway"].as_str().and_then(|g| g.parse().ok());
+        let gateway: Option<std::net::IpAddr> =
+            route["gateway"].as_str().and_then(|g| g.parse().ok());
+        let entry = bridge_port(ns, dev, &gateway.unwrap_or(pod))?
+            .map_or(Ok(oif), |port| ifindex_in(ns, &port))?;
         paths.insert(
             pod,
             Path {
                 oif,
                 gateway,
                 onlink,
+                entry,
             },
         );
     }
     state.resolve(&paths);
     Ok(state)
+}
+
+/// The index of interface `dev` in namespace `ns`.
+fn ifindex_in(ns: &str, dev: &str) -> Result<u32> {
+    let link: serde_json::Value =
+        serde_json::from_str(&sh::ok_in(ns, &["ip", "-j", "link", "show", "dev", dev])?)?;
+    Ok(link[0]["ifindex"].as_u64().context("ifindex")? as u32)
+}
+
+/// When `dev` is a bridge: the port behind which `hop` lives, as `ip neigh`
+/// (its link-layer address) and `bridge fdb` (where that was learned) show
+/// it; `None` for another interface, or a hop the kernel has not learned.
+fn bridge_port(ns: &str, dev: &str, hop: &std::net::IpAddr) -> Result<Option<String>> {
+    let details: serde_json::Value = serde_json::from_str(&sh::ok_in(
+        ns,
+        &["ip", "-j", "-d", "link", "show", "dev", dev],
+    )?)?;
+    if details[0]["linkinfo"]["info_kind"] != "bridge" {
+        return Ok(None);
+    }
+    let neigh: serde_json::Value = serde_json::from_str(&sh::ok_in(
+        ns,
+        &[
+            "ip",
+            "-j",
+            "neigh",
+            "show",
+            "dev",
+            dev,
+            "to",
+            &hop.to_string(),
+        ],
+    )?)?;
+    let Some(mac) = neigh[0]["lladdr"].as_str() else {
+        return Ok(None);
+    };
+    let fdb: serde_json::Value =
+        serde_json::from_str(&sh::ok_in(ns, &["bridge", "-j", "fdb", "show", "br", dev])?)?;
+    Ok(fdb.as_array().and_then(|entries| {
+        entries
+            .iter()
+            .find(|e| {
+                e["mac"] == mac
+                    && e["master"] == dev
+                    && e["state"].as_str().is_none_or(|s| s != "permanent")
+            })
+            .and_then(|e| e["ifname"].as_str().map(str::to_string))
+    }))
 }
 
 fn check_root() -> Result<()> {

@@ -1,6 +1,7 @@
 //! The scenario topology (../shared/reference/scenarios.md): namespaces
 //! `ext`, `node`, `pod1`..`pod3`, created per test with unique names and
-//! removed when dropped.
+//! removed when dropped; the node wires its pods in one of the [`Shape`]s
+//! the common CNIs build.
 use super::sh::{feed_in, ok, ok_in};
 use anyhow::{bail, Result};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -16,10 +17,40 @@ pub fn unique_prefix(kind: &str) -> String {
 /// Pods every topology starts with.
 pub const POD_COUNT: usize = 3;
 
+/// How a node reaches its pods, as the common CNIs wire it (the node
+/// shapes of ../shared/reference/scenarios.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// One veth per pod, the node side the pod's gateway, a /32 and /128
+    /// route per pod (Calico, Cilium native routing).
+    Routed,
+    /// A Linux bridge (`cni0`) holds the pods' gateway and the pods' veths
+    /// are its ports; br_netfilter on, as kubeadm nodes have it (the bridge
+    /// plugin, Flannel, kindnet).
+    Bridge,
+    /// Kube-OVN's shape: the pods on an L2 segment of their own, a router
+    /// joining it to a join network where the node's `ovn0` sits, the pod
+    /// subnet routed via that router; pod-to-pod traffic never crosses the
+    /// node. Built from Linux bridges, veths and a router namespace (`ovn`:
+    /// the segment `ls`, the join network `join`), where Kube-OVN has Open
+    /// vSwitch: there the pods' veths are OVS ports in the node's
+    /// namespace, here they are ports in the router's.
+    Gateway,
+}
+
+impl Shape {
+    pub const ALL: [Shape; 3] = [Shape::Routed, Shape::Bridge, Shape::Gateway];
+}
+
+/// The Gateway shape's join network and the router's address on it.
+pub const JOIN_V4: (&str, &str) = ("192.0.2.192/26", "192.0.2.193");
+pub const JOIN_V6: (&str, &str) = ("2001:db8:64::/64", "2001:db8:64::1");
+
 pub struct Topology {
     pub prefix: String,
     /// Pods created so far (pod1..=podN).
     pub pods: usize,
+    pub shape: Shape,
 }
 
 /// Runs a command given as one line (words split on spaces) in `ns`.
@@ -89,11 +120,49 @@ impl Topology {
         self.ns(&format!("pod{i}"))
     }
 
+    /// The router's namespace of the Gateway shape.
+    pub fn ovn(&self) -> String {
+        self.ns("ovn")
+    }
+
+    /// Where pod `i`'s own veth ends outside the pod: namespace and
+    /// interface (the node's, or the router's in the Gateway shape).
+    pub fn pod_port(&self, i: usize) -> (String, String) {
+        match self.shape {
+            Shape::Gateway => (self.ovn(), format!("pod{i}")),
+            _ => (self.node(), format!("pod{i}")),
+        }
+    }
+
+    /// The interface holding pod `i`'s gateway (whose MAC its frames out
+    /// carry): namespace and interface.
+    pub fn pod_gateway(&self, i: usize) -> (String, String) {
+        match self.shape {
+            Shape::Routed => (self.node(), format!("pod{i}")),
+            Shape::Bridge => (self.node(), "cni0".into()),
+            Shape::Gateway => (self.ovn(), "ls".into()),
+        }
+    }
+
     pub fn new() -> Result<Topology> {
+        Topology::with_shape(Shape::Routed)
+    }
+
+    pub fn with_shape(shape: Shape) -> Result<Topology> {
         let mut t = Topology {
             prefix: unique_prefix("cpt"),
             pods: 0,
+            shape,
         };
+        if let Err(e) = t.build() {
+            drop(t);
+            return Err(e);
+        }
+        Ok(t)
+    }
+
+    fn build(&mut self) -> Result<()> {
+        let t = self;
         let (ext, node) = (t.ext(), t.node());
         new_ns(&ext)?;
         new_ns(&node)?;
@@ -122,6 +191,11 @@ impl Topology {
             &node,
             "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
         )?;
+        match t.shape {
+            Shape::Routed => {}
+            Shape::Bridge => bridge_gateway(&node, "192.0.2.1/24", "2001:db8:2::1/64")?,
+            Shape::Gateway => t.build_router()?,
+        }
         for _ in 0..POD_COUNT {
             t.add_pod()?;
         }
@@ -130,11 +204,36 @@ impl Topology {
         if !out.status.success() {
             bail!("masquerade rules: {}", String::from_utf8_lossy(&out.stderr));
         }
-        Ok(t)
+        Ok(())
     }
 
-    /// A new pod (pod{N+1}) as a typical CNI wires it: a veth, /32 and /128
-    /// routes on the node, the node side as the pod's gateway; addresses
+    /// The Gateway shape's router: the pods' segment `ls`, the join network
+    /// `join` with the node's `ovn0` on it, the pod subnet routed via it.
+    fn build_router(&self) -> Result<()> {
+        let (node, ovn) = (self.node(), self.ovn());
+        new_ns(&ovn)?;
+        cmd(
+            &ovn,
+            "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
+        )?;
+        bridge_gateway(&ovn, "192.0.2.1/25", "2001:db8:2::1/64")?;
+        cmd(&ovn, "ip link set cni0 name ls")?;
+        join_router(&ovn)?;
+        join_node(&ovn, &node, "n1", "192.0.2.194/26", "2001:db8:64::2/64")?;
+        // The pods' way out: the node (Kube-OVN's distributed gateway).
+        cmd(&ovn, "ip route add default via 192.0.2.194")?;
+        cmd(&ovn, "ip -6 route add default via 2001:db8:64::2")?;
+        cmd(
+            &node,
+            &format!("ip route add 192.0.2.0/25 via {}", JOIN_V4.1),
+        )?;
+        cmd(
+            &node,
+            &format!("ip -6 route add 2001:db8:2::/64 via {}", JOIN_V6.1),
+        )
+    }
+
+    /// A new pod (pod{N+1}) as the node's shape wires it; addresses
     /// 192.0.2.1N and 2001:db8:2::1N.
     pub fn add_pod(&mut self) -> Result<usize> {
         self.pods += 1;
@@ -148,11 +247,28 @@ impl Topology {
     /// addresses (a CNI re-creating a pod's interface): a new ifindex
     /// behind the same pod IP.
     pub fn rewire_pod(&self, i: usize) -> Result<()> {
-        cmd(&self.node(), &format!("ip link del pod{i}"))?;
+        let (ns, port) = self.pod_port(i);
+        cmd(&ns, &format!("ip link del {port}"))?;
         self.wire_pod(i)
     }
 
     fn wire_pod(&self, i: usize) -> Result<()> {
+        let pod = self.pod(i);
+        let (v4, v6) = (format!("192.0.2.1{i}"), format!("2001:db8:2::1{i}"));
+        match self.shape {
+            Shape::Routed => self.wire_routed_pod(i),
+            Shape::Bridge => {
+                wire_port(&self.node(), "cni0", &format!("pod{i}"), &pod)?;
+                pod_on_segment(&pod, (&v4, 24, "192.0.2.1"), (&v6, 64, "2001:db8:2::1"))
+            }
+            Shape::Gateway => {
+                wire_port(&self.ovn(), "ls", &format!("pod{i}"), &pod)?;
+                pod_on_segment(&pod, (&v4, 25, "192.0.2.1"), (&v6, 64, "2001:db8:2::1"))
+            }
+        }
+    }
+
+    fn wire_routed_pod(&self, i: usize) -> Result<()> {
         let (node, pod) = (self.node(), self.pod(i));
         let host_if = format!("pod{i}");
         veth(&host_if, &node, "eth0", &pod)?;
@@ -186,6 +302,68 @@ impl Topology {
     }
 }
 
+/// A bridge `cni0` in `ns` holding the pods' gateway addresses, with
+/// br_netfilter on (bridged IP traffic through the IP hooks, as kubeadm
+/// nodes have it).
+pub fn bridge_gateway(ns: &str, v4: &str, v6: &str) -> Result<()> {
+    cmd(ns, "ip link add cni0 type bridge")?;
+    cmd(ns, &format!("ip addr add {v4} dev cni0"))?;
+    cmd(ns, &format!("ip addr add {v6} dev cni0 nodad"))?;
+    no_offload(ns, "cni0")?;
+    cmd(ns, "ip link set cni0 up")?;
+    cmd(
+        ns,
+        "sysctl -qw net.bridge.bridge-nf-call-iptables=1 net.bridge.bridge-nf-call-ip6tables=1",
+    )
+}
+
+/// The join network's bridge in the router's namespace `ovn`, with the
+/// router's address on it.
+pub fn join_router(ovn: &str) -> Result<()> {
+    cmd(ovn, "ip link add join type bridge")?;
+    cmd(ovn, &format!("ip addr add {}/26 dev join", JOIN_V4.1))?;
+    cmd(ovn, &format!("ip addr add {}/64 dev join nodad", JOIN_V6.1))?;
+    no_offload(ovn, "join")?;
+    cmd(ovn, "ip link set join up")
+}
+
+/// A node's `ovn0` on the join network (its peer `port` a port of `join`).
+pub fn join_node(ovn: &str, node: &str, port: &str, v4: &str, v6: &str) -> Result<()> {
+    veth(port, ovn, "ovn0", node)?;
+    cmd(ovn, &format!("ip link set {port} master join"))?;
+    cmd(node, &format!("ip addr add {v4} dev ovn0"))?;
+    cmd(node, &format!("ip addr add {v6} dev ovn0 nodad"))?;
+    for (ns, dev) in [(ovn, port), (node, "ovn0")] {
+        no_offload(ns, dev)?;
+        cmd(ns, &format!("ip link set {dev} up"))?;
+    }
+    Ok(())
+}
+
+/// A pod's veth: `eth0` in `pod`, its peer `port` in `ns` a port of
+/// `bridge`.
+pub fn wire_port(ns: &str, bridge: &str, port: &str, pod: &str) -> Result<()> {
+    veth(port, ns, "eth0", pod)?;
+    cmd(ns, &format!("ip link set {port} master {bridge}"))?;
+    for (n, dev) in [(ns, port), (pod, "eth0")] {
+        no_offload(n, dev)?;
+        cmd(n, &format!("ip link set {dev} up"))?;
+    }
+    Ok(())
+}
+
+/// A pod's addresses on its segment `(address, prefix, gateway)` per
+/// family, its default routes via the gateways.
+pub fn pod_on_segment(pod: &str, v4: (&str, u8, &str), v6: (&str, u8, &str)) -> Result<()> {
+    cmd(pod, &format!("ip addr add {}/{} dev eth0", v4.0, v4.1))?;
+    cmd(
+        pod,
+        &format!("ip addr add {}/{} dev eth0 nodad", v6.0, v6.1),
+    )?;
+    cmd(pod, &format!("ip route add default via {}", v4.2))?;
+    cmd(pod, &format!("ip -6 route add default via {}", v6.2))
+}
+
 /// Kills what runs in the namespaces and removes them.
 pub fn remove_namespaces(all: &[String]) {
     for ns in all {
@@ -205,6 +383,9 @@ impl Drop for Topology {
     fn drop(&mut self) {
         let mut all = vec![self.ext(), self.node()];
         all.extend((1..=self.pods).map(|i| self.pod(i)));
+        if self.shape == Shape::Gateway {
+            all.push(self.ovn());
+        }
         remove_namespaces(&all);
     }
 }

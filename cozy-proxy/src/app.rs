@@ -298,12 +298,18 @@ async fn run_loop<D: Datapath + 'static, S: Source>(
     on_warnings: WarningSink,
     shutdown: impl Future<Output = ()>,
 ) {
+    let path_news = std::sync::Arc::new(tokio::sync::Notify::new());
+    let wake = path_news.clone();
+    if let Err(e) = crate::steer::watch_paths(move || wake.notify_one()) {
+        tracing::warn!(error = %e, "cannot watch the kernel's paths; following them at each upkeep");
+    }
     let ctx = RunContext {
         datapath,
         source,
         telemetry,
         settings,
         on_warnings,
+        path_news,
     };
     controller::run(ctx, shutdown).await;
 }

@@ -195,6 +195,10 @@ impl Datapath for NodeDatapath {
         running!(&mut self.running, d => d.upkeep())
     }
 
+    fn paths_news(&mut self) -> Result<bool, BackendError> {
+        running!(&mut self.running, d => d.paths_news())
+    }
+
     fn dump(&self) -> Result<Dump, BackendError> {
         running!(&self.running, d => d.dump())
     }

@@ -34,6 +34,9 @@ pub struct RunContext<D: Datapath, S: Source> {
     pub telemetry: Telemetry,
     pub settings: LoopSettings,
     pub on_warnings: WarningSink,
+    /// Notified when the kernel announces a change that may move a pod's
+    /// path (`steer::watch_paths`).
+    pub path_news: std::sync::Arc<tokio::sync::Notify>,
 }
 
 /// Runs until `shutdown` resolves. Nothing here ever flushes the datapath:
@@ -49,6 +52,7 @@ where
         telemetry,
         settings,
         on_warnings,
+        path_news,
     } = ctx;
     let mut shutdown = std::pin::pin!(shutdown);
     info!("waiting for the initial lists; the datapath stays as it is until then");
@@ -123,6 +127,11 @@ where
                 pending = true;
                 full = true;
             }
+            _ = path_news.notified() => match datapath.call(|r| r.datapath_mut().paths_news()).await {
+                Ok(Ok(changed)) => pending |= changed,
+                Ok(Err(e)) => warn!(error = %e, "following the kernel's paths failed"),
+                Err(_) => return,
+            },
             _ = upkeep.tick() => match datapath.call(|r| r.datapath_mut().upkeep()).await {
                 Ok(Ok(paths_changed)) => pending |= paths_changed,
                 Ok(Err(e)) => warn!(error = %e, "datapath upkeep failed"),
@@ -218,6 +227,7 @@ mod tests {
                 let mut seen = seen.lock().expect("lock");
                 seen.extend(w.iter().map(|w| w.kind.as_str().to_string()));
             }),
+            path_news: Arc::new(Notify::new()),
         };
         let stopped = stop.clone();
         let task =

@@ -11,6 +11,7 @@
 //!   the plan; [`app`]: `cozy-proxy run` wired together.
 pub mod app;
 pub mod backend;
+pub mod bridge_ports;
 pub mod controller;
 pub mod datapath;
 pub mod ebpf;

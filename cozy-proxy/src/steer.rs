@@ -1,8 +1,10 @@
 //! Kernel plumbing both backends share: the kernel's own paths toward the
 //! mapped pods (which interface a guarded address may arrive on, where an
 //! LB IP is steered), and the LB IPs' host routes (`proto 249`).
+use crate::bridge_ports::BridgePorts;
 use crate::datapath::{Change, NextHop, Path, Paths, Routes};
 use crate::netlink::{
+    neigh,
     route::{self, Via},
     NetlinkError, NlSocket,
 };
@@ -14,10 +16,36 @@ use std::{
 };
 use tracing::warn;
 
+/// Link, route and neighbour notifications: what may change a pod's path.
+const PATH_GROUPS: i32 =
+    libc::RTMGRP_LINK | libc::RTMGRP_IPV4_ROUTE | libc::RTMGRP_IPV6_ROUTE | libc::RTMGRP_NEIGH;
+
+/// Calls `wake` whenever the kernel announces a change that may move a
+/// pod's path (on a thread of its own, with a socket of its own): the
+/// datapath then drains its own notifications and follows the change
+/// (`Datapath::paths_news`) at once, not at its next upkeep.
+pub fn watch_paths(wake: impl Fn() + Send + 'static) -> Result<(), NetlinkError> {
+    let sock = NlSocket::subscribe(libc::NETLINK_ROUTE, PATH_GROUPS as u32)?;
+    std::thread::Builder::new()
+        .name("path-news".into())
+        .spawn(move || loop {
+            if let Err(e) = sock.wait_event() {
+                warn!(error = %e, "watching the kernel's paths failed; following them at each upkeep");
+                return;
+            }
+            wake();
+        })
+        .map_err(NetlinkError::Io)?;
+    Ok(())
+}
+
 pub struct Steering {
     rtnl: NlSocket,
-    /// Link and route notifications: a pod's path may have changed.
+    /// Link, route and neighbour notifications: a pod's path may have
+    /// changed.
     events: NlSocket,
+    /// The bridge ports next hops on a bridge enter by.
+    bridge_ports: BridgePorts,
     /// Paths resolved since the last change the kernel announced (`None`:
     /// the pod has no specific route).
     cache: Paths,
@@ -31,10 +59,10 @@ pub struct Steering {
 
 impl Steering {
     pub fn open() -> Result<Self, NetlinkError> {
-        let groups = libc::RTMGRP_LINK | libc::RTMGRP_IPV4_ROUTE | libc::RTMGRP_IPV6_ROUTE;
         Ok(Steering {
             rtnl: NlSocket::open(libc::NETLINK_ROUTE)?,
-            events: NlSocket::subscribe(libc::NETLINK_ROUTE, groups as u32)?,
+            events: NlSocket::subscribe(libc::NETLINK_ROUTE, PATH_GROUPS as u32)?,
+            bridge_ports: BridgePorts::default(),
             cache: BTreeMap::new(),
             in_flight: None,
             spare: Some(NlSocket::open(libc::NETLINK_ROUTE)?),
@@ -57,9 +85,24 @@ impl Steering {
         let all_new = self.cache.is_empty();
         // Many lookups per sendmsg: a full sync of 50 000 pods took 0.7 s
         // one lookup at a time.
+        let mut found_paths = Vec::with_capacity(unknown.len());
+        let mut bridged = BTreeSet::new();
         for (pod, found) in route::lookup_many(&self.rtnl, &unknown)? {
             // No route at all (ENETUNREACH, EHOSTUNREACH): no path.
             let path = found.ok().and_then(|l| path_of(&pod, &l));
+            if let Some(p) = &path {
+                if self.bridge_ports.is_bridge(&self.rtnl, p.oif)? {
+                    bridged.insert((p.oif, p.gateway.unwrap_or(pod)));
+                }
+            }
+            found_paths.push((pod, path));
+        }
+        let ports = self.bridge_ports.ports(&self.rtnl, &bridged)?;
+        for (pod, mut path) in found_paths {
+            if let Some(p) = path.as_mut() {
+                let hop = (p.oif, p.gateway.unwrap_or(pod));
+                p.entry = ports.get(&hop).copied().unwrap_or(p.oif);
+            }
             self.cache.insert(pod, path);
         }
         if all_new {
@@ -71,20 +114,39 @@ impl Steering {
         Ok(&self.cache)
     }
 
+    /// Each bridge port's bridge, and the bridges (links as last read).
+    pub fn bridges(&mut self) -> Result<(BTreeMap<u32, u32>, BTreeSet<u32>), NetlinkError> {
+        self.bridge_ports.bridges(&self.rtnl)
+    }
+
     /// Forgets every resolved path (a resync reads them all again).
     pub fn forget(&mut self) {
         self.cache.clear();
+        self.bridge_ports.forget_links();
+        self.bridge_ports.forget_hops();
     }
 
-    /// Drains the kernel's link and route notifications; true (and the
-    /// cache dropped) if any may have changed a path. Our own host routes
-    /// are not news.
+    /// Drains the kernel's link, route and neighbour notifications; true
+    /// (and the cache dropped) if any may have changed a path. Our own host
+    /// routes are not news, nor neighbours that do not move a next hop on a
+    /// bridge to another port (`BridgePorts::is_news`).
     pub fn changed(&mut self) -> Result<bool, NetlinkError> {
+        let ports = &mut self.bridge_ports;
+        let mut links = false;
         let news = self.events.pending_events(|m| {
+            if let Some(n) = neigh::notification(m.msg_type, m.payload) {
+                return ports.is_news(&n);
+            }
+            links |= matches!(m.msg_type, libc::RTM_NEWLINK | libc::RTM_DELLINK);
             route::notification_protocol(m.msg_type, m.payload) != Some(ROUTE_PROTO)
         })?;
+        if links || news > 0 {
+            // (An overrun counts as news: links may have changed too.)
+            self.bridge_ports.forget_links();
+        }
         if news > 0 {
             self.cache.clear();
+            self.bridge_ports.forget_hops();
         }
         Ok(news > 0)
     }
@@ -187,6 +249,7 @@ fn path_of(pod: &IpAddr, found: &route::Lookup) -> Option<Path> {
         oif: found.via.oif,
         gateway: found.via.gateway,
         onlink: found.via.onlink,
+        entry: found.via.oif,
     })
 }
 

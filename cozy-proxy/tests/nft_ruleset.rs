@@ -153,6 +153,46 @@ fn ruleset_decoded_by_nft_matches_the_reference_layout() -> Result<()> {
         v6.contains("2001:db8:203::20") && v6.contains("2001:db8:2::12"),
         "ip6 elements: {v6}"
     );
+    // The check at bridge ports: one chain at the bridge family's
+    // prerouting, before br_netfilter, a rule per family; every guarded
+    // address whose entry is not a bridge (here the pods' own veths and the
+    // LB IPs) is checked there, none with a port.
+    let bridge = nft_json(&env, "bridge")?;
+    let chains = objects(&bridge, "chain");
+    ensure!(
+        chains.len() == 1
+            && chains[0]["name"] == "ports"
+            && chains[0]["hook"] == "prerouting"
+            && chains[0]["prio"] == -300,
+        "bridge chains: {chains:?}"
+    );
+    let rules = serde_json::to_string(&objects(&bridge, "rule"))?;
+    for needle in [
+        "@guarded4",
+        "@guard_ports4",
+        "@guarded6",
+        "@guard_ports6",
+        "\"iif\"",
+    ] {
+        ensure!(
+            rules.contains(needle),
+            "bridge rules lack {needle}: {rules}"
+        );
+    }
+    let sets = objects(&bridge, "set");
+    let set = |name: &str| sets.iter().find(|s| s["name"] == name).copied();
+    ensure!(
+        set("guard_ports4").context("guard_ports4")?["type"]
+            == serde_json::json!(["ipv4_addr", "iface_index"]),
+        "guard_ports4: {sets:?}"
+    );
+    let elements = serde_json::to_string(&set("guarded4").context("guarded4")?["elem"])?;
+    for needle in ["192.0.2.11", "203.0.113.10"] {
+        ensure!(
+            elements.contains(needle),
+            "guarded4 lacks {needle}: {elements}"
+        );
+    }
     Ok(())
 }
 

@@ -2,35 +2,42 @@
 //! 29-31, and 32: fuzzed frames; 21-28 are in cluster.rs): real
 //! packets through the real kernel in network namespaces, with the real
 //! `cozy-proxy` binary as controller. One list of scenarios; each backend
-//! runs it for IPv4 and IPv6. Needs root and the tools `cargo xtask setup`
+//! runs it for IPv4 and IPv6, on each node shape (routed veths, a bridge,
+//! Kube-OVN's gateway). Needs root and the tools `cargo xtask setup`
 //! installs.
 mod cases;
 use cozy_proxy_testkit as harness;
 
-use harness::{net::Fam, Backend, Env, SourceKind};
+use harness::{net::Fam, topology::Shape, Backend, Env, SourceKind};
 
 fn run(
     backend: Backend,
     source: SourceKind,
+    shape: Shape,
     fam: Fam,
     scenario: fn(&mut Env) -> anyhow::Result<()>,
 ) {
-    let mut env = Env::with_source(backend, source, fam).expect("topology");
+    let mut env = match source {
+        SourceKind::Manifests => Env::with_shape(backend, fam, shape),
+        _ => Env::with_source(backend, source, fam),
+    }
+    .expect("topology");
     if let Err(e) = scenario(&mut env) {
         panic!("{e:#}\n--- controller log ---\n{}", env.ctl.log_text());
     }
 }
 
-/// Declares one test per scenario and family for a backend and a source.
+/// Declares one test per scenario and family for a backend, a source and
+/// a node shape.
 macro_rules! suite {
-    ($backend:expr, $source:expr) => {
-        suite!(@family v4, $backend, $source, Fam::V4);
-        suite!(@family v6, $backend, $source, Fam::V6);
+    ($backend:expr, $source:expr, $shape:expr) => {
+        suite!(@family v4, $backend, $source, $shape, Fam::V4);
+        suite!(@family v6, $backend, $source, $shape, Fam::V6);
     };
-    (@family $fam_mod:ident, $backend:expr, $source:expr, $fam:expr) => {
+    (@family $fam_mod:ident, $backend:expr, $source:expr, $shape:expr, $fam:expr) => {
         mod $fam_mod {
-            use super::super::{cases::*, run, Backend, Fam, SourceKind};
-            suite!(@tests $backend, $source, $fam;
+            use crate::{cases::*, run, Backend, Fam, Shape, SourceKind};
+            suite!(@tests $backend, $source, $shape, $fam;
                 passthrough::s01_ping, passthrough::s02_any_port, passthrough::s03_other_protocol,
                 passthrough::s04_egress_source, passthrough::s05_unmanaged_pod,
                 passthrough::s06_conntrack_one_entry,
@@ -47,32 +54,60 @@ macro_rules! suite {
                 fuzzed::s32_fuzzed_frames);
         }
     };
-    (@tests $backend:expr, $source:expr, $fam:expr; $($module:ident :: $name:ident),*) => {
+    (@tests $backend:expr, $source:expr, $shape:expr, $fam:expr; $($module:ident :: $name:ident),*) => {
         $(
             #[test]
             fn $name() {
-                run($backend, $source, $fam, $module::$name);
+                run($backend, $source, $shape, $fam, $module::$name);
             }
         )*
     };
 }
 
 mod nft {
-    suite!(Backend::Nft, SourceKind::Manifests);
+    suite!(Backend::Nft, SourceKind::Manifests, Shape::Routed);
 }
 
 mod ebpf {
-    suite!(Backend::Ebpf, SourceKind::Manifests);
+    suite!(Backend::Ebpf, SourceKind::Manifests, Shape::Routed);
 }
 
 /// The eBPF backend with its fast path on: the same scenarios, the same
 /// outcomes (LB traffic from and to the outside then skips the stack).
 mod ebpf_fast {
-    suite!(Backend::EbpfFast, SourceKind::Manifests);
+    suite!(Backend::EbpfFast, SourceKind::Manifests, Shape::Routed);
 }
 
 /// The same scenarios through the Kubernetes source: the real kube-rs
 /// client against the API stand-in.
 mod kube_nft {
-    suite!(Backend::Nft, SourceKind::Kube);
+    suite!(Backend::Nft, SourceKind::Kube, Shape::Routed);
+}
+
+/// Pods as ports of a Linux bridge that holds their gateway, br_netfilter
+/// on (the bridge plugin, Flannel, kindnet).
+mod bridge {
+    mod nft {
+        suite!(Backend::Nft, SourceKind::Manifests, Shape::Bridge);
+    }
+    mod ebpf {
+        suite!(Backend::Ebpf, SourceKind::Manifests, Shape::Bridge);
+    }
+    mod ebpf_fast {
+        suite!(Backend::EbpfFast, SourceKind::Manifests, Shape::Bridge);
+    }
+}
+
+/// Kube-OVN's shape: the pods behind a router the node reaches through
+/// its `ovn0` on a join network.
+mod gateway {
+    mod nft {
+        suite!(Backend::Nft, SourceKind::Manifests, Shape::Gateway);
+    }
+    mod ebpf {
+        suite!(Backend::Ebpf, SourceKind::Manifests, Shape::Gateway);
+    }
+    mod ebpf_fast {
+        suite!(Backend::EbpfFast, SourceKind::Manifests, Shape::Gateway);
+    }
 }

@@ -23,6 +23,7 @@ pub fn paths(pods: &BTreeSet<IpAddr>, moved: bool) -> BTreeMap<IpAddr, Path> {
                     oif: if moved { 8 } else { 7 },
                     gateway: None,
                     onlink: false,
+                    entry: if moved { 8 } else { 7 },
                 },
             )
         })

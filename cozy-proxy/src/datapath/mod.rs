@@ -171,6 +171,13 @@ pub trait Kernel {
         Ok(false)
     }
 
+    /// Drains the kernel's notifications of changes to the paths toward the
+    /// pods (routes, links, neighbours): true when a path may have changed
+    /// and the caller syncs again. Called as soon as such news arrives.
+    fn paths_news(&mut self) -> Result<bool, Self::Error> {
+        Ok(false)
+    }
+
     /// Has someone else changed our state in the kernel since the last
     /// look (a notification the kernel sent)? Then what we believe of it is
     /// forgotten and the next sync reads it again and repairs it, without
@@ -216,6 +223,11 @@ pub trait Datapath {
     /// Periodic upkeep between syncs; true when a sync should follow (the
     /// kernel's paths toward the pods may have changed).
     fn upkeep(&mut self) -> Result<bool, Self::Error>;
+
+    /// The kernel announced a change of the paths toward the pods: true
+    /// when one may have changed and a sync should follow (the next sync
+    /// resolves every address again).
+    fn paths_news(&mut self) -> Result<bool, Self::Error>;
 
     /// Reads the live state back from the kernel.
     fn dump(&self) -> Result<Dump, Self::Error>;

@@ -27,6 +27,11 @@ pub struct Path {
     pub gateway: Option<IpAddr>,
     /// RTNH_F_ONLINK: the gateway is on the link without a route to it.
     pub onlink: bool,
+    /// Where frames from the pod (or its next hop) enter the node: `oif`,
+    /// or, when `oif` is a bridge, the port behind which the next hop's
+    /// link-layer address lives (`bridge_ports.rs`), once the kernel knows
+    /// it.
+    pub entry: u32,
 }
 
 /// What the kernel's routes say of the pods' paths, by pod: `None`, no
@@ -105,8 +110,10 @@ pub struct DatapathState {
     /// merged per LB IP.
     pub source_ranges: BTreeSet<(IpAddr, IpRange)>,
     /// Resolved from the kernel's paths: a source address we guard (mapped
-    /// pods, managed LB IPs) -> the only interface it may arrive on (0:
-    /// none; a local or unmapped LB IP is never a legitimate source).
+    /// pods, managed LB IPs) -> the only interface it may arrive on (its
+    /// path's `entry`: the route's interface, or the bridge port behind
+    /// which it lives; 0: none; a local or unmapped LB IP is never a
+    /// legitimate source).
     pub guard: BTreeMap<IpAddr, u32>,
     /// Resolved from the kernel's paths: LB IP -> where its host route
     /// (`proto 249`) sends it, along the path toward its pod.
@@ -339,7 +346,7 @@ impl DatapathState {
     /// a pod comes from its own path. `remote_pod`: `a` is the pod of a
     /// remote mapping.
     pub fn guard_of(&self, a: &IpAddr, remote_pod: bool, paths: &impl PathOf) -> Option<u32> {
-        let oif = |pod: &IpAddr| paths.path_of(pod).map_or(0, |p| p.oif);
+        let oif = |pod: &IpAddr| paths.path_of(pod).map_or(0, |p| p.entry);
         if self.svc_pod.contains_key(a) || self.unmapped_lbs.contains(a) {
             Some(0)
         } else if let Some(pod) = self.remote.get(a) {

@@ -410,6 +410,12 @@ impl<K: Kernel> Datapath for Synced<K> {
         Ok(paths_changed || foreign)
     }
 
+    fn paths_news(&mut self) -> Result<bool, K::Error> {
+        let changed = self.kernel.paths_news()?;
+        self.stale_paths |= changed;
+        Ok(changed)
+    }
+
     fn dump(&self) -> Result<Dump, K::Error> {
         self.kernel.dump()
     }

@@ -96,6 +96,7 @@ fn expected_sizes(name: &str) -> Option<(usize, usize)> {
         names::DROP_STATS => (4, size_of::<Counter>()),
         names::CONFIG => (4, size_of::<Config>()),
         names::PREFILTER => (4, size_of::<Prefilter>()),
+        names::IFACES => (4, size_of::<cozy_proxy_common::IfRole>()),
         _ => return None,
     })
 }

@@ -5,6 +5,7 @@ mod addr_bits;
 mod batch;
 mod bpffs;
 pub mod chain;
+mod ifaces;
 mod links;
 mod maps;
 
@@ -153,6 +154,8 @@ struct Programs {
     live: bool,
     /// Hooks where ours could not be put first (warned once each).
     behind: BTreeSet<(u32, &'static str)>,
+    /// The interfaces' roles for the anti-spoofing check.
+    ifaces: ifaces::Ifaces,
 }
 
 impl Programs {
@@ -252,6 +255,18 @@ fn wanted_links<'a>(
                     None => {}
                 }
             }
+            // A named bridge's ports come with it: frames are judged at
+            // the port they enter by (see ifaces.rs).
+            let bridges: BTreeSet<u32> = v
+                .iter()
+                .filter(|l| l.is_bridge())
+                .map(|l| l.index)
+                .collect();
+            v.extend(all.iter().filter(|l| {
+                l.is_bridge_port()
+                    && l.master.is_some_and(|m| bridges.contains(&m))
+                    && !names.contains(&l.name)
+            }));
             v
         }
     }
@@ -354,6 +369,7 @@ impl EbpfKernel {
         maps.configure(cozy_proxy_common::Config {
             fast_path: cfg.fast_path as u32,
         })?;
+        let iface_roles = ifaces::Ifaces::open(&cfg.pin_dir)?;
         Ok(EbpfKernel {
             maps: Some(maps),
             cfg,
@@ -365,6 +381,7 @@ impl EbpfKernel {
                 failed: BTreeSet::new(),
                 live: false,
                 behind: BTreeSet::new(),
+                ifaces: iface_roles,
             }),
             rtnl,
             steering: Steering::open()?,
@@ -382,6 +399,9 @@ impl EbpfKernel {
         };
         let all = route::links(&self.rtnl)?;
         let live: BTreeSet<u32> = all.iter().map(|l| l.index).collect();
+        // Before any attachment: a bridge's port judges what the bridge
+        // lets pass.
+        p.ifaces.sync(ifaces::roles(&all))?;
         let wanted = wanted_links(&all, &self.cfg.interfaces, p.attached.is_empty());
         // One interface that cannot be attached does not keep the others
         // from being attached.
@@ -546,6 +566,9 @@ impl Kernel for EbpfKernel {
         if let Some(m) = self.maps.as_mut() {
             m.forget();
         }
+        if let Some(p) = self.programs.as_mut() {
+            p.ifaces.forget();
+        }
         self.node_addresses = None;
         self.peer_links = None;
         // The attachments are checked again too (others may have detached
@@ -643,6 +666,14 @@ impl Kernel for EbpfKernel {
         if changed {
             // An address added or removed shows as a local route.
             self.follow_node_addresses(true)?;
+        }
+        Ok(changed)
+    }
+
+    fn paths_news(&mut self) -> Result<bool, EbpfError> {
+        let changed = self.steering.changed()?;
+        if changed {
+            self.peer_links = None;
         }
         Ok(changed)
     }

@@ -111,28 +111,54 @@ fn parse_fdb(a: &[u8]) -> Option<FdbEntry> {
     })
 }
 
-/// What a neighbour notification (RTM_NEWNEIGH / RTM_DELNEIGH) is about:
-/// an IP neighbour's address, or a bridge entry's link-layer address.
+/// What a neighbour notification (RTM_NEWNEIGH / RTM_DELNEIGH) says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NeighNews {
-    Ip(IpAddr),
-    Bridge(Mac),
+    /// An IP neighbour on `ifindex`: its link-layer address, if it has one
+    /// now (a deletion or a failed resolution has none).
+    Ip {
+        ip: IpAddr,
+        ifindex: u32,
+        mac: Option<Mac>,
+    },
+    /// A bridge's forwarding entry for `mac` on `port` was learned or
+    /// added (`gone`: deleted or aged out).
+    Fdb {
+        mac: Mac,
+        port: u32,
+        bridge: Option<u32>,
+        gone: bool,
+    },
 }
 
 pub fn notification(msg_type: u16, payload: &[u8]) -> Option<NeighNews> {
     if !matches!(msg_type, libc::RTM_NEWNEIGH | libc::RTM_DELNEIGH) || payload.len() < NDMSG_LEN {
         return None;
     }
+    let gone = msg_type == libc::RTM_DELNEIGH;
     let body = &payload[NDMSG_LEN..];
     if payload[0] == AF_BRIDGE {
-        return mac_of(body).map(NeighNews::Bridge);
+        let bridge = attr(body, NDA_MASTER)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(u32::from_ne_bytes);
+        return Some(NeighNews::Fdb {
+            mac: mac_of(body)?,
+            port: ifindex_of(payload),
+            bridge,
+            gone,
+        });
     }
     let ip = match attr(body, NDA_DST)? {
         b if b.len() == 4 => IpAddr::from(<[u8; 4]>::try_from(b).ok()?),
         b if b.len() == 16 => IpAddr::from(<[u8; 16]>::try_from(b).ok()?),
         _ => return None,
     };
-    Some(NeighNews::Ip(ip))
+    let unresolved = state_of(payload) & (libc::NUD_FAILED | libc::NUD_INCOMPLETE) != 0;
+    Some(NeighNews::Ip {
+        ip,
+        ifindex: ifindex_of(payload),
+        mac: (!gone && !unresolved).then(|| mac_of(body)).flatten(),
+    })
 }
 
 #[cfg(test)]
@@ -175,7 +201,11 @@ mod tests {
         );
         assert_eq!(
             notification(libc::RTM_NEWNEIGH, &n),
-            Some(NeighNews::Ip("192.0.2.11".parse().expect("ip")))
+            Some(NeighNews::Ip {
+                ip: "192.0.2.11".parse().expect("ip"),
+                ifindex: 7,
+                mac: Some(MAC)
+            })
         );
         let f = payload(&ndmsg(AF_BRIDGE, 9, libc::NUD_REACHABLE), |w| {
             w.put(NDA_LLADDR, &MAC);
@@ -191,7 +221,12 @@ mod tests {
         );
         assert_eq!(
             notification(libc::RTM_DELNEIGH, &f),
-            Some(NeighNews::Bridge(MAC))
+            Some(NeighNews::Fdb {
+                mac: MAC,
+                port: 9,
+                bridge: Some(7),
+                gone: true
+            })
         );
     }
 

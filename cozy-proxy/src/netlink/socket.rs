@@ -131,7 +131,7 @@ impl NlSocket {
     /// as one: something may have changed.
     pub fn pending_events(
         &self,
-        relevant: impl Fn(&Message) -> bool,
+        mut relevant: impl FnMut(&Message) -> bool,
     ) -> Result<usize, NetlinkError> {
         let mut buf = vec![0u8; 64 << 10];
         let mut count = 0;
@@ -143,6 +143,19 @@ impl NlSocket {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// Blocks until a notification (or an overrun) arrives, then drains
+    /// what is waiting: for a thread whose only job is to say "something
+    /// happened".
+    pub fn wait_event(&self) -> Result<(), NetlinkError> {
+        let mut buf = vec![0u8; 64 << 10];
+        match self.recv(&mut buf, false) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.pending_events(|_| false).map(|_| ())
     }
 
     /// The netlink port the kernel gave this socket: the `pid` of the

@@ -14,6 +14,7 @@ fn family(f: u8) -> &'static str {
     match f {
         NFPROTO_IPV4 => "ip",
         NFPROTO_IPV6 => "ip6",
+        super::ports::NFPROTO_BRIDGE => "bridge",
         _ => "unspec",
     }
 }
@@ -37,7 +38,7 @@ fn key_text(set: &str, k: &[u8]) -> String {
                     return format!("{ip} . {proto} . {port}");
                 }
             }
-            super::schema::GUARD_PATHS if k.len() == n + 4 => {
+            super::schema::GUARD_PATHS | "guard_ports4" | "guard_ports6" if k.len() == n + 4 => {
                 if let Some((ip, index)) = l.parse_path_key(k) {
                     return format!("{ip} . if{index}");
                 }
@@ -168,7 +169,14 @@ fn a_first_sync_creates_both_tables_and_their_elements_in_one_batch() {
         &[("192.0.2.11", 6, 22)],
     );
     let diff = DatapathState::default().diff(&desired);
-    let batch = sync_batch(&[(IPV4, Install::Create), (IPV6, Install::Nothing)], &diff);
+    let batch = sync_batch(
+        &[
+            (IPV4.table(), Install::Create),
+            (IPV6.table(), Install::Nothing),
+        ],
+        &diff,
+        &diff.guard,
+    );
     let lines = describe(batch.bytes());
     let want = [
         "add table ip cozy_proxy (mark true)",
@@ -232,9 +240,14 @@ fn a_first_sync_creates_both_tables_and_their_elements_in_one_batch() {
 fn a_moved_endpoint_deletes_before_it_adds_and_a_replaced_table_goes_first() {
     let before = state(&[("203.0.113.10", "192.0.2.11")], &[]);
     let after = state(&[("203.0.113.10", "192.0.2.12")], &[]);
+    let diff = before.diff(&after);
     let batch = sync_batch(
-        &[(IPV4, Install::Nothing), (IPV6, Install::Nothing)],
-        &before.diff(&after),
+        &[
+            (IPV4.table(), Install::Nothing),
+            (IPV6.table(), Install::Nothing),
+        ],
+        &diff,
+        &diff.guard,
     );
     assert_eq!(
         describe(batch.bytes()),
@@ -245,11 +258,12 @@ fn a_moved_endpoint_deletes_before_it_adds_and_a_replaced_table_goes_first() {
             "add element ip svc_pod { 203.0.113.10 : 192.0.2.12 }",
         ]
     );
-    let replaced = sync_batch(&[(IPV6, Install::Replace)], &before.diff(&before));
+    let none = before.diff(&before);
+    let replaced = sync_batch(&[(IPV6.table(), Install::Replace)], &none, &none.guard);
     let lines = describe(replaced.bytes());
     assert_eq!(lines[0], "delete table ip6 cozy_proxy");
     assert_eq!(lines[1], "add table ip6 cozy_proxy (mark true)");
-    let rules = sync_batch(&[(IPV4, Install::Rules)], &before.diff(&before));
+    let rules = sync_batch(&[(IPV4.table(), Install::Rules)], &none, &none.guard);
     assert!(describe(rules.bytes())
         .iter()
         .any(|l| l == "flush chain ip port_filter"));
@@ -267,7 +281,8 @@ fn elements_are_split_into_messages_that_fit_a_netlink_attribute() {
         .collect();
     let pairs: Vec<(&str, &str)> = many.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
     let desired = state(&pairs, &[]);
-    let batch = sync_batch(&[], &DatapathState::default().diff(&desired));
+    let diff = DatapathState::default().diff(&desired);
+    let batch = sync_batch(&[], &diff, &diff.guard);
     let lines = describe(batch.bytes());
     // pod_svc and svc_pod: 800 + 5 elements each.
     assert_eq!(
@@ -304,7 +319,8 @@ fn ranges_and_guards_are_encoded_as_the_kernel_takes_them() {
     ));
     desired.guard.insert(ip("192.0.2.11"), 7);
     desired.guard.insert(ip("203.0.113.10"), 0);
-    let lines = describe(sync_batch(&[], &DatapathState::default().diff(&desired)).bytes());
+    let diff = DatapathState::default().diff(&desired);
+    let lines = describe(sync_batch(&[], &diff, &diff.guard).bytes());
     assert_eq!(
         lines,
         [
@@ -320,6 +336,74 @@ fn ranges_and_guards_are_encoded_as_the_kernel_takes_them() {
 
 #[test]
 fn cleanup_deletes_only_the_tables_present() {
-    let lines = describe(cleanup_batch(&[IPV6]).bytes());
-    assert_eq!(lines, ["delete table ip6 cozy_proxy"]);
+    let lines = describe(cleanup_batch(&[IPV6.table(), super::ports::table()]).bytes());
+    assert_eq!(
+        lines,
+        [
+            "delete table ip6 cozy_proxy",
+            "delete table bridge cozy_proxy"
+        ]
+    );
+}
+
+/// A pod behind bridge port 9 of bridge 7, a pod whose port is not known
+/// yet (entry: bridge 7), a pod on an interface of its own (5), a local LB
+/// IP (no entry): the IP tables get the bridge for the first two; the
+/// bridge table checks every address but the second, and gives the first
+/// its port. A change of port takes out exactly what was put in.
+#[test]
+fn guards_behind_bridge_ports_are_checked_at_the_port() {
+    use super::ports::{plan, write, Place, Placed};
+    use crate::datapath::Change;
+    let bridge_of = [(9u32, 7u32), (10, 7)].into_iter().collect();
+    let bridges = [7u32].into_iter().collect();
+    let place = |e: u32| Place::of(e, &bridge_of, &bridges);
+    let guard = Change {
+        remove: vec![],
+        add: vec![
+            (ip("192.0.2.11"), 9),
+            (ip("192.0.2.12"), 7),
+            (ip("192.0.2.13"), 5),
+            (ip("203.0.113.10"), 0),
+        ],
+    };
+    let mut placed = Placed::new();
+    let (ip_guard, at_ports) = plan(&guard, &mut placed, place);
+    let mut batch = crate::nft::batch::Batch::new();
+    write(&mut batch, &at_ports);
+    let diff = crate::datapath::StateDiff::default();
+    let mut lines = describe(sync_batch(&[], &diff, &ip_guard).bytes());
+    lines.extend(describe(batch.bytes()));
+    assert_eq!(
+        lines,
+        [
+            "add element ip guarded { 192.0.2.11, 192.0.2.12, 192.0.2.13, 203.0.113.10 }",
+            "add element ip guard_paths { 192.0.2.11 . if7, 192.0.2.12 . if7, 192.0.2.13 . if5 }",
+            "add element bridge guarded4 { 192.0.2.11, 192.0.2.13, 203.0.113.10 }",
+            "add element bridge guard_ports4 { 192.0.2.11 . if9 }",
+        ]
+    );
+    // The pod moved to port 10: out with port 9, in with port 10.
+    let moved = Change {
+        remove: vec![(ip("192.0.2.11"), 9)],
+        add: vec![(ip("192.0.2.11"), 10)],
+    };
+    let (ip_guard, at_ports) = plan(&moved, &mut placed, place);
+    let mut batch = crate::nft::batch::Batch::new();
+    write(&mut batch, &at_ports);
+    let mut lines = describe(sync_batch(&[], &diff, &ip_guard).bytes());
+    lines.extend(describe(batch.bytes()));
+    assert_eq!(
+        lines,
+        [
+            "delete element ip guarded { 192.0.2.11 }",
+            "delete element ip guard_paths { 192.0.2.11 . if7 }",
+            "add element ip guarded { 192.0.2.11 }",
+            "add element ip guard_paths { 192.0.2.11 . if7 }",
+            "delete element bridge guarded4 { 192.0.2.11 }",
+            "delete element bridge guard_ports4 { 192.0.2.11 . if9 }",
+            "add element bridge guarded4 { 192.0.2.11 }",
+            "add element bridge guard_ports4 { 192.0.2.11 . if10 }",
+        ]
+    );
 }

@@ -2,7 +2,7 @@
 //! change become one nf_tables batch. No socket here; the golden tests
 //! decode the batch with the project's own codec.
 use super::batch::Batch;
-use super::schema::{self, Layout, LAYOUTS, TABLE};
+use super::schema::{self, Layout, Table, LAYOUTS, TABLE};
 use super::sys::*;
 use crate::datapath::{AllowedPort, Change, StateDiff};
 use crate::model::IpRange;
@@ -27,9 +27,15 @@ pub enum Install {
     Replace,
 }
 
-/// The whole transaction of one sync: per family, what to install (in
-/// [`LAYOUTS`] order), then the element changes of `diff`.
-pub fn sync_batch(installs: &[(Layout, Install)], diff: &StateDiff) -> Batch {
+/// The whole transaction of one sync: per table, what to install, then the
+/// element changes of `diff`, its guard as `ip_guard` places it in the IP
+/// tables (see `ports.rs`). More element messages may follow (the bridge
+/// table's).
+pub fn sync_batch(
+    installs: &[(Table, Install)],
+    diff: &StateDiff,
+    ip_guard: &Change<(IpAddr, u32)>,
+) -> Batch {
     // Room for every element from the start: a buffer grown by doubling
     // holds its old and new copies at once (tens of MiB at 50 000
     // Services). Up to 52 bytes per element (an IPv6 key and value with
@@ -37,28 +43,28 @@ pub fn sync_batch(installs: &[(Layout, Install)], diff: &StateDiff) -> Batch {
     // guard writes two elements per change. Room not written to is never
     // made resident.
     let mut batch = Batch::with_capacity((diff.size() + diff.guard.size()) * 40 + 64 * 1024);
-    for (l, how) in installs {
-        install(&mut batch, l, *how);
+    for (t, how) in installs {
+        install(&mut batch, t, *how);
     }
-    elements(&mut batch, diff);
+    elements(&mut batch, diff, ip_guard);
     batch
 }
 
-/// Deletes both families' tables (those that exist: `present`).
-pub fn cleanup_batch(present: &[Layout]) -> Batch {
+/// Deletes our tables (those that exist: `present`).
+pub fn cleanup_batch(present: &[Table]) -> Batch {
     let mut batch = Batch::new();
-    for l in present {
-        delete_table(&mut batch, l);
+    for t in present {
+        delete_table(&mut batch, t);
     }
     batch
 }
 
-fn delete_table(batch: &mut Batch, l: &Layout) {
+fn delete_table(batch: &mut Batch, t: &Table) {
     batch.add(
         NFT_MSG_DELTABLE,
         0,
-        l.nfproto,
-        format!("delete table {} {TABLE}", l.name),
+        t.nfproto,
+        format!("delete table {} {TABLE}", t.family),
         |w| w.put_str(NFTA_TABLE_NAME, TABLE),
     );
 }
@@ -66,26 +72,26 @@ fn delete_table(batch: &mut Batch, l: &Layout) {
 /// The messages that create (or adopt) one family's table, sets, chains
 /// and rules. Tables, sets and chains are created without NLM_F_EXCL
 /// (existing ones are kept); each chain is flushed and its rules re-added.
-fn install(batch: &mut Batch, l: &Layout, how: Install) {
-    let f = l.nfproto;
+fn install(batch: &mut Batch, t: &Table, how: Install) {
+    let f = t.nfproto;
     if how == Install::Nothing {
         return;
     }
     if how == Install::Replace {
-        delete_table(batch, l);
+        delete_table(batch, t);
     }
     batch.add(
         NFT_MSG_NEWTABLE,
         NLM_F_CREATE,
         f,
-        format!("table {} {TABLE}", l.name),
+        format!("table {} {TABLE}", t.family),
         |w| {
             w.put_str(NFTA_TABLE_NAME, TABLE);
             w.put_u32(NFTA_TABLE_FLAGS, 0);
-            w.put(NFTA_TABLE_USERDATA, schema::SCHEMA_MARK);
+            w.put(NFTA_TABLE_USERDATA, t.mark);
         },
     );
-    for s in schema::sets(l) {
+    for s in &t.sets {
         batch.add(
             NFT_MSG_NEWSET,
             NLM_F_CREATE,
@@ -121,7 +127,7 @@ fn install(batch: &mut Batch, l: &Layout, how: Install) {
             },
         );
     }
-    for c in schema::chains(l) {
+    for c in &t.chains {
         batch.add(
             NFT_MSG_NEWCHAIN,
             NLM_F_CREATE,
@@ -178,9 +184,9 @@ fn install(batch: &mut Batch, l: &Layout, how: Install) {
 
 /// One set element: its address family's key (and map value, interval
 /// end, flags).
-struct Element {
-    ip: IpAddr,
-    key: Vec<u8>,
+pub(super) struct Element {
+    pub(super) ip: IpAddr,
+    pub(super) key: Vec<u8>,
     value: Option<Vec<u8>>,
     /// The inclusive end of a concatenated interval (pipapo).
     key_end: Option<Vec<u8>>,
@@ -189,7 +195,7 @@ struct Element {
 }
 
 impl Element {
-    fn key(ip: IpAddr, key: Vec<u8>) -> Element {
+    pub(super) fn key(ip: IpAddr, key: Vec<u8>) -> Element {
         Element {
             ip,
             key,
@@ -279,7 +285,7 @@ fn guard(c: &Change<(IpAddr, u32)>, remove: bool, paths: bool) -> Elements<'_> {
 /// addition (a changed map value is removed and added in the same batch).
 /// One message's elements at a time: at a full sync they are hundreds of
 /// thousands.
-fn elements(batch: &mut Batch, diff: &StateDiff) {
+fn elements(batch: &mut Batch, diff: &StateDiff, ip_guard: &Change<(IpAddr, u32)>) {
     type Group<'a> = (&'a str, Box<dyn Fn(bool) -> Elements<'a> + 'a>);
     let groups: [Group; 12] = [
         (schema::POD_SVC, Box::new(|r| pairs(&diff.pod_svc, r))),
@@ -310,11 +316,8 @@ fn elements(batch: &mut Batch, diff: &StateDiff) {
             schema::SOURCE_RANGES,
             Box::new(|r| lb_ranges(&diff.source_ranges, r)),
         ),
-        (schema::GUARDED, Box::new(|r| guard(&diff.guard, r, false))),
-        (
-            schema::GUARD_PATHS,
-            Box::new(|r| guard(&diff.guard, r, true)),
-        ),
+        (schema::GUARDED, Box::new(|r| guard(ip_guard, r, false))),
+        (schema::GUARD_PATHS, Box::new(|r| guard(ip_guard, r, true))),
     ];
     for remove in [true, false] {
         for (set, make) in &groups {
@@ -325,21 +328,29 @@ fn elements(batch: &mut Batch, diff: &StateDiff) {
                     if chunk.is_empty() {
                         break;
                     }
-                    element_message(batch, l, set, &chunk, remove);
+                    element_message(batch, (l.nfproto, l.name), set, &chunk, remove);
                 }
             }
         }
     }
 }
 
-fn element_message(batch: &mut Batch, l: &Layout, set: &str, elems: &[Element], remove: bool) {
+/// One message of element changes to set `set` of our table in family
+/// `(nfproto, name)`.
+pub(super) fn element_message(
+    batch: &mut Batch,
+    (nfproto, family): (u8, &str),
+    set: &str,
+    elems: &[Element],
+    remove: bool,
+) {
     let (msg, flags, verb) = if remove {
         (NFT_MSG_DELSETELEM, 0, "delete")
     } else {
         (NFT_MSG_NEWSETELEM, NLM_F_CREATE, "add")
     };
-    let what = format!("{verb} {} element(s) of {} {set}", elems.len(), l.name);
-    batch.add(msg, flags, l.nfproto, what, |w| {
+    let what = format!("{verb} {} element(s) of {family} {set}", elems.len());
+    batch.add(msg, flags, nfproto, what, |w| {
         w.put_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
         w.put_str(NFTA_SET_ELEM_LIST_SET, set);
         w.nest(NFTA_SET_ELEM_LIST_ELEMENTS, |w| {

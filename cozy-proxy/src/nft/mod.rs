@@ -16,6 +16,7 @@ mod batch;
 mod describe;
 mod encode;
 mod expr;
+mod ports;
 mod read;
 pub mod schema;
 mod sys;
@@ -27,7 +28,7 @@ pub use crate::netlink::NetlinkError;
 use crate::netlink::NlSocket;
 use crate::steer::Steering;
 use encode::Install;
-use schema::{Layout, LAYOUTS, TABLE};
+use schema::{Table, LAYOUTS, TABLE};
 use serde_json::json;
 use std::{collections::BTreeSet, net::IpAddr};
 use tracing::{debug, info, warn};
@@ -70,6 +71,9 @@ pub struct NftKernel {
     /// Someone else may have committed while we were out of the group
     /// (see [`QUIET_BATCH`]): the next upkeep reads the table again.
     missed_news: bool,
+    /// Where each guarded address was written (see `ports.rs`), as of the
+    /// last read and the changes since.
+    placed: ports::Placed,
 }
 
 /// From this many elements on, a batch is applied out of the notification
@@ -92,6 +96,7 @@ impl NftKernel {
             steering: Steering::open()?,
             events: NlSocket::subscribe(libc::NETLINK_NETFILTER, NFNLGRP_NFTABLES_MASK)?,
             missed_news: false,
+            placed: ports::Placed::new(),
         })
     }
 }
@@ -145,10 +150,33 @@ fn merge(into: &mut DatapathState, from: DatapathState) {
     into.guard.extend(from.guard);
 }
 
+/// How a sync installs table `t` found as `found` (`None`: absent):
+/// `(current, chains intact)`.
+fn install_of(t: &Table, found: Option<(bool, bool)>) -> Install {
+    match found {
+        None => Install::Create,
+        Some((false, _)) => {
+            warn!(
+                family = t.family,
+                "table {TABLE} is of another schema version; replacing it atomically"
+            );
+            Install::Replace
+        }
+        Some((true, true)) => Install::Nothing,
+        Some((true, false)) => {
+            warn!(
+                family = t.family,
+                "chains of {TABLE} were changed; restoring them"
+            );
+            Install::Rules
+        }
+    }
+}
+
 impl Kernel for NftKernel {
     type Error = NftError;
-    /// Per family, what the table needs before its elements.
-    type Found = Vec<(Layout, Install)>;
+    /// Per table, what it needs before its elements.
+    type Found = Vec<(Table, Install)>;
 
     fn kind(&self) -> BackendKind {
         BackendKind::Nft
@@ -170,30 +198,18 @@ impl Kernel for NftKernel {
         };
         let mut installs = Vec::new();
         for l in LAYOUTS {
-            let how = match read::read_table(&self.sock, &l)? {
-                None => Install::Create,
-                Some(t) if !t.current => {
-                    warn!(
-                        family = l.name,
-                        "table {TABLE} is of another schema version; replacing it atomically"
-                    );
-                    Install::Replace
-                }
-                Some(t) => {
-                    merge(&mut live, t.state);
-                    if t.chains_intact {
-                        Install::Nothing
-                    } else {
-                        warn!(
-                            family = l.name,
-                            "chains of {TABLE} were changed; restoring them"
-                        );
-                        Install::Rules
-                    }
-                }
-            };
-            installs.push((l, how));
+            let t = l.table();
+            let found = read::read_table(&self.sock, &l)?;
+            let how = install_of(&t, found.as_ref().map(|f| (f.current, f.chains_intact)));
+            if let Some(f) = found.filter(|f| f.current) {
+                merge(&mut live, f.state);
+            }
+            installs.push((t, how));
         }
+        let bridge = ports::table();
+        let how = install_of(&bridge, read::check_table(&self.sock, &bridge)?);
+        installs.push((bridge, how));
+        self.placed = ports::read_places(&self.sock, &mut live.guard)?;
         Ok((live, installs))
     }
 
@@ -206,7 +222,12 @@ impl Kernel for NftKernel {
         routes: Routes,
     ) -> Result<Applied, NftError> {
         let installs = found.unwrap_or_default();
-        let batch = encode::sync_batch(&installs, diff);
+        let (bridge_of, bridges) = self.steering.bridges()?;
+        let place = |entry: u32| ports::Place::of(entry, &bridge_of, &bridges);
+        let mut placed = self.placed.clone();
+        let (ip_guard, at_ports) = ports::plan(&diff.guard, &mut placed, place);
+        let mut batch = encode::sync_batch(&installs, diff, &ip_guard);
+        ports::write(&mut batch, &at_ports);
         debug!(
             messages = batch.message_count(),
             bytes = ?batch.bytes_len(),
@@ -221,6 +242,7 @@ impl Kernel for NftKernel {
         } else {
             batch.apply(&self.sock)?;
         }
+        self.placed = placed;
         // Routes after the tables: an LB IP is steered once its rules exist.
         self.steering.apply(&diff.routes, routes)?;
         Ok(Applied {
@@ -234,6 +256,10 @@ impl Kernel for NftKernel {
     }
 
     fn upkeep(&mut self) -> Result<bool, NftError> {
+        Ok(self.steering.changed()?)
+    }
+
+    fn paths_news(&mut self) -> Result<bool, NftError> {
         Ok(self.steering.changed()?)
     }
 
@@ -254,11 +280,13 @@ impl Kernel for NftKernel {
             if let Some(t) = read::read_table(&self.sock, l)? {
                 installed = true;
                 merge(&mut state, t.state);
-                tables.push(read::chain_details(&self.sock, l)?);
+                tables.push(read::chain_details(&self.sock, &l.table())?);
             }
         }
         if installed {
             state.routes = self.steering.routes()?;
+            ports::read_places(&self.sock, &mut state.guard)?;
+            tables.push(read::chain_details(&self.sock, &ports::table())?);
         }
         Ok(Dump {
             backend: BackendKind::Nft,
@@ -271,9 +299,9 @@ impl Kernel for NftKernel {
 
     fn cleanup(&mut self) -> Result<(), NftError> {
         let mut present = Vec::new();
-        for l in LAYOUTS {
-            if read::our_table(&self.sock, &l)?.is_some() {
-                present.push(l);
+        for t in LAYOUTS.iter().map(|l| l.table()).chain([ports::table()]) {
+            if read::our_table(&self.sock, t.nfproto)?.is_some() {
+                present.push(t);
             }
         }
         encode::cleanup_batch(&present).apply(&self.sock)?;

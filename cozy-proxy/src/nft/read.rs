@@ -1,7 +1,7 @@
 //! Reading our tables back from the kernel: the table and its schema mark,
 //! the sets' layouts, their elements, the chains' rules and counters.
 use super::batch::dump;
-use super::schema::{self, Layout, SetDef, TABLE};
+use super::schema::{self, Layout, SetDef, Table, TABLE};
 use super::sys::*;
 use super::{DecodeError, NftError};
 use crate::datapath::{AllowedPort, DatapathState};
@@ -16,8 +16,8 @@ const NFGENMSG_LEN: usize = 4;
 
 /// A set element as the kernel holds it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct RawElement {
-    key: Vec<u8>,
+pub(super) struct RawElement {
+    pub(super) key: Vec<u8>,
     /// A map element's value (empty for a plain set).
     value: Vec<u8>,
     /// A concatenated interval's inclusive end (empty otherwise).
@@ -41,9 +41,9 @@ fn body(payload: &[u8]) -> &[u8] {
     payload.get(NFGENMSG_LEN..).unwrap_or(&[])
 }
 
-/// The attributes of our table in family `l`, if it exists.
-pub fn our_table(sock: &NlSocket, l: &Layout) -> Result<Option<Vec<u8>>, NftError> {
-    let tables = dump(sock, NFT_MSG_GETTABLE, l.nfproto, |_| {})?;
+/// The attributes of our table in family `nfproto`, if it exists.
+pub fn our_table(sock: &NlSocket, nfproto: u8) -> Result<Option<Vec<u8>>, NftError> {
+    let tables = dump(sock, NFT_MSG_GETTABLE, nfproto, |_| {})?;
     Ok(tables
         .iter()
         .map(|t| body(t))
@@ -51,8 +51,8 @@ pub fn our_table(sock: &NlSocket, l: &Layout) -> Result<Option<Vec<u8>>, NftErro
         .map(<[u8]>::to_vec))
 }
 
-fn read_sets(sock: &NlSocket, l: &Layout) -> Result<Vec<SetDef>, NftError> {
-    let answers = dump(sock, NFT_MSG_GETSET, l.nfproto, |w| {
+fn read_sets(sock: &NlSocket, nfproto: u8) -> Result<Vec<SetDef>, NftError> {
+    let answers = dump(sock, NFT_MSG_GETSET, nfproto, |w| {
         w.put_str(NFTA_SET_TABLE, TABLE)
     })?;
     Ok(answers
@@ -85,14 +85,24 @@ fn read_sets(sock: &NlSocket, l: &Layout) -> Result<Vec<SetDef>, NftError> {
 /// set's hash table (right after a large change) can miss elements, so the
 /// set is read twice and the union kept: a missed element shows in the
 /// other read; nothing absent can appear.
-fn read_elements(sock: &NlSocket, l: &Layout, set: &str) -> Result<Vec<RawElement>, NftError> {
-    let mut all: BTreeSet<RawElement> = read_elements_once(sock, l, set)?.into_iter().collect();
-    all.extend(read_elements_once(sock, l, set)?);
+pub(super) fn read_elements(
+    sock: &NlSocket,
+    nfproto: u8,
+    set: &str,
+) -> Result<Vec<RawElement>, NftError> {
+    let mut all: BTreeSet<RawElement> = read_elements_once(sock, nfproto, set)?
+        .into_iter()
+        .collect();
+    all.extend(read_elements_once(sock, nfproto, set)?);
     Ok(all.into_iter().collect())
 }
 
-fn read_elements_once(sock: &NlSocket, l: &Layout, set: &str) -> Result<Vec<RawElement>, NftError> {
-    let answers = dump(sock, NFT_MSG_GETSETELEM, l.nfproto, |w| {
+fn read_elements_once(
+    sock: &NlSocket,
+    nfproto: u8,
+    set: &str,
+) -> Result<Vec<RawElement>, NftError> {
+    let answers = dump(sock, NFT_MSG_GETSETELEM, nfproto, |w| {
         w.put_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
         w.put_str(NFTA_SET_ELEM_LIST_SET, set);
     })?;
@@ -121,13 +131,16 @@ fn read_elements_once(sock: &NlSocket, l: &Layout, set: &str) -> Result<Vec<RawE
     Ok(out)
 }
 
-pub fn read_table(sock: &NlSocket, l: &Layout) -> Result<Option<LiveTable>, NftError> {
-    let Some(table) = our_table(sock, l)? else {
+/// Whether our table `t` is in the kernel, of this version (its mark and
+/// sets as we create them), and with its chains as we install them (`None`:
+/// absent).
+pub(super) fn check_table(sock: &NlSocket, t: &Table) -> Result<Option<(bool, bool)>, NftError> {
+    let Some(table) = our_table(sock, t.nfproto)? else {
         return Ok(None);
     };
-    let version_ok = attr(&table, NFTA_TABLE_USERDATA) == Some(schema::SCHEMA_MARK);
-    let live_sets = read_sets(sock, l)?;
-    let sets_ok = schema::sets(l).iter().all(|want| {
+    let version_ok = attr(&table, NFTA_TABLE_USERDATA) == Some(t.mark);
+    let live_sets = read_sets(sock, t.nfproto)?;
+    let sets_ok = t.sets.iter().all(|want| {
         live_sets.iter().any(|have| {
             SetDef {
                 id: want.id,
@@ -135,16 +148,11 @@ pub fn read_table(sock: &NlSocket, l: &Layout) -> Result<Option<LiveTable>, NftE
             } == *want
         })
     });
-    let current = version_ok && sets_ok;
-    let mut state = DatapathState::default();
-    if current {
-        read_state_into(sock, l, &mut state)?;
-    }
     // Each chain holds our rules, in order, with their contents: a rule
     // replaced by someone else has no fingerprint, or another.
     let mut chains_intact = true;
-    for c in schema::chains(l) {
-        let rules = chain_rules(sock, l, c.name)?;
+    for c in &t.chains {
+        let rules = chain_rules(sock, t.nfproto, c.name)?;
         chains_intact &= rules.is_some_and(|live| {
             live.len() == c.rules.len()
                 && live
@@ -152,6 +160,17 @@ pub fn read_table(sock: &NlSocket, l: &Layout) -> Result<Option<LiveTable>, NftE
                     .zip(&c.rules)
                     .all(|(have, want)| rule_fingerprint(body(have)) == Some(want.fingerprint()))
         });
+    }
+    Ok(Some((version_ok && sets_ok, chains_intact)))
+}
+
+pub fn read_table(sock: &NlSocket, l: &Layout) -> Result<Option<LiveTable>, NftError> {
+    let Some((current, chains_intact)) = check_table(sock, &l.table())? else {
+        return Ok(None);
+    };
+    let mut state = DatapathState::default();
+    if current {
+        read_state_into(sock, l, &mut state)?;
     }
     Ok(Some(LiveTable {
         current,
@@ -161,8 +180,12 @@ pub fn read_table(sock: &NlSocket, l: &Layout) -> Result<Option<LiveTable>, NftE
 }
 
 /// The rules of one of our chains (`None`: no such chain).
-fn chain_rules(sock: &NlSocket, l: &Layout, chain: &str) -> Result<Option<Vec<Vec<u8>>>, NftError> {
-    match dump(sock, NFT_MSG_GETRULE, l.nfproto, |w| {
+fn chain_rules(
+    sock: &NlSocket,
+    nfproto: u8,
+    chain: &str,
+) -> Result<Option<Vec<Vec<u8>>>, NftError> {
+    match dump(sock, NFT_MSG_GETRULE, nfproto, |w| {
         w.put_str(NFTA_RULE_TABLE, TABLE);
         w.put_str(NFTA_RULE_CHAIN, chain);
     }) {
@@ -186,7 +209,7 @@ fn read_state_into(sock: &NlSocket, l: &Layout, s: &mut DatapathState) -> Result
         (schema::SVC_POD, &mut s.svc_pod),
         (schema::REMOTE, &mut s.remote),
     ] {
-        for e in read_elements(sock, l, set)? {
+        for e in read_elements(sock, l.nfproto, set)? {
             out.insert(addr(&e.key, set)?, addr(&e.value, set)?);
         }
     }
@@ -196,19 +219,21 @@ fn read_state_into(sock: &NlSocket, l: &Layout, s: &mut DatapathState) -> Result
         (schema::UNMAPPED_LBS, &mut s.unmapped_lbs),
         (schema::RANGED_LBS, &mut s.ranged_lbs),
     ] {
-        for e in read_elements(sock, l, set)? {
+        for e in read_elements(sock, l.nfproto, set)? {
             out.insert(addr(&e.key, set)?);
         }
     }
-    for e in read_elements(sock, l, schema::ALLOWED_PORTS)? {
+    for e in read_elements(sock, l.nfproto, schema::ALLOWED_PORTS)? {
         let (pod, proto, port) = l
             .parse_port_key(&e.key)
             .ok_or(DecodeError::PortKey { len: e.key.len() })?;
         s.allowed_ports.insert(AllowedPort { pod, proto, port });
     }
-    s.cluster
-        .extend(intervals(read_elements(sock, l, schema::CLUSTER)?, l)?);
-    for e in read_elements(sock, l, schema::SOURCE_RANGES)? {
+    s.cluster.extend(intervals(
+        read_elements(sock, l.nfproto, schema::CLUSTER)?,
+        l,
+    )?);
+    for e in read_elements(sock, l.nfproto, schema::SOURCE_RANGES)? {
         let bad = |_| DecodeError::ElementSize {
             set: schema::SOURCE_RANGES,
             len: e.key.len(),
@@ -222,13 +247,13 @@ fn read_state_into(sock: &NlSocket, l: &Layout, s: &mut DatapathState) -> Result
         s.source_ranges.insert((lb, IpRange { first, last }));
     }
     let mut paths = std::collections::BTreeMap::new();
-    for e in read_elements(sock, l, schema::GUARD_PATHS)? {
+    for e in read_elements(sock, l.nfproto, schema::GUARD_PATHS)? {
         let (ip, index) = l
             .parse_path_key(&e.key)
             .ok_or(DecodeError::PathKey { len: e.key.len() })?;
         paths.insert(ip, index);
     }
-    for e in read_elements(sock, l, schema::GUARDED)? {
+    for e in read_elements(sock, l.nfproto, schema::GUARDED)? {
         let ip = addr(&e.key, schema::GUARDED)?;
         s.guard.insert(ip, paths.get(&ip).copied().unwrap_or(0));
     }
@@ -280,16 +305,16 @@ fn max_of(ip: &IpAddr) -> IpAddr {
 }
 
 /// Chains with their rules' comments and counters, for `dump`.
-pub fn chain_details(sock: &NlSocket, l: &Layout) -> Result<serde_json::Value, NftError> {
+pub fn chain_details(sock: &NlSocket, t: &Table) -> Result<serde_json::Value, NftError> {
     let mut chains = Vec::new();
-    for c in schema::chains(l) {
-        let Some(rules) = chain_rules(sock, l, c.name)? else {
+    for c in &t.chains {
+        let Some(rules) = chain_rules(sock, t.nfproto, c.name)? else {
             continue;
         };
         let rules: Vec<_> = rules.iter().map(|r| rule_details(body(r))).collect();
         chains.push(json!({ "name": c.name, "priority": c.priority, "rules": rules }));
     }
-    Ok(json!({ "table": format!("{} {TABLE}", l.name), "chains": chains }))
+    Ok(json!({ "table": format!("{} {TABLE}", t.family), "chains": chains }))
 }
 
 /// The value of type `kind` in a rule's userdata (libnftnl's TLVs:

@@ -158,6 +158,30 @@ impl Layout {
     }
 }
 
+/// One of our tables: its family, the mark of its version (stored as the
+/// table's user data), its sets and chains.
+pub struct Table {
+    pub nfproto: u8,
+    /// `nft` family keyword.
+    pub family: &'static str,
+    pub mark: &'static [u8],
+    pub sets: Vec<SetDef>,
+    pub chains: Vec<ChainDef>,
+}
+
+impl Layout {
+    /// This family's table.
+    pub fn table(&self) -> Table {
+        Table {
+            nfproto: self.nfproto,
+            family: self.name,
+            mark: SCHEMA_MARK,
+            sets: sets(self),
+            chains: chains(self),
+        }
+    }
+}
+
 /// A set or map, as created and as read back for comparison.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SetDef {
@@ -190,7 +214,7 @@ pub struct SetDef {
 /// ranged LB IPs), and a sized set's buckets are allocated whole up front
 /// (a 196 608-entry set takes 4 MiB, a 65 536-entry one 2 MiB).
 const MAPPING_SET_SIZE: u32 = limits::MAPPINGS as u32;
-const ADDR_SET_SIZE: u32 = limits::ADDRS as u32;
+pub(super) const ADDR_SET_SIZE: u32 = limits::ADDRS as u32;
 
 /// What the sized sets hold at most, as the sync layer counts it.
 pub fn set_capacity() -> Capacity {
@@ -205,7 +229,7 @@ pub fn set_capacity() -> Capacity {
 /// The flags `read_sets` compares (the kernel may report others).
 pub const SET_FLAGS: u32 = NFT_SET_MAP | NFT_SET_INTERVAL | NFT_SET_CONCAT;
 
-fn concat(types: &[u32]) -> u32 {
+pub(super) fn concat(types: &[u32]) -> u32 {
     types.iter().fold(0, |acc, t| (acc << TYPE_BITS) | t)
 }
 
@@ -300,7 +324,7 @@ pub struct ChainDef {
 
 /// The registers rules use: the first address (or key) at `A`, a second
 /// address after it at `b(l)`, a scratch register after that at `c(l)`.
-const A: u32 = NFT_REG32_00;
+pub(super) const A: u32 = NFT_REG32_00;
 
 fn b(l: &Layout) -> u32 {
     A + l.addr_regs()
@@ -310,7 +334,7 @@ fn c(l: &Layout) -> u32 {
     b(l) + l.addr_regs()
 }
 
-fn load(base: u32, offset: u32, len: u32, dreg: u32) -> Expr {
+pub(super) fn load(base: u32, offset: u32, len: u32, dreg: u32) -> Expr {
     Expr::Load {
         base,
         offset,
@@ -323,7 +347,7 @@ fn load_addr(l: &Layout, offset: u32, dreg: u32) -> Expr {
     load(NFT_PAYLOAD_NETWORK_HEADER, offset, l.addr_len, dreg)
 }
 
-fn lookup(set: &'static str, sreg: u32, invert: bool) -> Expr {
+pub(super) fn lookup(set: &'static str, sreg: u32, invert: bool) -> Expr {
     Expr::Lookup {
         set,
         set_id: set_id(set),
@@ -345,7 +369,7 @@ fn map(map: &'static str, sreg: u32, dreg: u32) -> Expr {
     }
 }
 
-fn cmp(sreg: u32, op: u32, data: Vec<u8>) -> Expr {
+pub(super) fn cmp(sreg: u32, op: u32, data: Vec<u8>) -> Expr {
     Expr::Cmp { sreg, op, data }
 }
 

@@ -15,6 +15,7 @@ pub const NFT_NAT_DNAT: u32 = libc::NFT_NAT_DNAT as u32;
 pub const NFT_SET_INTERVAL: u32 = libc::NFT_SET_INTERVAL as u32;
 pub const NFT_SET_ELEM_INTERVAL_END: u32 = libc::NFT_SET_ELEM_INTERVAL_END as u32;
 pub const NFT_META_IIF: u32 = libc::NFT_META_IIF as u32;
+pub const NFT_META_PROTOCOL: u32 = libc::NFT_META_PROTOCOL as u32;
 pub const NF_INET_LOCAL_OUT: u32 = libc::NF_INET_LOCAL_OUT as u32;
 pub const NFNL_SUBSYS_NFTABLES: u16 = libc::NFNL_SUBSYS_NFTABLES as u16;
 pub const NFNL_MSG_BATCH_BEGIN: u16 = libc::NFNL_MSG_BATCH_BEGIN as u16;

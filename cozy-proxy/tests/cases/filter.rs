@@ -4,8 +4,9 @@ use cozy_proxy_testkit::scenario::WEB;
 use cozy_proxy_testkit::{
     manifests::Svc,
     net::Fam,
-    traffic::{udp_request, Capture},
-    Env,
+    topology::{cmd, Shape},
+    traffic::{tcp_request, udp_request, Capture},
+    Backend, Env,
 };
 
 fn filtered(env: &Env, allow_icmp: Option<&str>) -> Svc {
@@ -45,6 +46,71 @@ pub fn s08_unlisted_ports_dropped(env: &mut Env) -> Result<()> {
     env.udp_dropped(env.lb(0), 5353)?;
     let seen = cap.stop();
     ensure!(seen.is_empty(), "pod1 saw filtered packets: {seen:#?}");
+    from_a_neighbour_pod(env)
+}
+
+/// What reaches pod1 of a neighbour pod's connections to pod1's own IP,
+/// on a listed and an unlisted port (the SYNs pod1 sees).
+fn neighbour_syns(env: &Env) -> Result<Vec<String>> {
+    let cap = Capture::start(
+        &env.pod_ns(1),
+        "eth0",
+        &format!("tcp and src host {}", env.pod_ip(2)),
+        env.scratch("neighbour"),
+    )?;
+    for port in [22, WEB] {
+        let _ = tcp_request(&env.pod_ns(2), env.pod_ip(1), port);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    Ok(cap.stop())
+}
+
+fn syn_to(seen: &[String], port: u16) -> bool {
+    seen.iter()
+        .any(|l| l.contains(&format!(".{port}: Flags [S]")))
+}
+
+/// A neighbour pod connecting to pod1's own IP: the listed port reaches
+/// it, the unlisted one does not, where the node sees the traffic (its
+/// routing; a bridge's ports: br_netfilter's IP hooks for nft, the port's
+/// TC egress for eBPF). In Kube-OVN's shape the pods' segment carries it
+/// past the node, which filters nothing of it (docs/traffic.md). On a
+/// bridge without br_netfilter only the eBPF backend sees it.
+fn from_a_neighbour_pod(env: &Env) -> Result<()> {
+    let seen = neighbour_syns(env)?;
+    ensure!(
+        syn_to(&seen, 22),
+        "the listed port did not reach pod1: {seen:#?}"
+    );
+    let filtered = env.topo.shape != Shape::Gateway;
+    ensure!(
+        syn_to(&seen, WEB) != filtered,
+        "{:?} shape: the neighbour pod's SYN to the unlisted port {}: {seen:#?}",
+        env.topo.shape,
+        if filtered {
+            "reached pod1"
+        } else {
+            "did not reach pod1, past the node"
+        }
+    );
+    if env.topo.shape == Shape::Bridge {
+        cmd(
+            &env.topo.node(),
+            "sysctl -qw net.bridge.bridge-nf-call-iptables=0 net.bridge.bridge-nf-call-ip6tables=0",
+        )?;
+        let seen = neighbour_syns(env)?;
+        let filtered = env.backend != Backend::Nft;
+        ensure!(
+            syn_to(&seen, WEB) != filtered,
+            "bridge without br_netfilter, {:?}: the SYN to the unlisted port {}: {seen:#?}",
+            env.backend,
+            if filtered {
+                "reached pod1"
+            } else {
+                "did not reach pod1"
+            }
+        );
+    }
     Ok(())
 }
 
