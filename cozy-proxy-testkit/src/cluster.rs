@@ -16,7 +16,10 @@
 use crate::manifests::{ManifestDir, Svc};
 use crate::net::Fam;
 use crate::sh::{feed_in, ok_in};
-use crate::topology::{cmd, new_ns, no_offload, remove_namespaces, unique_prefix, veth};
+use crate::topology::{
+    bridge_gateway, cmd, new_ns, no_offload, pod_on_segment, remove_namespaces, unique_prefix,
+    veth, wire_port, Shape,
+};
 use crate::traffic::{answer, eventually, tcp_request, udp_request, Server, SETTLE};
 use crate::{bin, expected_state, test_bpffs, Backend, Controller};
 use anyhow::{bail, ensure, Context, Result};
@@ -120,6 +123,31 @@ fn pod_cidr_v6(k: usize) -> String {
 /// The namespaces of a two-node cluster.
 pub struct ClusterTopology {
     pub prefix: String,
+    pub shape: ClusterShape,
+}
+
+/// How the nodes reach their pods and each other's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterShape {
+    /// Routed veths, native routing between the nodes (Calico, Cilium).
+    Routed,
+    /// A bridge per node holding its pods' gateway, the other node's pods
+    /// routed via its address (Flannel host-gw, kindnet).
+    Bridge,
+    /// A bridge per node, the nodes' pod networks joined by VXLAN (Flannel
+    /// VXLAN: `flannel.1`, VNI 1, port 8472, static neighbours and
+    /// forwarding entries as flanneld writes them).
+    Overlay,
+}
+
+impl ClusterShape {
+    /// The node shape each node has.
+    pub fn node_shape(self) -> Shape {
+        match self {
+            ClusterShape::Routed => Shape::Routed,
+            _ => Shape::Bridge,
+        }
+    }
 }
 
 impl ClusterTopology {
@@ -143,6 +171,11 @@ impl ClusterTopology {
         self.ns(&format!("n{}p{}", p.node, p.index))
     }
 
+    /// Where pod `p`'s own veth ends on its node.
+    pub fn pod_port(&self, p: Pod) -> (String, String) {
+        (self.node(p.node), format!("pod{}", p.index))
+    }
+
     fn all(&self) -> Vec<String> {
         let mut all = vec![self.ext(), self.far()];
         for k in 1..=2 {
@@ -152,9 +185,10 @@ impl ClusterTopology {
         all
     }
 
-    pub fn new() -> Result<ClusterTopology> {
+    pub fn new(shape: ClusterShape) -> Result<ClusterTopology> {
         let t = ClusterTopology {
             prefix: unique_prefix("cpc"),
+            shape,
         };
         if let Err(e) = t.build() {
             remove_namespaces(&t.all());
@@ -191,6 +225,11 @@ impl ClusterTopology {
         cmd(&far, "ip -6 route add default via 2001:db8:200::1")?;
         for k in 1..=2 {
             self.build_node(k)?;
+        }
+        if self.shape == ClusterShape::Overlay {
+            for k in 1..=2 {
+                self.vxlan_peer(k)?;
+            }
         }
         // ext routes the LB range to node1 (a test may move an LB IP to
         // node2), and each node's pod network to that node.
@@ -236,34 +275,56 @@ impl ClusterTopology {
         }
         cmd(&node, "ip route add default via 198.51.100.1")?;
         cmd(&node, "ip -6 route add default via 2001:db8:100::1")?;
-        // Native routing toward the other node's pods.
+        // Native routing toward the other node's pods (the overlay routes
+        // them through its tunnel instead).
         let other = 3 - k;
-        cmd(
-            &node,
-            &format!(
-                "ip route add {} via 198.51.100.{}",
-                pod_cidr_v4(other),
-                1 + other
-            ),
-        )?;
-        cmd(
-            &node,
-            &format!(
-                "ip -6 route add {} via 2001:db8:100::{}",
-                pod_cidr_v6(other),
-                1 + other
-            ),
-        )?;
+        if self.shape != ClusterShape::Overlay {
+            cmd(
+                &node,
+                &format!(
+                    "ip route add {} via 198.51.100.{}",
+                    pod_cidr_v4(other),
+                    1 + other
+                ),
+            )?;
+            cmd(
+                &node,
+                &format!(
+                    "ip -6 route add {} via 2001:db8:100::{}",
+                    pod_cidr_v6(other),
+                    1 + other
+                ),
+            )?;
+        }
         cmd(
             &node,
             "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
         )?;
         let (v4, v6) = (ClusterNet { fam: Fam::V4 }, ClusterNet { fam: Fam::V6 });
+        if self.shape != ClusterShape::Routed {
+            bridge_gateway(
+                &node,
+                &format!("{}/26", v4.gateway(k)),
+                &format!("{}/120", v6.gateway(k)),
+            )?;
+        }
+        if self.shape == ClusterShape::Overlay {
+            self.vxlan(k)?;
+        }
         for i in 1..=PODS {
             let p = pod(k, i);
             let pns = self.pod(p);
             new_ns(&pns)?;
             let host_if = format!("pod{i}");
+            if self.shape != ClusterShape::Routed {
+                wire_port(&node, "cni0", &host_if, &pns)?;
+                pod_on_segment(
+                    &pns,
+                    (&v4.pod(p).to_string(), 26, &v4.gateway(k).to_string()),
+                    (&v6.pod(p).to_string(), 120, &v6.gateway(k).to_string()),
+                )?;
+                continue;
+            }
             veth(&host_if, &node, "eth0", &pns)?;
             cmd(
                 &node,
@@ -311,6 +372,70 @@ impl ClusterTopology {
     }
 }
 
+/// Node `k`'s VXLAN end, as flanneld sets it up.
+fn vtep_mac(k: usize) -> String {
+    format!("02:00:00:00:0f:0{k}")
+}
+
+/// Node `k`'s VXLAN address: its pod network's first address (as Flannel).
+fn vtep(k: usize) -> (String, String) {
+    (
+        format!("192.0.2.{}", 64 * (k - 1)),
+        format!("2001:db8:2::{:x}", 0x100 * (k - 1)),
+    )
+}
+
+impl ClusterTopology {
+    /// Node `k`'s `flannel.1`.
+    fn vxlan(&self, k: usize) -> Result<()> {
+        let node = self.node(k);
+        cmd(
+            &node,
+            &format!(
+                "ip link add flannel.1 address {} type vxlan id 1 local 198.51.100.{} dstport 8472 nolearning dev uplink",
+                vtep_mac(k),
+                1 + k
+            ),
+        )?;
+        let (v4, v6) = vtep(k);
+        cmd(&node, &format!("ip addr add {v4}/32 dev flannel.1"))?;
+        cmd(&node, &format!("ip addr add {v6}/128 dev flannel.1 nodad"))?;
+        cmd(&node, "ip link set flannel.1 mtu 1450")?;
+        no_offload(&node, "flannel.1")?;
+        cmd(&node, "ip link set flannel.1 up")
+    }
+
+    /// Node `k`'s way to the other node's pods through the tunnel: a
+    /// route via the other's VXLAN address, its neighbour entry and its
+    /// forwarding entry (the other node's underlay address).
+    fn vxlan_peer(&self, k: usize) -> Result<()> {
+        let (node, other) = (self.node(k), 3 - k);
+        let (o4, o6) = vtep(other);
+        let mac = vtep_mac(other);
+        cmd(
+            &node,
+            &format!("ip route add {} via {o4} dev flannel.1 onlink", pod_cidr_v4(other)),
+        )?;
+        cmd(
+            &node,
+            &format!("ip -6 route add {} via {o6} dev flannel.1 onlink", pod_cidr_v6(other)),
+        )?;
+        for addr in [&o4, &o6] {
+            cmd(
+                &node,
+                &format!("ip neigh add {addr} lladdr {mac} dev flannel.1 nud permanent"),
+            )?;
+        }
+        cmd(
+            &node,
+            &format!(
+                "bridge fdb append {mac} dev flannel.1 dst 198.51.100.{}",
+                1 + other
+            ),
+        )
+    }
+}
+
 impl Drop for ClusterTopology {
     fn drop(&mut self) {
         remove_namespaces(&self.all());
@@ -340,7 +465,11 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn new(backend: Backend, fam: Fam) -> Result<Cluster> {
-        let topo = ClusterTopology::new()?;
+        Cluster::with_shape(backend, fam, ClusterShape::Routed)
+    }
+
+    pub fn with_shape(backend: Backend, fam: Fam, shape: ClusterShape) -> Result<Cluster> {
+        let topo = ClusterTopology::new(shape)?;
         let dir = ManifestDir::new(&topo.prefix)?;
         for k in 1..=2 {
             dir.put(&format!("node{k}"), &node_yaml(k))?;

@@ -1,51 +1,88 @@
 //! The cluster scenarios (21-28 of ../shared/reference/scenarios.md) on two
 //! nodes in network namespaces, one real `cozy-proxy` per node, for both
-//! backends and both families. Needs root.
+//! backends and both families, on routed nodes, bridged nodes and a VXLAN
+//! overlay. Needs root.
 #[path = "cases/cluster.rs"]
 mod cases;
 
-use cozy_proxy_testkit::{cluster::Cluster, net::Fam, Backend};
+use cozy_proxy_testkit::{
+    cluster::{Cluster, ClusterShape},
+    net::Fam,
+    Backend,
+};
 
-fn run(backend: Backend, fam: Fam, scenario: fn(&mut Cluster) -> anyhow::Result<()>) {
-    let mut c = Cluster::new(backend, fam).expect("cluster");
+fn run(
+    backend: Backend,
+    shape: ClusterShape,
+    fam: Fam,
+    scenario: fn(&mut Cluster) -> anyhow::Result<()>,
+) {
+    let mut c = Cluster::with_shape(backend, fam, shape).expect("cluster");
     if let Err(e) = scenario(&mut c) {
         panic!("{e:#}\n{}", c.logs());
     }
 }
 
 macro_rules! suite {
-    ($backend:expr) => {
-        suite!(@family v4, $backend, Fam::V4);
-        suite!(@family v6, $backend, Fam::V6);
+    ($backend:expr, $shape:expr) => {
+        suite!(@family v4, $backend, $shape, Fam::V4);
+        suite!(@family v6, $backend, $shape, Fam::V6);
     };
-    (@family $fam_mod:ident, $backend:expr, $fam:expr) => {
+    (@family $fam_mod:ident, $backend:expr, $shape:expr, $fam:expr) => {
         mod $fam_mod {
-            use super::super::{cases as cluster, run, Backend, Fam};
-            suite!(@tests $backend, $fam;
+            use crate::{cases as cluster, run, Backend, ClusterShape, Fam};
+            suite!(@tests $backend, $shape, $fam;
                 s21_node_probes_the_pod, s22_pods_reach_a_mapped_pod_by_its_ip,
                 s23_pods_reach_a_mapped_pod_by_its_lb_ip, s24_a_mapped_pods_destinations,
                 s25_vm_to_vm, s26_entering_at_the_other_node, s27_icmp_errors_and_path_mtu,
                 s28_endpoint_moves_across_nodes);
         }
     };
-    (@tests $backend:expr, $fam:expr; $($name:ident),*) => {
+    (@tests $backend:expr, $shape:expr, $fam:expr; $($name:ident),*) => {
         $(
             #[test]
             fn $name() {
-                run($backend, $fam, cluster::$name);
+                run($backend, $shape, $fam, cluster::$name);
             }
         )*
     };
 }
 
 mod nft {
-    suite!(Backend::Nft);
+    suite!(Backend::Nft, ClusterShape::Routed);
 }
 
 mod ebpf {
-    suite!(Backend::Ebpf);
+    suite!(Backend::Ebpf, ClusterShape::Routed);
 }
 
 mod ebpf_fast {
-    suite!(Backend::EbpfFast);
+    suite!(Backend::EbpfFast, ClusterShape::Routed);
+}
+
+/// A bridge per node, the nodes routing each other's pod networks (Flannel
+/// host-gw, kindnet).
+mod bridge {
+    mod nft {
+        suite!(Backend::Nft, ClusterShape::Bridge);
+    }
+    mod ebpf {
+        suite!(Backend::Ebpf, ClusterShape::Bridge);
+    }
+    mod ebpf_fast {
+        suite!(Backend::EbpfFast, ClusterShape::Bridge);
+    }
+}
+
+/// A bridge per node, the pod networks joined by VXLAN (Flannel VXLAN).
+mod overlay {
+    mod nft {
+        suite!(Backend::Nft, ClusterShape::Overlay);
+    }
+    mod ebpf {
+        suite!(Backend::Ebpf, ClusterShape::Overlay);
+    }
+    mod ebpf_fast {
+        suite!(Backend::EbpfFast, ClusterShape::Overlay);
+    }
 }
