@@ -414,11 +414,17 @@ impl ClusterTopology {
         let mac = vtep_mac(other);
         cmd(
             &node,
-            &format!("ip route add {} via {o4} dev flannel.1 onlink", pod_cidr_v4(other)),
+            &format!(
+                "ip route add {} via {o4} dev flannel.1 onlink",
+                pod_cidr_v4(other)
+            ),
         )?;
         cmd(
             &node,
-            &format!("ip -6 route add {} via {o6} dev flannel.1 onlink", pod_cidr_v6(other)),
+            &format!(
+                "ip -6 route add {} via {o6} dev flannel.1 onlink",
+                pod_cidr_v6(other)
+            ),
         )?;
         for addr in [&o4, &o6] {
             cmd(

@@ -271,13 +271,12 @@ impl Controller {
         let pins = self.pin_dir.display().to_string();
         let node = self.node.clone();
         let bin = bin();
-        let mut args: Vec<&str> = vec![
-            &bin,
-            "--log",
-            "info",
-            "run",
-            "--backend",
-            self.backend.arg(),
+        let mut args: Vec<&str> = vec![&bin, "--log", "info", "run"];
+        // A test may ask for another backend choice (`auto`) itself.
+        if !self.extra_args.iter().any(|a| a == "--backend") {
+            args.extend(["--backend", self.backend.arg()]);
+        }
+        args.extend([
             "--poll-interval",
             "100ms",
             "--counters-interval",
@@ -286,7 +285,7 @@ impl Controller {
             &pins,
             "--node-name",
             &node,
-        ];
+        ]);
         // A short resync (the tests' default) unless the test sets its own.
         if !self.extra_args.iter().any(|a| a == "--resync") {
             args.extend(["--resync", "2s"]);

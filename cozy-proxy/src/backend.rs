@@ -68,10 +68,29 @@ pub struct NodeDatapath {
     retire: Option<BackendKind>,
 }
 
+/// The backend this process runs, and why `auto` did not take eBPF (for
+/// the metrics).
+static CHOSEN: std::sync::Mutex<Option<(BackendKind, String)>> = std::sync::Mutex::new(None);
+
+/// The backend this process runs and why (empty: as asked), once started.
+pub fn chosen() -> Option<(BackendKind, String)> {
+    CHOSEN.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Why the eBPF programs cannot serve this node's shape, if they cannot
+/// (`ebpf::shape`).
+pub fn ebpf_unserved(cfg: &EbpfConfig) -> Option<String> {
+    let sock = crate::netlink::NlSocket::open(libc::NETLINK_ROUTE).ok()?;
+    let links = crate::netlink::route::links(&sock).ok()?;
+    crate::ebpf::shape::unserved(&links, &cfg.interfaces)
+}
+
 impl NodeDatapath {
     /// Starts the backend `choice` names. `auto` falls back to nftables
-    /// (with a warning) where the eBPF programs cannot be loaded.
+    /// (with a warning naming why) where the eBPF programs cannot be loaded
+    /// or cannot serve the node's shape.
     pub fn start(choice: Choice, cfg: BackendConfig) -> Result<Self, BackendError> {
+        let mut why = String::new();
         let ebpf = match choice {
             Choice::Nft => None,
             Choice::Ebpf => Some(EbpfKernel::start(cfg.ebpf.clone())?),
@@ -79,6 +98,7 @@ impl NodeDatapath {
                 Ok(k) => Some(k),
                 Err(e) => {
                     warn!(error = %e, "eBPF datapath unavailable on this node; using nftables");
+                    why = e.to_string();
                     None
                 }
             },
@@ -93,6 +113,7 @@ impl NodeDatapath {
             Running::Ebpf(_) => BackendKind::Ebpf,
         };
         info!(backend = %kind, "datapath chosen");
+        *CHOSEN.lock().unwrap_or_else(|e| e.into_inner()) = Some((kind, why));
         Ok(NodeDatapath {
             running,
             cfg,

@@ -93,7 +93,13 @@ async fn run_cli() -> Result<()> {
             output,
             ebpf,
         } => {
-            let dump = backend::installed(backend, &ebpf.config())?.dump()?;
+            let cfg = ebpf.config();
+            let mut dump = backend::installed(backend, &cfg)?.dump()?;
+            if let Some(why) = backend::ebpf_unserved(&cfg.ebpf) {
+                if let Some(details) = dump.details.as_object_mut() {
+                    details.insert("ebpf_unserved".into(), why.into());
+                }
+            }
             print_dump(&dump, output)
         }
         Command::Cleanup { backend, ebpf } => {

@@ -191,11 +191,33 @@ fn tc_filters_v6() -> Result<()> {
     tc_filters(Fam::V6)
 }
 
+/// `cozy-proxy run --backend auto` in `env`: nftables serves the node
+/// (`why` in the backend metric), and traffic flows both ways.
+fn auto_takes_nft(env: &mut Env, extra: &[&str], why: &str) -> Result<()> {
+    let mut args = vec!["--backend", "auto"];
+    args.extend_from_slice(extra);
+    env.ctl.extra_args = args.iter().map(|a| a.to_string()).collect();
+    // The refused start's exit status is no news here.
+    let _ = env.ctl.stop();
+    env.ctl.restart()?;
+    env.wait_log("using nftables")?;
+    let (_, metrics) = env.controller_http("/metrics")?;
+    ensure!(
+        metrics.lines().any(|l| l.starts_with("cozy_proxy_backend{")
+            && l.contains("backend=\"nft\"")
+            && l.contains(why)),
+        "the backend metric does not say nft and {why:?}:\n{metrics}"
+    );
+    let ruleset = ok_in(&env.topo.node(), &["nft", "list", "tables"])?;
+    ensure!(ruleset.contains("cozy_proxy"), "no nft table: {ruleset}");
+    both_ways(env)
+}
+
 /// A filter ours cannot be put ahead of (priority 1, another protocol):
 /// `--backend ebpf` refuses to start and names it; `auto` takes nftables
 /// and says why, and traffic flows.
 #[test]
-fn a_tc_filter_ours_cannot_pass_is_refused_by_name() -> Result<()> {
+fn a_tc_filter_ours_cannot_pass_makes_auto_take_nft() -> Result<()> {
     let mut env = setup(Fam::V4, &["--tc-attach", "netlink"])?;
     stop_and_clean(&mut env)?;
     ok_in(
@@ -215,6 +237,54 @@ fn a_tc_filter_ours_cannot_pass_is_refused_by_name() -> Result<()> {
     ensure!(
         log.contains("u32 filter at priority 1") && log.contains("uplink ingress"),
         "the error does not name the filter:\n{log}"
+    );
+    auto_takes_nft(
+        &mut env,
+        &["--tc-attach", "netlink"],
+        "u32 filter at priority 1",
+    )
+}
+
+/// The node's own traffic on a macvlan over the uplink, a shape the eBPF
+/// programs cannot serve (ebpf/shape.rs): `--backend ebpf` refuses to
+/// start and names it; `auto` takes nftables, says why (log, metric,
+/// `dump`), and traffic flows.
+#[test]
+fn a_macvlan_on_the_uplink_makes_auto_take_nft() -> Result<()> {
+    let mut env = setup(Fam::V4, &[])?;
+    stop_and_clean(&mut env)?;
+    ok_in(
+        &env.topo.node(),
+        &[
+            "ip", "link", "add", "mv0", "link", "uplink", "type", "macvlan", "mode", "bridge",
+        ],
+    )?;
+    env.ctl.restart()?;
+    eventually(SETTLE, || {
+        ensure!(!env.ctl.alive(), "still running");
+        Ok(())
+    })
+    .with_context(|| env.ctl.log_text())?;
+    let log = env.ctl.log_text();
+    ensure!(
+        log.contains("mv0 is a macvlan on uplink"),
+        "the error does not name the shape:\n{log}"
+    );
+    auto_takes_nft(&mut env, &[], "mv0 is a macvlan on uplink")?;
+    let dump = ok_in(
+        &env.topo.node(),
+        &[
+            &cozy_proxy_testkit::bin(),
+            "dump",
+            "--backend",
+            "nft",
+            "-o",
+            "json",
+        ],
+    )?;
+    ensure!(
+        dump.contains("\"ebpf_unserved\"") && dump.contains("mv0 is a macvlan on uplink"),
+        "dump does not say why eBPF does not serve the node: {dump}"
     );
     Ok(())
 }

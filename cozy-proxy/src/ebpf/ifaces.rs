@@ -129,6 +129,7 @@ mod tests {
             master,
             info_kind: kind.into(),
             slave_kind: slave_kind.into(),
+            lower: None,
         }
     }
 

@@ -8,6 +8,7 @@ pub mod chain;
 mod ifaces;
 mod links;
 mod maps;
+pub mod shape;
 
 use crate::datapath::{
     Applied, BackendKind, Capacity, Counters, DatapathState, Dump, Kernel, Paths, Routes, StateDiff,
@@ -83,6 +84,9 @@ pub enum EbpfError {
     /// Another agent's program holds the place ours must run from.
     #[error("our programs cannot run first: {0}")]
     Blocked(String),
+    /// A node shape the programs cannot serve (`shape.rs`).
+    #[error("this node's shape: {0}")]
+    Unserved(String),
 }
 
 /// Which interfaces get the programs.
@@ -360,8 +364,11 @@ impl EbpfKernel {
         let links_dir = links::links_dir(&cfg.pin_dir);
         fs::create_dir_all(&links_dir).map_err(io(&links_dir))?;
         maps::drop_incompatible_pins(&cfg.pin_dir);
-        let ebpf = load_object(&cfg.pin_dir)?;
         let rtnl = NlSocket::open(libc::NETLINK_ROUTE)?;
+        if let Some(why) = shape::unserved(&route::links(&rtnl)?, &cfg.interfaces) {
+            return Err(EbpfError::Unserved(why));
+        }
+        let ebpf = load_object(&cfg.pin_dir)?;
         if cfg.tc_attach == TcAttach::Netlink {
             refuse_blocked_tc_hooks(&rtnl, &cfg)?;
         }

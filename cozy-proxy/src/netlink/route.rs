@@ -52,6 +52,10 @@ pub struct Link {
     /// What its master makes of it (IFLA_INFO_SLAVE_KIND: "bridge",
     /// "bond", "openvswitch", ...), empty when it has none.
     pub slave_kind: String,
+    /// The device it is stacked on (IFLA_LINK) when that is in this
+    /// namespace: a VLAN's, a macvlan's or an ipvlan's parent. (A veth's
+    /// IFLA_LINK is its peer; `None` when the peer is elsewhere.)
+    pub lower: Option<u32>,
 }
 
 impl Link {
@@ -86,6 +90,8 @@ pub fn links(sock: &NlSocket) -> Result<Vec<Link>, NetlinkError> {
         let pair_kind = info_kind == "veth" || info_kind == "netkit";
         let peer_elsewhere = pair_kind && attr(body, libc::IFLA_LINK_NETNSID).is_some();
         let master = u32_attr(body, libc::IFLA_MASTER).filter(|m| *m != 0);
+        let lower = u32_attr(body, libc::IFLA_LINK)
+            .filter(|l| *l != 0 && attr(body, libc::IFLA_LINK_NETNSID).is_none());
         if let Ok(index) = u32::try_from(index) {
             out.push(Link {
                 index,
@@ -95,6 +101,7 @@ pub fn links(sock: &NlSocket) -> Result<Vec<Link>, NetlinkError> {
                 master,
                 info_kind,
                 slave_kind,
+                lower,
             });
         }
     }

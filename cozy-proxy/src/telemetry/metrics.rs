@@ -94,6 +94,26 @@ impl Collector for InterruptedDumps {
     }
 }
 
+/// The backend running, and why `auto` did not take eBPF where it did not.
+#[derive(Debug)]
+struct BackendInfo;
+
+impl Collector for BackendInfo {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some((kind, why)) = crate::backend::chosen() else {
+            return Ok(());
+        };
+        let mut family = encoder.encode_descriptor(
+            "backend",
+            "The datapath this node runs (1), and why auto did not take eBPF (reason; empty: as asked)",
+            None,
+            MetricType::Gauge,
+        )?;
+        let l = labels(&[("backend", &kind.to_string()), ("reason", &why)]);
+        ConstGauge::new(1).encode(family.encode_family(&l)?)
+    }
+}
+
 /// Where the eBPF programs run among other agents' programs (ebpf/chain.rs),
 /// read at scrape.
 #[derive(Debug)]
@@ -191,6 +211,7 @@ impl Metrics {
         registry.register_collector(Box::new(DatapathCounters(m.datapath_counters.clone())));
         registry.register_collector(Box::new(InterruptedDumps));
         registry.register_collector(Box::new(HookPlaces));
+        registry.register_collector(Box::new(BackendInfo));
         Metrics { registry, ..m }
     }
 
