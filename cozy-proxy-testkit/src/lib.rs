@@ -624,7 +624,7 @@ pub fn expected_state(
         configured: cluster_cidrs.to_vec(),
         derive: true,
     };
-    let ranges = cluster_ranges(&cfg, &s.nodes, &s.service_cidrs);
+    let ranges = cluster_ranges(&cfg, &s.nodes, &s.service_cidrs, &s.pools);
     let mut state = DatapathState::for_node(&outcome.plan, &ranges.ranges, NodeView { name: node });
     let mut paths = std::collections::BTreeMap::new();
     for pod in state.pods() {

@@ -10,6 +10,10 @@
 //!   translated).
 //! - ServiceCIDRs (networking.k8s.io): list and watch (service networks are
 //!   in-cluster ranges); optional: without them, only `--cluster-cidrs`.
+//! - Kube-OVN Subnets, Calico IPPools, Cilium CiliumPodIPPools: list and
+//!   watch (`source/pools.rs`: the pod networks of CNIs that leave
+//!   `spec.podCIDRs` empty are in-cluster ranges); optional: read where
+//!   their CRDs are installed.
 //! - Events (events.k8s.io): create and patch (`events.rs`; a repeated
 //!   Event is patched into a series).
 //! - In its own namespace, its own DaemonSet: get (`main.rs`, at shutdown:
@@ -42,6 +46,21 @@ pub const RULES: &[Rule] = &[
     Rule {
         api_group: "networking.k8s.io",
         resources: &["servicecidrs"],
+        verbs: &["list", "watch"],
+    },
+    Rule {
+        api_group: "kubeovn.io",
+        resources: &["subnets"],
+        verbs: &["list", "watch"],
+    },
+    Rule {
+        api_group: "crd.projectcalico.org",
+        resources: &["ippools"],
+        verbs: &["list", "watch"],
+    },
+    Rule {
+        api_group: "cilium.io",
+        resources: &["ciliumpodippools"],
         verbs: &["list", "watch"],
     },
     Rule {

@@ -155,7 +155,12 @@ impl<D: Datapath> Reconciler<D> {
         );
         let _ = self.plan.take_changes();
         let _ = self.plan.take_warning_changes();
-        let ranges = cluster_ranges(&self.node.cluster, &snapshot.nodes, &snapshot.service_cidrs);
+        let ranges = cluster_ranges(
+            &self.node.cluster,
+            &snapshot.nodes,
+            &snapshot.service_cidrs,
+            &snapshot.pools,
+        );
         self.report_ranges(ranges);
     }
 
@@ -314,7 +319,12 @@ pub(crate) mod tests {
         moved: bool,
     ) -> (DatapathState, Overflow) {
         let outcome = compute_plan(&snap.services, &snap.endpoint_slices, &snap.nodes);
-        let ranges = cluster_ranges(&ClusterConfig::default(), &snap.nodes, &snap.service_cidrs);
+        let ranges = cluster_ranges(
+            &ClusterConfig::default(),
+            &snap.nodes,
+            &snap.service_cidrs,
+            &snap.pools,
+        );
         let mut s = DatapathState::for_node(&outcome.plan, &ranges.ranges, NodeView { name });
         let (overflow, _) = s.fit(cap, kept);
         s.resolve(&crate::datapath::fake::paths(&s.pods(), moved));

@@ -519,3 +519,121 @@ fn an_unreadable_node_label_removes_nothing() -> Result<()> {
     let _web = env.serve_tcp(1, WEB)?;
     env.tcp_reaches(env.lb(0), WEB, 1)
 }
+
+/// The CRDs of Kube-OVN, Calico and Cilium, as far as cozy-proxy reads them
+/// (their specs kept as they are written).
+const POOL_CRDS: &str = "\
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: subnets.kubeovn.io}
+spec:
+  group: kubeovn.io
+  scope: Cluster
+  names: {plural: subnets, singular: subnet, kind: Subnet, listKind: SubnetList}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: ippools.crd.projectcalico.org}
+spec:
+  group: crd.projectcalico.org
+  scope: Cluster
+  names: {plural: ippools, singular: ippool, kind: IPPool, listKind: IPPoolList}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: ciliumpodippools.cilium.io}
+spec:
+  group: cilium.io
+  scope: Cluster
+  names: {plural: ciliumpodippools, singular: ciliumpodippool, kind: CiliumPodIPPool, listKind: CiliumPodIPPoolList}
+  versions:
+  - name: v2alpha1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+";
+
+/// One pool of each: the pods' network as a Kube-OVN Subnet (dual-stack,
+/// as Kube-OVN writes it), a Calico IPPool and a Cilium CiliumPodIPPool.
+const POOLS: &str = "\
+apiVersion: kubeovn.io/v1
+kind: Subnet
+metadata: {name: ovn-default}
+spec: {cidrBlock: \"192.0.2.0/24,2001:db8:2::/64\", gateway: 192.0.2.1}
+---
+apiVersion: crd.projectcalico.org/v1
+kind: IPPool
+metadata: {name: default-ipv4-ippool}
+spec: {cidr: 192.0.2.0/25}
+---
+apiVersion: cilium.io/v2alpha1
+kind: CiliumPodIPPool
+metadata: {name: pool}
+spec: {ipv4: {cidrs: [192.0.2.128/26], maskSize: 28}, ipv6: {cidrs: [\"2001:db8:2:1::/64\"], maskSize: 96}}
+";
+
+/// Kube-OVN, Calico IPAM and Cilium's multi-pool IPAM leave the Nodes'
+/// spec.podCIDRs empty: without `--cluster-cidrs` a pod reaching a mapped
+/// pod by its pod IP is answered from the mapped pod's LB IP, and times
+/// out. With the CNIs' own pool objects readable (their CRDs installed
+/// before the start), their networks are in-cluster: logged with where
+/// they come from, shown by `dump`, and the pod reaches the mapped pod.
+#[test]
+fn pod_networks_come_from_the_cnis_pool_objects() -> Result<()> {
+    let mut env = env(Backend::Ebpf, Fam::V4)?;
+    let _web = env.serve_tcp(1, WEB)?;
+    env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
+    env.settle()?;
+    let (pod2, pod1) = (env.pod_ns(2), env.pod_ip(1));
+    ensure!(
+        harness::traffic::tcp_request(&pod2, pod1, WEB).is_err(),
+        "pod2 reached the mapped pod by its IP without any in-cluster range"
+    );
+    let cp = api(&env)?;
+    cp.apply(POOL_CRDS)?;
+    for crd in [
+        "subnets.kubeovn.io",
+        "ippools.crd.projectcalico.org",
+        "ciliumpodippools.cilium.io",
+    ] {
+        cp.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=20s",
+            &format!("crd/{crd}"),
+        ])?;
+    }
+    cp.apply(POOLS)?;
+    env.ctl.restart()?;
+    for needle in [
+        "192.0.2.0/24 (Kube-OVN Subnet ovn-default)",
+        "2001:db8:2::/64 (Kube-OVN Subnet ovn-default)",
+        "192.0.2.0/25 (Calico IPPool default-ipv4-ippool)",
+        "192.0.2.128/26 (Cilium CiliumPodIPPool pool)",
+        "2001:db8:2:1::/64 (Cilium CiliumPodIPPool pool)",
+    ] {
+        env.wait_log(needle)?;
+    }
+    let state = env.dump()?;
+    let ranges = format!("{:?}", state.cluster);
+    ensure!(
+        ranges.contains("192.0.2.0") && ranges.contains("192.0.2.255"),
+        "dump's in-cluster ranges lack the Subnet: {ranges}"
+    );
+    let got = eventually(SETTLE, || harness::traffic::tcp_request(&pod2, pod1, WEB))?;
+    ensure!(
+        got == harness::traffic::answer("pod1", env.pod_ip(2)),
+        "pod2 -> pod1 by pod IP: {got:?}"
+    );
+    Ok(())
+}

@@ -53,10 +53,21 @@ fn name(n: &Node) -> &str {
 }
 
 /// The in-cluster ranges of `cfg`, `nodes` and `service_cidrs`. Pure.
+/// A CNI's pool of pod addresses, as its own object publishes it (a
+/// Kube-OVN Subnet, a Calico IPPool, a Cilium CiliumPodIPPool): where
+/// Nodes carry no `spec.podCIDRs`, these are the pod networks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodPool {
+    /// What it is, for the log: "Kube-OVN Subnet ovn-default".
+    pub origin: String,
+    pub cidrs: Vec<String>,
+}
+
 pub fn cluster_ranges(
     cfg: &ClusterConfig,
     nodes: &[Node],
     service_cidrs: &[ServiceCIDR],
+    pools: &[PodPool],
 ) -> ClusterRanges {
     let mut out = ClusterRanges::default();
     let add = |c: Cidr, from: String, out: &mut ClusterRanges| {
@@ -95,6 +106,17 @@ pub fn cluster_ranges(
             }
         }
     }
+    for pool in pools {
+        for text in &pool.cidrs {
+            match text.trim().parse::<Cidr>() {
+                Ok(c) => {
+                    pod_cidrs += 1;
+                    add(c, pool.origin.clone(), &mut out);
+                }
+                Err(e) => out.unknown.push(format!("{}: CIDR {e}", pool.origin)),
+            }
+        }
+    }
     for sc in service_cidrs {
         let cidrs = sc.spec.as_ref().and_then(|s| s.cidrs.as_ref());
         for text in cidrs.into_iter().flatten() {
@@ -106,8 +128,9 @@ pub fn cluster_ranges(
     }
     if pod_cidrs == 0 && cfg.configured.is_empty() {
         out.unknown.push(
-            "no Node publishes spec.podCIDRs (as with Kube-OVN or Calico IPAM) and --cluster-cidrs is empty: \
-             pod networks are not known as in-cluster; set --cluster-cidrs (chart value clusterCIDRs)"
+            "no Node publishes spec.podCIDRs, no Kube-OVN Subnet, Calico IPPool or Cilium CiliumPodIPPool \
+             is readable, and --cluster-cidrs is empty: pod networks are not known as in-cluster; set \
+             --cluster-cidrs (chart value clusterCIDRs)"
                 .into(),
         );
     }
@@ -177,7 +200,7 @@ mod tests {
             configured: vec![c("198.51.100.64/26")],
             derive: true,
         };
-        let r = cluster_ranges(&cfg, &nodes, &[svc]);
+        let r = cluster_ranges(&cfg, &nodes, &[svc], &[]);
         for want in [
             "192.0.2.0/26",
             "192.0.2.64/26",
@@ -206,6 +229,7 @@ mod tests {
             },
             &[],
             &[],
+            &[],
         );
         assert_eq!(bare.ranges.len(), 2);
         assert_eq!(bare.unknown.len(), 2, "{:?}", bare.unknown);
@@ -217,7 +241,42 @@ mod tests {
             },
             &nodes,
             &[],
+            &[],
         );
         assert_eq!(only.ranges.len(), 3);
+    }
+
+    #[test]
+    fn a_cnis_pools_are_pod_networks() {
+        let pools = [
+            PodPool {
+                origin: "Kube-OVN Subnet ovn-default".into(),
+                cidrs: vec!["192.0.2.0/24".into(), " 2001:db8:2::/64".into()],
+            },
+            PodPool {
+                origin: "Calico IPPool bad".into(),
+                cidrs: vec!["not-a-cidr".into()],
+            },
+        ];
+        let cfg = ClusterConfig {
+            configured: vec![],
+            derive: true,
+        };
+        let r = cluster_ranges(&cfg, &[], &[], &pools);
+        for want in ["192.0.2.0/24", "2001:db8:2::/64"] {
+            let want = c(want);
+            assert!(r.ranges.contains(&want), "{want:?} missing: {:?}", r.ranges);
+            assert_eq!(r.origin[&want], "Kube-OVN Subnet ovn-default");
+        }
+        // The bad one is said; the pods' networks are known, so only the
+        // service networks are missing.
+        assert!(r.unknown.iter().any(|u| u.contains("Calico IPPool bad")));
+        assert!(!r.unknown.iter().any(|u| u.contains("no Node publishes")));
+        // Not derived: not read.
+        let off = ClusterConfig {
+            configured: vec![],
+            derive: false,
+        };
+        assert_eq!(cluster_ranges(&off, &[], &[], &pools).ranges.len(), 2);
     }
 }

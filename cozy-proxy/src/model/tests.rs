@@ -914,7 +914,7 @@ fn a_trimmed_node_keeps_its_addresses_and_pod_networks() {
     trim::trim_node(&mut trimmed);
     assert!(trimmed.metadata.annotations.is_none());
     assert_eq!(
-        cluster::cluster_ranges(&Default::default(), &[trimmed], &[]),
-        cluster::cluster_ranges(&Default::default(), &[node], &[])
+        cluster::cluster_ranges(&Default::default(), &[trimmed], &[], &[]),
+        cluster::cluster_ranges(&Default::default(), &[node], &[], &[])
     );
 }

@@ -5,6 +5,7 @@
 //! ([`crate::model::trim`]): every node watches every object of the
 //! cluster, and most are not ours.
 use super::cache::Cache;
+use super::pools::Pools;
 use super::{Snapshot, Source, Update};
 use crate::model::{trim, SERVICE_NAME_LABEL};
 use futures::{Stream, StreamExt};
@@ -36,6 +37,8 @@ pub struct KubeSource {
     /// Not served where the API server is older than 1.33 or we may not
     /// read them.
     service_cidrs: watch::Receiver<CidrWatch>,
+    /// The CNIs' pools of pod addresses, where their CRDs are installed.
+    pools: Pools,
     dirty: Arc<Notify>,
     /// Our Services, every slice (compact), and what changed.
     cache: Arc<Mutex<Cache>>,
@@ -294,6 +297,15 @@ impl KubeSource {
             "Node",
             &mut tasks,
         );
+        let pools = {
+            let cache = cache.clone();
+            Pools::start(
+                &client,
+                &dirty,
+                move || lock(&cache).full = true,
+                &mut tasks,
+            )
+        };
         let (decided, service_cidrs) = watch::channel(CidrWatch::Probing);
         let cidr_api = Api::<ServiceCIDR>::all(client);
         let cidr_feed = Feed::new(&dirty, &cache, record_any);
@@ -315,6 +327,7 @@ impl KubeSource {
         KubeSource {
             nodes,
             service_cidrs,
+            pools,
             dirty,
             cache,
             tasks,
@@ -389,6 +402,7 @@ impl Source for KubeSource {
         if let Some(store) = store {
             let _ = store.wait_until_ready().await;
         }
+        self.pools.ready().await;
     }
 
     async fn changed(&mut self) {
@@ -408,6 +422,7 @@ impl Source for KubeSource {
                     CidrWatch::Watching(store) => objects(store),
                     _ => Vec::new(),
                 },
+                pools: self.pools.current(),
                 ..snapshot
             });
         }

@@ -4,6 +4,7 @@
 mod cache;
 pub mod kube;
 pub mod manifests;
+mod pools;
 
 use crate::model::{ReadService, ReadSlice, ServiceRef};
 use k8s_openapi::api::{
@@ -28,6 +29,9 @@ pub struct Snapshot {
     pub nodes: Vec<Node>,
     /// The cluster's service networks (in-cluster).
     pub service_cidrs: Vec<ServiceCIDR>,
+    /// The CNI's pools of pod addresses (in-cluster), where it publishes
+    /// them in objects of its own.
+    pub pools: Vec<crate::model::cluster::PodPool>,
 }
 
 /// What a round reconciles.
