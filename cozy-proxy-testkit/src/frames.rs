@@ -548,79 +548,18 @@ pub fn send(ns: &str, dev: &str, frame: &[u8]) -> Result<()> {
     send_all(ns, dev, &[frame.to_vec()]).map(|_| ())
 }
 
-/// Sends every frame of `frames` out of `dev` in `ns`, through one socket;
-/// returns how many the kernel took (a frame it refuses, such as one
-/// shorter than an Ethernet header, is skipped, not an error).
-pub fn send_all(ns: &str, dev: &str, frames: &[Vec<u8>]) -> Result<usize> {
-    let ns_file = std::fs::File::open(format!("/var/run/netns/{ns}"))?;
-    let dev = std::ffi::CString::new(dev)?;
-    let frames = frames.to_vec();
-    std::thread::spawn(move || -> Result<usize> {
-        // SAFETY: setns on this short-lived thread only.
-        if unsafe { libc::setns(ns_file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            bail!("setns: {}", std::io::Error::last_os_error());
-        }
-        // SAFETY: plain syscalls on a socket we own and close.
-        unsafe {
-            let index = libc::if_nametoindex(dev.as_ptr());
-            if index == 0 {
-                bail!("no interface {dev:?}");
-            }
-            let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
-            if fd < 0 {
-                bail!("AF_PACKET socket: {}", std::io::Error::last_os_error());
-            }
-            let mut sent = 0;
-            let mut last_err = None;
-            for frame in frames.iter().filter(|f| f.len() >= 14) {
-                let mut addr: libc::sockaddr_ll = std::mem::zeroed();
-                addr.sll_family = libc::AF_PACKET as u16;
-                addr.sll_ifindex = index as i32;
-                addr.sll_halen = 6;
-                addr.sll_addr[..6].copy_from_slice(&frame[..6]);
-                let n = libc::sendto(
-                    fd,
-                    frame.as_ptr() as *const libc::c_void,
-                    frame.len(),
-                    0,
-                    &addr as *const _ as *const libc::sockaddr,
-                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
-                );
-                if n < 0 {
-                    last_err = Some(std::io::Error::last_os_error());
-                } else {
-                    sent += 1;
-                }
-            }
-            libc::close(fd);
-            match last_err {
-                Some(e) if sent == 0 => bail!("sendto: {e}"),
-                _ => Ok(sent),
-            }
-        }
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("sender thread panicked"))?
-}
-
-/// Sends `frame` out of `dev` in `ns` as an skb whose first `linear` bytes
-/// only are in its linear data (the rest in pages, as a NIC's receive path
-/// or GRO leaves large packets): an AF_PACKET socket with a virtio-net
-/// header (PACKET_VNET_HDR) whose `hdr_len` says so. The kernel keeps a
-/// packet under a page linear whatever it is asked: `frame` must be larger
-/// (and the interface's MTU take it).
-pub fn send_paged(ns: &str, dev: &str, frame: &[u8], linear: u16) -> Result<()> {
+/// Runs `send` on a thread in namespace `ns` with an AF_PACKET socket
+/// bound to nothing (`vnet_hdr`: with PACKET_VNET_HDR) and `dev`'s index.
+fn with_packet_socket<T: Send + 'static>(
+    ns: &str,
+    dev: &str,
+    vnet_hdr: bool,
+    send: impl FnOnce(libc::c_int, i32) -> Result<T> + Send + 'static,
+) -> Result<T> {
     const PACKET_VNET_HDR: libc::c_int = 15;
     let ns_file = std::fs::File::open(format!("/var/run/netns/{ns}"))?;
     let dev = std::ffi::CString::new(dev)?;
-    // struct virtio_net_hdr: flags, gso_type (none), hdr_len, gso_size,
-    // csum_start, csum_offset; little-endian (a packet socket's virtio is
-    // the legacy, host-endian one).
-    let mut buf = vec![0u8; 10];
-    buf[2..4].copy_from_slice(&linear.to_le_bytes());
-    buf.extend_from_slice(frame);
-    let dst: [u8; 6] = frame.get(..6).context("frame")?.try_into()?;
-    std::thread::spawn(move || -> Result<()> {
+    std::thread::spawn(move || -> Result<T> {
         // SAFETY: setns on this short-lived thread only.
         if unsafe { libc::setns(ns_file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
             bail!("setns: {}", std::io::Error::last_os_error());
@@ -636,40 +575,92 @@ pub fn send_paged(ns: &str, dev: &str, frame: &[u8], linear: u16) -> Result<()> 
                 bail!("AF_PACKET socket: {}", std::io::Error::last_os_error());
             }
             let on: libc::c_int = 1;
-            let rc = libc::setsockopt(
-                fd,
-                libc::SOL_PACKET,
-                PACKET_VNET_HDR,
-                &on as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as u32,
-            );
-            let mut addr: libc::sockaddr_ll = std::mem::zeroed();
-            addr.sll_family = libc::AF_PACKET as u16;
-            addr.sll_ifindex = index as i32;
-            addr.sll_halen = 6;
-            addr.sll_addr[..6].copy_from_slice(&dst);
-            let n = if rc == 0 {
-                libc::sendto(
+            if vnet_hdr
+                && libc::setsockopt(
                     fd,
-                    buf.as_ptr() as *const libc::c_void,
-                    buf.len(),
-                    0,
-                    &addr as *const _ as *const libc::sockaddr,
-                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
-                )
-            } else {
-                -1
-            };
-            let err = std::io::Error::last_os_error();
-            libc::close(fd);
-            if n < 0 {
-                bail!("sending a paged frame: {err}");
+                    libc::SOL_PACKET,
+                    PACKET_VNET_HDR,
+                    &on as *const _ as *const libc::c_void,
+                    std::mem::size_of::<libc::c_int>() as u32,
+                ) != 0
+            {
+                let e = std::io::Error::last_os_error();
+                libc::close(fd);
+                bail!("PACKET_VNET_HDR: {e}");
             }
-            Ok(())
+            let out = send(fd, index as i32);
+            libc::close(fd);
+            out
         }
     })
     .join()
     .map_err(|_| anyhow::anyhow!("sender thread panicked"))?
+}
+
+/// Sends `bytes` on packet socket `fd` out of interface `index`, to the
+/// destination MAC `dst`.
+fn send_on(fd: libc::c_int, index: i32, dst: &[u8], bytes: &[u8]) -> std::io::Result<()> {
+    // SAFETY: a zeroed sockaddr_ll, then the fields we set; a buffer valid
+    // for its length.
+    unsafe {
+        let mut addr: libc::sockaddr_ll = std::mem::zeroed();
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_ifindex = index;
+        addr.sll_halen = 6;
+        addr.sll_addr[..6].copy_from_slice(&dst[..6]);
+        let n = libc::sendto(
+            fd,
+            bytes.as_ptr() as *const libc::c_void,
+            bytes.len(),
+            0,
+            &addr as *const _ as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        );
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Sends every frame of `frames` out of `dev` in `ns`, through one socket;
+/// returns how many the kernel took (a frame it refuses, such as one
+/// shorter than an Ethernet header, is skipped, not an error).
+pub fn send_all(ns: &str, dev: &str, frames: &[Vec<u8>]) -> Result<usize> {
+    let frames = frames.to_vec();
+    with_packet_socket(ns, dev, false, move |fd, index| {
+        let mut sent = 0;
+        let mut last_err = None;
+        for frame in frames.iter().filter(|f| f.len() >= 14) {
+            match send_on(fd, index, frame, frame) {
+                Ok(()) => sent += 1,
+                Err(e) => last_err = Some(e),
+            }
+        }
+        match last_err {
+            Some(e) if sent == 0 => bail!("sendto: {e}"),
+            _ => Ok(sent),
+        }
+    })
+}
+
+/// Sends `frame` out of `dev` in `ns` as an skb whose first `linear` bytes
+/// only are in its linear data (the rest in pages, as a NIC's receive path
+/// or GRO leaves large packets): an AF_PACKET socket with a virtio-net
+/// header (PACKET_VNET_HDR) whose `hdr_len` says so. The kernel keeps a
+/// packet under a page linear whatever it is asked: `frame` must be larger
+/// (and the interface's MTU take it).
+pub fn send_paged(ns: &str, dev: &str, frame: &[u8], linear: u16) -> Result<()> {
+    // struct virtio_net_hdr: flags, gso_type (none), hdr_len, gso_size,
+    // csum_start, csum_offset; little-endian (a packet socket's virtio is
+    // the legacy, host-endian one).
+    let mut buf = vec![0u8; 10];
+    buf[2..4].copy_from_slice(&linear.to_le_bytes());
+    buf.extend_from_slice(frame);
+    let dst: [u8; 6] = frame.get(..6).context("frame")?.try_into()?;
+    with_packet_socket(ns, dev, true, move |fd, index| {
+        send_on(fd, index, &dst, &buf).map_err(|e| anyhow::anyhow!("sending a paged frame: {e}"))
+    })
 }
 
 /// The frames of a pcap file (as `tcpdump -w` writes it, Ethernet).

@@ -522,8 +522,9 @@ impl Env {
         std::env::temp_dir().join(format!("{}-{name}", self.topo.prefix))
     }
 
-    /// The live datapath state, read from the kernel by `cozy-proxy dump`.
-    pub fn dump(&self) -> Result<DatapathState> {
+    /// `cozy-proxy dump -o json` of this backend, in the node namespace:
+    /// state, counters and details.
+    pub fn dump_json(&self) -> Result<serde_json::Value> {
         let out = ok_in(
             &self.topo.node(),
             &[
@@ -537,8 +538,12 @@ impl Env {
                 &self.ctl.pin_dir.display().to_string(),
             ],
         )?;
-        let v: serde_json::Value = serde_json::from_str(&out).context("dump output")?;
-        Ok(serde_json::from_value(v["state"].clone())?)
+        serde_json::from_str(&out).context("dump output")
+    }
+
+    /// The live datapath state, read from the kernel by `cozy-proxy dump`.
+    pub fn dump(&self) -> Result<DatapathState> {
+        Ok(serde_json::from_value(self.dump_json()?["state"].clone())?)
     }
 
     /// What the kernel must hold for the manifests now in the directory,

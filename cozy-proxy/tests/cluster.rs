@@ -38,6 +38,19 @@ macro_rules! suite {
                 s28_endpoint_moves_across_nodes);
         }
     };
+    // The suite for each datapath (nft, eBPF, the eBPF fast path) on
+    // nodes of one shape.
+    (@datapaths $shape:expr) => {
+        mod nft {
+            suite!(Backend::Nft, $shape);
+        }
+        mod ebpf {
+            suite!(Backend::Ebpf, $shape);
+        }
+        mod ebpf_fast {
+            suite!(Backend::EbpfFast, $shape);
+        }
+    };
     (@tests $backend:expr, $shape:expr, $fam:expr; $($name:ident),*) => {
         $(
             #[test]
@@ -63,26 +76,10 @@ mod ebpf_fast {
 /// A bridge per node, the nodes routing each other's pod networks (Flannel
 /// host-gw, kindnet).
 mod bridge {
-    mod nft {
-        suite!(Backend::Nft, ClusterShape::Bridge);
-    }
-    mod ebpf {
-        suite!(Backend::Ebpf, ClusterShape::Bridge);
-    }
-    mod ebpf_fast {
-        suite!(Backend::EbpfFast, ClusterShape::Bridge);
-    }
+    suite!(@datapaths ClusterShape::Bridge);
 }
 
 /// A bridge per node, the pod networks joined by VXLAN (Flannel VXLAN).
 mod overlay {
-    mod nft {
-        suite!(Backend::Nft, ClusterShape::Overlay);
-    }
-    mod ebpf {
-        suite!(Backend::Ebpf, ClusterShape::Overlay);
-    }
-    mod ebpf_fast {
-        suite!(Backend::EbpfFast, ClusterShape::Overlay);
-    }
+    suite!(@datapaths ClusterShape::Overlay);
 }

@@ -114,20 +114,7 @@ fn bpftool_shows_readable_maps_and_tcx_links() -> Result<()> {
         tcp_request(&env.topo.ext(), env.net.lbs[0], 8080).is_err(),
         "8080 must be filtered"
     );
-    let pin_arg = pins.display().to_string();
-    let dump: Value = serde_json::from_str(&ok_in(
-        &env.topo.node(),
-        &[
-            &harness::bin(),
-            "dump",
-            "--backend",
-            "ebpf",
-            "-o",
-            "json",
-            "--bpf-pin-dir",
-            &pin_arg,
-        ],
-    )?)?;
+    let dump = env.dump_json()?;
     let counters = &dump["counters"];
     let svc = &counters["services"]["203.0.113.10"];
     ensure!(

@@ -520,48 +520,30 @@ fn an_unreadable_node_label_removes_nothing() -> Result<()> {
     env.tcp_reaches(env.lb(0), WEB, 1)
 }
 
-/// The CRDs of Kube-OVN, Calico and Cilium, as far as cozy-proxy reads them
-/// (their specs kept as they are written).
-const POOL_CRDS: &str = "\
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: subnets.kubeovn.io}
-spec:
-  group: kubeovn.io
-  scope: Cluster
-  names: {plural: subnets, singular: subnet, kind: Subnet, listKind: SubnetList}
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: ippools.crd.projectcalico.org}
-spec:
-  group: crd.projectcalico.org
-  scope: Cluster
-  names: {plural: ippools, singular: ippool, kind: IPPool, listKind: IPPoolList}
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: ciliumpodippools.cilium.io}
-spec:
-  group: cilium.io
-  scope: Cluster
-  names: {plural: ciliumpodippools, singular: ciliumpodippool, kind: CiliumPodIPPool, listKind: CiliumPodIPPoolList}
-  versions:
-  - name: v2alpha1
-    served: true
-    storage: true
-    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
-";
+/// A CRD as far as cozy-proxy reads it (its objects' specs kept as they
+/// are written).
+fn crd(group: &str, version: &str, kind: &str, plural: &str) -> String {
+    format!(
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\n\
+         metadata: {{name: {plural}.{group}}}\nspec:\n  group: {group}\n  scope: Cluster\n  \
+         names: {{plural: {plural}, singular: {singular}, kind: {kind}, listKind: {kind}List}}\n  \
+         versions:\n  - name: {version}\n    served: true\n    storage: true\n    \
+         schema: {{openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}}}\n",
+        singular = kind.to_lowercase()
+    )
+}
+
+/// The CRDs of Kube-OVN, Calico and Cilium.
+const POOL_CRDS: [(&str, &str, &str, &str); 3] = [
+    ("kubeovn.io", "v1", "Subnet", "subnets"),
+    ("crd.projectcalico.org", "v1", "IPPool", "ippools"),
+    (
+        "cilium.io",
+        "v2alpha1",
+        "CiliumPodIPPool",
+        "ciliumpodippools",
+    ),
+];
 
 /// One pool of each: the pods' network as a Kube-OVN Subnet (dual-stack,
 /// as Kube-OVN writes it), a Calico IPPool and a Cilium CiliumPodIPPool.
@@ -600,17 +582,13 @@ fn pod_networks_come_from_the_cnis_pool_objects() -> Result<()> {
         "pod2 reached the mapped pod by its IP without any in-cluster range"
     );
     let cp = api(&env)?;
-    cp.apply(POOL_CRDS)?;
-    for crd in [
-        "subnets.kubeovn.io",
-        "ippools.crd.projectcalico.org",
-        "ciliumpodippools.cilium.io",
-    ] {
+    for (group, version, kind, plural) in POOL_CRDS {
+        cp.apply(&crd(group, version, kind, plural))?;
         cp.kubectl(&[
             "wait",
             "--for=condition=Established",
             "--timeout=20s",
-            &format!("crd/{crd}"),
+            &format!("crd/{plural}.{group}"),
         ])?;
     }
     cp.apply(POOLS)?;

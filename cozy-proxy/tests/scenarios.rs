@@ -54,6 +54,19 @@ macro_rules! suite {
                 fuzzed::s32_fuzzed_frames);
         }
     };
+    // The suite for each datapath (nft, eBPF, the eBPF fast path) on a
+    // node of one shape.
+    (@datapaths $shape:expr) => {
+        mod nft {
+            suite!(Backend::Nft, SourceKind::Manifests, $shape);
+        }
+        mod ebpf {
+            suite!(Backend::Ebpf, SourceKind::Manifests, $shape);
+        }
+        mod ebpf_fast {
+            suite!(Backend::EbpfFast, SourceKind::Manifests, $shape);
+        }
+    };
     (@tests $backend:expr, $source:expr, $shape:expr, $fam:expr; $($module:ident :: $name:ident),*) => {
         $(
             #[test]
@@ -87,27 +100,11 @@ mod kube_nft {
 /// Pods as ports of a Linux bridge that holds their gateway, br_netfilter
 /// on (the bridge plugin, Flannel, kindnet).
 mod bridge {
-    mod nft {
-        suite!(Backend::Nft, SourceKind::Manifests, Shape::Bridge);
-    }
-    mod ebpf {
-        suite!(Backend::Ebpf, SourceKind::Manifests, Shape::Bridge);
-    }
-    mod ebpf_fast {
-        suite!(Backend::EbpfFast, SourceKind::Manifests, Shape::Bridge);
-    }
+    suite!(@datapaths Shape::Bridge);
 }
 
 /// Kube-OVN's shape: the pods behind a router the node reaches through
 /// its `ovn0` on a join network.
 mod gateway {
-    mod nft {
-        suite!(Backend::Nft, SourceKind::Manifests, Shape::Gateway);
-    }
-    mod ebpf {
-        suite!(Backend::Ebpf, SourceKind::Manifests, Shape::Gateway);
-    }
-    mod ebpf_fast {
-        suite!(Backend::EbpfFast, SourceKind::Manifests, Shape::Gateway);
-    }
+    suite!(@datapaths Shape::Gateway);
 }

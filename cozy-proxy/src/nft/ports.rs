@@ -21,7 +21,8 @@ use super::encode::{element_message, Element};
 use super::expr::Expr;
 use super::read::read_elements;
 use super::schema::{
-    cmp, concat, load, ChainDef, Layout, RuleDef, SetDef, Table, A, ADDR_SET_SIZE, IPV4, IPV6,
+    addr_set, cmp, concat, load, ChainDef, Layout, RuleDef, SetDef, Table, A, ADDR_SET_SIZE, IPV4,
+    IPV6,
 };
 use super::sys::*;
 use super::{DecodeError, NftError};
@@ -60,14 +61,8 @@ pub fn table() -> Table {
         let (guarded, ports) = names(l);
         let id = 100 + 2 * i as u32;
         let guarded_set = SetDef {
-            name: guarded.into(),
-            id,
-            flags: 0,
-            key_type: l.addr_type,
-            key_len: l.addr_len,
-            data: None,
-            fields: Vec::new(),
             size: ADDR_SET_SIZE,
+            ..addr_set(l, guarded, id)
         };
         sets.push(SetDef {
             name: ports.into(),

@@ -233,8 +233,9 @@ pub(super) fn concat(types: &[u32]) -> u32 {
     types.iter().fold(0, |acc, t| (acc << TYPE_BITS) | t)
 }
 
-pub fn sets(l: &Layout) -> Vec<SetDef> {
-    let addr_set = |name: &str, id: u32| SetDef {
+/// A plain, unsized set of `l`'s addresses.
+pub(super) fn addr_set(l: &Layout, name: &str, id: u32) -> SetDef {
+    SetDef {
         name: name.into(),
         id,
         flags: 0,
@@ -243,7 +244,11 @@ pub fn sets(l: &Layout) -> Vec<SetDef> {
         data: None,
         fields: Vec::new(),
         size: 0,
-    };
+    }
+}
+
+pub fn sets(l: &Layout) -> Vec<SetDef> {
+    let addr_set = |name: &str, id: u32| addr_set(l, name, id);
     let addr_map = |name: &str, id: u32| SetDef {
         flags: NFT_SET_MAP,
         data: Some((l.addr_type, l.addr_len)),

@@ -23,25 +23,10 @@ fn on_link(ns: &str, dev: &str, peer_ns: &str, peer_dev: &str, mut spec: Spec) -
 /// Drops the datapath counted for forged sources.
 fn spoof_drops(env: &Env) -> Result<u64> {
     match env.backend {
-        Backend::Ebpf | Backend::EbpfFast => {
-            let out = ok_in(
-                &env.topo.node(),
-                &[
-                    &cozy_proxy_testkit::bin(),
-                    "dump",
-                    "--backend",
-                    "ebpf",
-                    "-o",
-                    "json",
-                    "--bpf-pin-dir",
-                    &env.ctl.pin_dir.display().to_string(),
-                ],
-            )?;
-            let v: serde_json::Value = serde_json::from_str(&out)?;
-            Ok(v["counters"]["drops"]["spoofed_source"]["packets"]
-                .as_u64()
-                .unwrap_or(0))
-        }
+        Backend::Ebpf | Backend::EbpfFast => Ok(env.dump_json()?["counters"]["drops"]
+            ["spoofed_source"]["packets"]
+            .as_u64()
+            .unwrap_or(0)),
         Backend::Nft => {
             // The IP table's check, and the bridge table's at the ports.
             let family = if env.fam() == Fam::V4 { "ip" } else { "ip6" };
