@@ -224,8 +224,10 @@ impl Kernel for NftKernel {
         let installs = found.unwrap_or_default();
         let (bridge_of, bridges) = self.steering.bridges()?;
         let place = |entry: u32| ports::Place::of(entry, &bridge_of, &bridges);
-        let mut placed = self.placed.clone();
-        let (ip_guard, at_ports) = ports::plan(&diff.guard, &mut placed, place);
+        // Updated in place (no copy of every guarded address per change):
+        // if the batch fails, the sync reads the kernel again, and with it
+        // the places.
+        let (ip_guard, at_ports) = ports::plan(&diff.guard, &mut self.placed, place);
         let mut batch = encode::sync_batch(&installs, diff, &ip_guard);
         ports::write(&mut batch, &at_ports);
         debug!(
@@ -242,7 +244,6 @@ impl Kernel for NftKernel {
         } else {
             batch.apply(&self.sock)?;
         }
-        self.placed = placed;
         // Routes after the tables: an LB IP is steered once its rules exist.
         self.steering.apply(&diff.routes, routes)?;
         Ok(Applied {
