@@ -46,6 +46,18 @@ pub enum Expr {
     FibDaddrType {
         dreg: u32,
     },
+    /// `fib daddr . iif oif`: the interface the route to the destination
+    /// takes if it is the one the packet came in on, else 0.
+    FibDaddrIif {
+        dreg: u32,
+    },
+    /// `meta key set` the value in `sreg`.
+    MetaSet {
+        key: u32,
+        sreg: u32,
+    },
+    /// `masquerade`: the source becomes the output interface's address.
+    Masquerade,
     /// `dnat to` the address in `reg` (stateful, through conntrack).
     Dnat {
         family: u8,
@@ -72,7 +84,9 @@ impl Expr {
             Expr::Lookup { .. } => "lookup",
             Expr::Meta { .. } => "meta",
             Expr::Ct { .. } => "ct",
-            Expr::FibDaddrType { .. } => "fib",
+            Expr::FibDaddrType { .. } | Expr::FibDaddrIif { .. } => "fib",
+            Expr::MetaSet { .. } => "meta",
+            Expr::Masquerade => "masq",
             Expr::Dnat { .. } => "nat",
             Expr::Bitwise { .. } => "bitwise",
             Expr::Cmp { .. } => "cmp",
@@ -158,6 +172,16 @@ impl Expr {
                 w.put_u32(NFTA_FIB_RESULT, NFT_FIB_RESULT_ADDRTYPE);
                 w.put_u32(NFTA_FIB_FLAGS, NFTA_FIB_F_DADDR);
             }
+            Expr::FibDaddrIif { dreg } => {
+                w.put_u32(NFTA_FIB_DREG, *dreg);
+                w.put_u32(NFTA_FIB_RESULT, NFT_FIB_RESULT_OIF);
+                w.put_u32(NFTA_FIB_FLAGS, NFTA_FIB_F_DADDR | NFTA_FIB_F_IIF);
+            }
+            Expr::MetaSet { key, sreg } => {
+                w.put_u32(NFTA_META_KEY, *key);
+                w.put_u32(NFTA_META_SREG, *sreg);
+            }
+            Expr::Masquerade => {}
             Expr::Dnat { family, reg } => {
                 w.put_u32(NFTA_NAT_TYPE, NFT_NAT_DNAT);
                 w.put_u32(NFTA_NAT_FAMILY, *family as u32);

@@ -15,7 +15,7 @@ pub const TABLE: &str = "cozy_proxy";
 /// Stored as the table's user data. Change it whenever the sets, chains or
 /// rules change: a table with another mark is replaced (atomically) at the
 /// first sync, one with this mark is adopted as it is.
-pub const SCHEMA_MARK: &[u8] = b"cozy-proxy nft schema 5";
+pub const SCHEMA_MARK: &[u8] = b"cozy-proxy nft schema 6";
 
 pub const POD_SVC: &str = "pod_svc";
 pub const SVC_POD: &str = "svc_pod";
@@ -34,6 +34,13 @@ pub const PRIO_RAW: i32 = -300;
 pub const PRIO_MANGLE: i32 = -150;
 pub const PRIO_DSTNAT: i32 = -100;
 pub const PRIO_FILTER: i32 = 0;
+pub const PRIO_SRCNAT: i32 = 100;
+
+/// The packet mark bit that carries "masquerade this hairpin" from the
+/// forward hook (where the route back to the client can be asked) to
+/// source NAT. A bit no common agent uses: kube-proxy and Kube-OVN take
+/// 0x4000 and 0x8000, Calico 0xffff0000, Cilium 0x0f00 and the upper half.
+pub const HAIRPIN_MARK: u32 = 0x1000;
 
 /// Where a family keeps its addresses and checksums.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -703,7 +710,109 @@ fn port_filter(l: &Layout) -> ChainDef {
     }
 }
 
+/// Marks an in-cluster client's flow this node translated toward a pod
+/// (`via`) that leaves by the interface it came in on, unless that is a
+/// bridge: the pod's reply would reach the client
+/// directly, past this node, from the pod IP (Kube-OVN: both behind
+/// `ovn0`). A bridge with br_netfilter shows this node both directions.
+fn hairpin_mark(l: &Layout, via: &'static str, comment: &'static str) -> RuleDef {
+    let mut bridge = b"bridge".to_vec();
+    bridge.resize(16, 0);
+    RuleDef {
+        comment,
+        exprs: vec![
+            Expr::Ct {
+                key: NFT_CT_STATUS,
+                dreg: A,
+                original: false,
+            },
+            Expr::Bitwise {
+                reg: A,
+                mask: IPS_DST_NAT.to_ne_bytes().to_vec(),
+                xor: vec![0; 4],
+            },
+            cmp(A, NFT_CMP_NEQ, vec![0; 4]),
+            Expr::Ct {
+                key: l.ct_daddr,
+                dreg: b(l),
+                original: true,
+            },
+            lookup(via, b(l), false),
+            Expr::Meta {
+                key: NFT_META_OIFKIND,
+                dreg: A,
+            },
+            cmp(A, NFT_CMP_NEQ, bridge),
+            // Forwarded, the destination is the pod already.
+            Expr::FibDaddrIif { dreg: A },
+            cmp(A, NFT_CMP_NEQ, vec![0; 4]),
+            Expr::Meta {
+                key: NFT_META_MARK,
+                dreg: A,
+            },
+            Expr::Bitwise {
+                reg: A,
+                mask: (!HAIRPIN_MARK).to_ne_bytes().to_vec(),
+                xor: HAIRPIN_MARK.to_ne_bytes().to_vec(),
+            },
+            Expr::MetaSet {
+                key: NFT_META_MARK,
+                sreg: A,
+            },
+        ],
+    }
+}
+
+/// The in-cluster clients' hairpins: marked where the route can be asked
+/// (forward), masqueraded at source NAT, so that the
+/// pod's reply comes back through this node, which translates it back.
+fn hairpin(l: &Layout) -> [ChainDef; 2] {
+    [
+        ChainDef {
+            name: "hairpin_mark",
+            kind: "filter",
+            hook: NF_INET_FORWARD,
+            priority: PRIO_FILTER,
+            rules: vec![
+                hairpin_mark(
+                    l,
+                    SVC_POD,
+                    "in-cluster client -> LoadBalancer IP here, back out its own link",
+                ),
+                hairpin_mark(
+                    l,
+                    REMOTE,
+                    "in-cluster client -> LoadBalancer IP elsewhere, back out its own link",
+                ),
+            ],
+        },
+        ChainDef {
+            name: "hairpin_masq",
+            kind: "nat",
+            hook: NF_INET_POST_ROUTING,
+            priority: PRIO_SRCNAT,
+            rules: vec![RuleDef {
+                comment: "hairpin: the reply comes back through this node",
+                exprs: vec![
+                    Expr::Meta {
+                        key: NFT_META_MARK,
+                        dreg: A,
+                    },
+                    Expr::Bitwise {
+                        reg: A,
+                        mask: HAIRPIN_MARK.to_ne_bytes().to_vec(),
+                        xor: vec![0; 4],
+                    },
+                    cmp(A, NFT_CMP_NEQ, vec![0; 4]),
+                    Expr::Masquerade,
+                ],
+            }],
+        },
+    ]
+}
+
 pub fn chains(l: &Layout) -> Vec<ChainDef> {
+    let [mark, masq] = hairpin(l);
     vec![
         egress_snat(l),
         ingress_dnat(l),
@@ -748,5 +857,7 @@ pub fn chains(l: &Layout) -> Vec<ChainDef> {
             ],
         },
         port_filter(l),
+        mark,
+        masq,
     ]
 }

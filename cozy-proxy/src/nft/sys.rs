@@ -161,3 +161,15 @@ pub const UDATA_RULE_COMMENT: u8 = 0;
 /// Our rule fingerprint in NFTA_RULE_USERDATA: a type libnftnl does not
 /// define, which nft skips when it lists the rule.
 pub const UDATA_RULE_FINGERPRINT: u8 = 0x7c;
+
+// <linux/netfilter/nf_tables.h>, <linux/netfilter.h>: the hairpin chains.
+pub const NF_INET_FORWARD: u32 = 2;
+pub const NF_INET_POST_ROUTING: u32 = 4;
+pub const NFT_META_MARK: u32 = 3;
+pub const NFT_META_OIFKIND: u32 = 27;
+pub const NFTA_META_SREG: u16 = 3;
+pub const NFT_CT_STATUS: u32 = 2;
+/// <linux/netfilter/nf_conntrack_common.h> IPS_DST_NAT.
+pub const IPS_DST_NAT: u32 = 1 << 5;
+pub const NFT_FIB_RESULT_OIF: u32 = 1;
+pub const NFTA_FIB_F_IIF: u32 = 1 << 3;
