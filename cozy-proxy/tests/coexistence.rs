@@ -12,7 +12,8 @@ use cozy_proxy_testkit::{
     net::Fam,
     scenario::WEB,
     sh::ok_in,
-    traffic::{eventually, SETTLE},
+    topology::Shape,
+    traffic::{eventually, tcp_request, SETTLE},
     Backend, Env,
 };
 use serde_json::Value;
@@ -273,5 +274,32 @@ fn a_macvlan_on_the_uplink_makes_auto_take_nft() -> Result<()> {
         dump.contains("\"ebpf_unserved\"") && dump.contains("mv0 is a macvlan on uplink"),
         "dump does not say why eBPF does not serve the node: {dump}"
     );
+    Ok(())
+}
+
+/// Kube-OVN's node (its `ovn0`), where the programs do not masquerade an
+/// in-cluster client's hairpin (docs/traffic.md): `auto` takes nftables
+/// and says why; an unmapped pod then reaches pod1 through its LB IP, and
+/// the outside too. `--backend ebpf` runs there as asked.
+#[test]
+fn kube_ovns_gateway_port_makes_auto_take_nft() -> Result<()> {
+    let mut env = Env::with_shape(Backend::Ebpf, Fam::V4, Shape::Gateway)?;
+    env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
+    env.settle()?;
+    ensure!(
+        env.ctl.log_text().contains("with a limit on this node"),
+        "no warning of the limit:\n{}",
+        env.ctl.log_text()
+    );
+    stop_and_clean(&mut env)?;
+    // The pods' network in-cluster: Kube-OVN publishes no podCIDRs.
+    auto_takes_nft(
+        &mut env,
+        &["--cluster-cidrs", "192.0.2.0/24,2001:db8:2::/64"],
+        "ovn0 (Kube-OVN)",
+    )?;
+    let _web = env.serve_tcp(1, WEB)?;
+    let got = eventually(SETTLE, || tcp_request(&env.topo.pod(2), env.lb(0), WEB))?;
+    ensure!(!got.is_empty(), "pod2 -> LB IP: no answer");
     Ok(())
 }
