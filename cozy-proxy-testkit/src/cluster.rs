@@ -17,8 +17,8 @@ use crate::manifests::{ManifestDir, Svc};
 use crate::net::Fam;
 use crate::sh::{feed_in, ok_in};
 use crate::topology::{
-    bridge_gateway, cmd, new_ns, no_offload, pod_on_segment, remove_namespaces, unique_prefix,
-    veth, wire_port, Shape,
+    bridge_gateway, cmd, join_node, join_router, new_ns, no_offload, pod_on_segment,
+    remove_namespaces, unique_prefix, veth, wire_port, Shape, JOIN_V4, JOIN_V6,
 };
 use crate::traffic::{answer, eventually, tcp_request, udp_request, Server, SETTLE};
 use crate::{bin, expected_state, test_bpffs, Backend, Controller};
@@ -138,6 +138,14 @@ pub enum ClusterShape {
     /// VXLAN: `flannel.1`, VNI 1, port 8472, static neighbours and
     /// forwarding entries as flanneld writes them).
     Overlay,
+    /// Kube-OVN's: every pod on one segment `ls` in the router's namespace
+    /// `ovn` (OVN's distributed switch: pod-to-pod traffic never crosses
+    /// a node), a join network with each node's `ovn0`, the pod subnet
+    /// routed via the router on every node. The router sends a pod's
+    /// traffic out through its own node's `ovn0` (Kube-OVN's distributed
+    /// gateway: policy routes by source) and a node's address through
+    /// that node's `ovn0` (its node policies).
+    Gateway,
 }
 
 impl ClusterShape {
@@ -145,6 +153,7 @@ impl ClusterShape {
     pub fn node_shape(self) -> Shape {
         match self {
             ClusterShape::Routed => Shape::Routed,
+            ClusterShape::Gateway => Shape::Gateway,
             _ => Shape::Bridge,
         }
     }
@@ -173,11 +182,19 @@ impl ClusterTopology {
 
     /// Where pod `p`'s own veth ends on its node.
     pub fn pod_port(&self, p: Pod) -> (String, String) {
-        (self.node(p.node), format!("pod{}", p.index))
+        match self.shape {
+            ClusterShape::Gateway => (self.ovn(), format!("n{}p{}", p.node, p.index)),
+            _ => (self.node(p.node), format!("pod{}", p.index)),
+        }
+    }
+
+    /// The router's namespace of the Gateway shape.
+    pub fn ovn(&self) -> String {
+        self.ns("ovn")
     }
 
     fn all(&self) -> Vec<String> {
-        let mut all = vec![self.ext(), self.far()];
+        let mut all = vec![self.ext(), self.far(), self.ovn()];
         for k in 1..=2 {
             all.push(self.node(k));
             all.extend((1..=PODS).map(|i| self.pod(pod(k, i))));
@@ -201,6 +218,9 @@ impl ClusterTopology {
         let (ext, far) = (self.ext(), self.far());
         new_ns(&ext)?;
         new_ns(&far)?;
+        if self.shape == ClusterShape::Gateway {
+            self.build_router()?;
+        }
         // The LAN: a bridge in ext, its own address on it.
         cmd(&ext, "ip link add br0 type bridge")?;
         cmd(&ext, "ip addr add 198.51.100.1/25 dev br0")?;
@@ -278,7 +298,7 @@ impl ClusterTopology {
         // Native routing toward the other node's pods (the overlay routes
         // them through its tunnel instead).
         let other = 3 - k;
-        if self.shape != ClusterShape::Overlay {
+        if matches!(self.shape, ClusterShape::Routed | ClusterShape::Bridge) {
             cmd(
                 &node,
                 &format!(
@@ -301,7 +321,10 @@ impl ClusterTopology {
             "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
         )?;
         let (v4, v6) = (ClusterNet { fam: Fam::V4 }, ClusterNet { fam: Fam::V6 });
-        if self.shape != ClusterShape::Routed {
+        if self.shape == ClusterShape::Gateway {
+            self.join(k)?;
+        }
+        if matches!(self.shape, ClusterShape::Bridge | ClusterShape::Overlay) {
             bridge_gateway(
                 &node,
                 &format!("{}/26", v4.gateway(k)),
@@ -316,6 +339,15 @@ impl ClusterTopology {
             let pns = self.pod(p);
             new_ns(&pns)?;
             let host_if = format!("pod{i}");
+            if self.shape == ClusterShape::Gateway {
+                wire_port(&self.ovn(), "ls", &self.pod_port(p).1, &pns)?;
+                pod_on_segment(
+                    &pns,
+                    (&v4.pod(p).to_string(), 25, "192.0.2.1"),
+                    (&v6.pod(p).to_string(), 64, "2001:db8:2::1"),
+                )?;
+                continue;
+            }
             if self.shape != ClusterShape::Routed {
                 wire_port(&node, "cni0", &host_if, &pns)?;
                 pod_on_segment(
@@ -369,6 +401,97 @@ impl ClusterTopology {
             bail!("masquerade rules: {}", String::from_utf8_lossy(&out.stderr));
         }
         Ok(())
+    }
+}
+
+/// Node `k`'s `ovn0` addresses on the join network.
+fn ovn0(k: usize) -> (String, String) {
+    (
+        format!("192.0.2.{}", 193 + k),
+        format!("2001:db8:64::{}", 1 + k),
+    )
+}
+
+impl ClusterTopology {
+    /// The Gateway shape's router: the pods' segment `ls` (the pods'
+    /// gateway on it), the join network, and Kube-OVN's routing policy:
+    /// the routes of the main table (connected networks, node policies)
+    /// first, then the pods of node `k` out through node `k`'s `ovn0`.
+    fn build_router(&self) -> Result<()> {
+        let ovn = self.ovn();
+        new_ns(&ovn)?;
+        cmd(
+            &ovn,
+            "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
+        )?;
+        bridge_gateway(&ovn, "192.0.2.1/25", "2001:db8:2::1/64")?;
+        cmd(&ovn, "ip link set cni0 name ls")?;
+        join_router(&ovn)?;
+        for fam in ["-4", "-6"] {
+            cmd(
+                &ovn,
+                &format!("ip {fam} rule add pref 50 lookup main suppress_prefixlength 0"),
+            )?;
+        }
+        // Node k's routes in its table come with its ovn0 (join()).
+        for k in 1..=2 {
+            let table = 100 + k;
+            cmd(
+                &ovn,
+                &format!(
+                    "ip rule add pref {table} from {} lookup {table}",
+                    pod_cidr_v4(k)
+                ),
+            )?;
+            cmd(
+                &ovn,
+                &format!(
+                    "ip -6 rule add pref {table} from {} lookup {table}",
+                    pod_cidr_v6(k)
+                ),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Node `k`'s `ovn0` on the join network, its route to the pod subnet
+    /// via the router, and the router's routes through it: node `k`'s pods
+    /// out, node `k`'s addresses in.
+    fn join(&self, k: usize) -> Result<()> {
+        let (ovn, node) = (self.ovn(), self.node(k));
+        let (j4, j6) = ovn0(k);
+        join_node(
+            &ovn,
+            &node,
+            &format!("n{k}"),
+            &format!("{j4}/26"),
+            &format!("{j6}/64"),
+        )?;
+        cmd(
+            &node,
+            &format!("ip route add 192.0.2.0/25 via {}", JOIN_V4.1),
+        )?;
+        cmd(
+            &node,
+            &format!("ip -6 route add 2001:db8:2::/64 via {}", JOIN_V6.1),
+        )?;
+        let table = 100 + k;
+        cmd(
+            &ovn,
+            &format!("ip route add default via {j4} table {table}"),
+        )?;
+        cmd(
+            &ovn,
+            &format!("ip -6 route add default via {j6} table {table}"),
+        )?;
+        cmd(
+            &ovn,
+            &format!("ip route add 198.51.100.{}/32 via {j4}", 1 + k),
+        )?;
+        cmd(
+            &ovn,
+            &format!("ip -6 route add 2001:db8:100::{}/128 via {j6}", 1 + k),
+        )
     }
 }
 

@@ -630,7 +630,12 @@ pub fn expected_state(
         derive: true,
     };
     let ranges = cluster_ranges(&cfg, &s.nodes, &s.service_cidrs, &s.pools);
-    let mut state = DatapathState::for_node(&outcome.plan, &ranges.ranges, NodeView { name: node });
+    let addresses = cozy_proxy::model::cluster::internal_addresses(&s.nodes);
+    let me = NodeView {
+        name: node,
+        addresses: &addresses,
+    };
+    let mut state = DatapathState::for_node(&outcome.plan, &ranges.ranges, me);
     let mut paths = std::collections::BTreeMap::new();
     for pod in state.pods() {
         let out = sh::run_in(
@@ -653,6 +658,15 @@ pub fn expected_state(
             route["gateway"].as_str().and_then(|g| g.parse().ok());
         let entry = bridge_port(ns, dev, &gateway.unwrap_or(pod))?
             .map_or(Ok(oif), |port| ifindex_in(ns, &port))?;
+        // Behind a next hop, the source the route picks (a fibmatch shows
+        // only a configured one).
+        let mut src = None;
+        if gateway.is_some() {
+            let chosen = sh::run_in(ns, &["ip", "-j", "route", "get", &pod.to_string()])?;
+            let chosen: serde_json::Value =
+                serde_json::from_slice(&chosen.stdout).unwrap_or_default();
+            src = chosen[0]["prefsrc"].as_str().and_then(|a| a.parse().ok());
+        }
         paths.insert(
             pod,
             Path {
@@ -660,10 +674,13 @@ pub fn expected_state(
                 gateway,
                 onlink,
                 entry,
+                src,
             },
         );
     }
     state.resolve(&paths);
+    // Planned only: a dump of the kernel has none.
+    state.remote_hosts.clear();
     Ok(state)
 }
 

@@ -42,19 +42,38 @@ pub struct Server {
 
 impl Server {
     pub fn tcp(ns: &str, fam: Fam, port: u16, ident: &str) -> Result<Server> {
-        Self::start(ns, fam, "TCP", port, ident)
+        Self::start(ns, fam, "TCP", port, ident, None)
     }
 
     pub fn udp(ns: &str, fam: Fam, port: u16, ident: &str) -> Result<Server> {
-        Self::start(ns, fam, "UDP", port, ident)
+        Self::start(ns, fam, "UDP", port, ident, None)
     }
 
-    fn start(ns: &str, fam: Fam, proto: &str, port: u16, ident: &str) -> Result<Server> {
+    /// A UDP server bound to `addr`: its answers leave from `addr`, not
+    /// from the address the route back to the client picks (a node's
+    /// route to pods behind a router picks its join address).
+    pub fn udp_at(ns: &str, addr: IpAddr, port: u16, ident: &str) -> Result<Server> {
+        let fam = if addr.is_ipv4() { Fam::V4 } else { Fam::V6 };
+        Self::start(ns, fam, "UDP", port, ident, Some(addr))
+    }
+
+    fn start(
+        ns: &str,
+        fam: Fam,
+        proto: &str,
+        port: u16,
+        ident: &str,
+        bind: Option<IpAddr>,
+    ) -> Result<Server> {
         let v = if fam == Fam::V4 { "4" } else { "6" };
+        let bind = bind.map_or(String::new(), |a| match a {
+            IpAddr::V4(a) => format!(",bind={a}"),
+            IpAddr::V6(a) => format!(",bind=[{a}]"),
+        });
         let listen = if proto == "TCP" {
             format!("TCP{v}-LISTEN:{port},reuseaddr,fork")
         } else {
-            format!("UDP{v}-RECVFROM:{port},fork")
+            format!("UDP{v}-RECVFROM:{port},fork{bind}")
         };
         let reply = format!("SYSTEM:echo {ident} $SOCAT_PEERADDR");
         let spawn = || {

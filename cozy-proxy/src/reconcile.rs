@@ -4,7 +4,9 @@
 //! the kernel are changed for them alone); a full round (the first, a
 //! resync) computes everything again.
 use crate::datapath::{Datapath, DatapathState, NodeView, Overflow, StateBuilder, SyncReport};
-use crate::model::cluster::{cluster_ranges, ClusterConfig, ClusterRanges};
+use crate::model::cluster::{
+    cluster_ranges, internal_addresses, ClusterConfig, ClusterRanges, NodeAddresses,
+};
 use crate::model::{LbResult, PlanState, PlanSummary, Warning, WarningKind};
 use crate::source::{Snapshot, Update};
 use std::collections::BTreeSet;
@@ -33,6 +35,8 @@ pub struct Reconciler<D: Datapath> {
     overflow_reported: BTreeSet<Warning>,
     /// The in-cluster ranges last used: a change is logged.
     ranges: ClusterRanges,
+    /// Every node's InternalIPs (where remote mappings are steered).
+    addresses: NodeAddresses,
     /// Whether a sync has succeeded (the first one is always logged).
     synced_once: bool,
 }
@@ -57,6 +61,7 @@ impl<D: Datapath> Reconciler<D> {
             reported: BTreeSet::new(),
             overflow_reported: BTreeSet::new(),
             ranges: ClusterRanges::default(),
+            addresses: NodeAddresses::new(),
             synced_once: false,
         }
     }
@@ -81,6 +86,7 @@ impl<D: Datapath> Reconciler<D> {
     pub fn reconcile(&mut self, update: Update) -> Result<ReconcileReport, D::Error> {
         let me = NodeView {
             name: self.node.name.as_deref(),
+            addresses: &self.addresses,
         };
         let (sync, mut new_warnings, mut resolved_warnings) = match update {
             Update::Full(snapshot) => {
@@ -155,6 +161,7 @@ impl<D: Datapath> Reconciler<D> {
         );
         let _ = self.plan.take_changes();
         let _ = self.plan.take_warning_changes();
+        self.addresses = internal_addresses(&snapshot.nodes);
         let ranges = cluster_ranges(
             &self.node.cluster,
             &snapshot.nodes,
@@ -168,6 +175,7 @@ impl<D: Datapath> Reconciler<D> {
     fn planned_of_plan(&self) -> DatapathState {
         let me = NodeView {
             name: self.node.name.as_deref(),
+            addresses: &self.addresses,
         };
         let mut planned = StateBuilder::default();
         for (lb, result) in self.plan.results() {
@@ -325,7 +333,7 @@ pub(crate) mod tests {
             &snap.service_cidrs,
             &snap.pools,
         );
-        let mut s = DatapathState::for_node(&outcome.plan, &ranges.ranges, NodeView { name });
+        let mut s = DatapathState::for_node(&outcome.plan, &ranges.ranges, NodeView::named(name));
         let (overflow, _) = s.fit(cap, kept);
         s.resolve(&crate::datapath::fake::paths(&s.pods(), moved));
         (s, overflow)

@@ -98,10 +98,23 @@ impl Steering {
             found_paths.push((pod, path));
         }
         let ports = self.bridge_ports.ports(&self.rtnl, &bridged)?;
+        // The source the node's own sockets take, where a next hop stands
+        // between the node and the pod (an LB IP steered to another node
+        // keeps it: `DatapathState::route_of`); a pod on its own link
+        // never needs it.
+        let behind: Vec<IpAddr> = found_paths
+            .iter()
+            .filter(|(_, p)| p.as_ref().is_some_and(|p| p.gateway.is_some()))
+            .map(|(pod, _)| *pod)
+            .collect();
+        let sources: BTreeMap<IpAddr, Option<IpAddr>> = route::chosen_sources(&self.rtnl, &behind)?
+            .into_iter()
+            .collect();
         for (pod, mut path) in found_paths {
             if let Some(p) = path.as_mut() {
                 let hop = (p.oif, p.gateway.unwrap_or(pod));
                 p.entry = ports.get(&hop).copied().unwrap_or(p.oif);
+                p.src = sources.get(&pod).copied().flatten();
             }
             self.cache.insert(pod, path);
         }
@@ -250,6 +263,7 @@ fn path_of(pod: &IpAddr, found: &route::Lookup) -> Option<Path> {
         gateway: found.via.gateway,
         onlink: found.via.onlink,
         entry: found.via.oif,
+        src: found.via.src,
     })
 }
 
@@ -263,6 +277,7 @@ fn next_hop(v: &Via) -> NextHop {
         gateway: v.gateway,
         oif: v.oif,
         onlink: v.onlink,
+        src: v.src,
     }
 }
 
@@ -272,5 +287,6 @@ fn via(h: &NextHop) -> Via {
         oif: h.oif,
         onlink: h.onlink,
         unreachable: h.oif == 0,
+        src: h.src,
     }
 }

@@ -87,6 +87,7 @@ fn a_refused_route_is_reported_and_the_rest_of_the_batch_applied() -> Result<()>
             oif,
             onlink: false,
             unreachable: false,
+            src: None,
         };
         // Not on the link, without onlink: the kernel refuses it.
         let bad = Via {
@@ -143,6 +144,7 @@ fn routes_changed_on_another_thread_report_their_failure() -> Result<()> {
             gateway: Some("2001:db8::2".parse()?),
             oif,
             onlink: false,
+            src: None,
         };
         let bad = NextHop {
             gateway: Some("2001:db8:ffff::9".parse()?),

@@ -265,7 +265,7 @@ fn bench_backend<D: Datapath>(
     // come from the pods' paths in this namespace: compared without them.
     let outcome = compute_plan(services, &current_slices, &[]);
     let ranges = cluster_ranges(&ClusterConfig::default(), &[], &[], &[]).ranges;
-    let mut expected = DatapathState::for_node(&outcome.plan, &ranges, NodeView { name: None });
+    let mut expected = DatapathState::for_node(&outcome.plan, &ranges, NodeView::named(None));
     let mut live_state = live.state;
     for s in [&mut live_state, &mut expected] {
         s.guard.clear();

@@ -12,6 +12,7 @@ pub struct StateBuilder {
     pod_svc: Vec<(IpAddr, IpAddr)>,
     svc_pod: Vec<(IpAddr, IpAddr)>,
     remote: Vec<(IpAddr, IpAddr)>,
+    remote_hosts: Vec<(IpAddr, IpAddr)>,
     filtered_pods: Vec<IpAddr>,
     allowed_ports: Vec<AllowedPort>,
     icmp_allowed_pods: Vec<IpAddr>,
@@ -42,6 +43,10 @@ impl StateBuilder {
         }
         if !me.hosts(m.node.as_deref()) {
             self.remote.push((m.lb_ip, m.pod_ip));
+            self.remote_hosts.extend(
+                me.address_of(m.node.as_deref(), &m.lb_ip)
+                    .map(|h| (m.lb_ip, h)),
+            );
             return;
         }
         self.pod_svc.push((m.pod_ip, m.lb_ip));
@@ -76,6 +81,7 @@ impl StateBuilder {
             source_ranges: self.source_ranges.into_iter().collect(),
             guard: Default::default(),
             routes: Default::default(),
+            remote_hosts: self.remote_hosts.into_iter().collect(),
         }
     }
 }

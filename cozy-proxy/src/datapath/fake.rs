@@ -24,6 +24,7 @@ pub fn paths(pods: &BTreeSet<IpAddr>, moved: bool) -> BTreeMap<IpAddr, Path> {
                     gateway: None,
                     onlink: false,
                     entry: if moved { 8 } else { 7 },
+                    src: None,
                 },
             )
         })

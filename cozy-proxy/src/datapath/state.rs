@@ -4,7 +4,7 @@
 //! kernel), and `dump` reads them back into this same shape, so tests
 //! compare one value. docs/traffic.md says what each is for.
 use super::builder::StateBuilder;
-use crate::model::{Cidr, IpRange, LbChange, Plan};
+use crate::model::{cluster::NodeAddresses, Cidr, IpRange, LbChange, Plan};
 use serde::{Deserialize, Serialize};
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -32,6 +32,9 @@ pub struct Path {
     /// link-layer address lives (`bridge_ports.rs`), once the kernel knows
     /// it.
     pub entry: u32,
+    /// The source address the node's own sockets take on this path.
+    #[serde(default)]
+    pub src: Option<IpAddr>,
 }
 
 /// What the kernel's routes say of the pods' paths, by pod: `None`, no
@@ -65,6 +68,9 @@ pub struct NextHop {
     pub gateway: Option<IpAddr>,
     pub oif: u32,
     pub onlink: bool,
+    /// The route's `src`: the node's own sockets take it toward the LB IP.
+    #[serde(default)]
+    pub src: Option<IpAddr>,
 }
 
 impl NextHop {
@@ -72,6 +78,7 @@ impl NextHop {
         gateway: None,
         oif: 0,
         onlink: false,
+        src: None,
     };
 
     /// The route of an LB IP whose pod is reached by `path`: on the pod's
@@ -81,6 +88,7 @@ impl NextHop {
             gateway: Some(path.gateway.unwrap_or(pod)),
             oif: path.oif,
             onlink: path.onlink,
+            src: None,
         }
     }
 }
@@ -118,6 +126,12 @@ pub struct DatapathState {
     /// Resolved from the kernel's paths: LB IP -> where its host route
     /// (`proto 249`) sends it, along the path toward its pod.
     pub routes: BTreeMap<IpAddr, NextHop>,
+    /// LB IP of a remote mapping -> its hosting node's address (of the LB
+    /// IP's family): where its host route steers it when that address is
+    /// on one of this node's networks. Planned, never held by the kernel:
+    /// a state read back takes it from the plan.
+    #[serde(skip)]
+    pub remote_hosts: BTreeMap<IpAddr, IpAddr>,
 }
 
 /// The reverse of a state's `remote` (pod -> LB IP): a remote pod is
@@ -157,9 +171,28 @@ impl RemotePods {
 pub struct NodeView<'a> {
     /// `None` (standalone, or `--node-name` unset): every mapping is local.
     pub name: Option<&'a str>,
+    /// Every node's InternalIPs, by name.
+    pub addresses: &'a NodeAddresses,
 }
 
-impl NodeView<'_> {
+/// No node's addresses known.
+pub static NO_ADDRESSES: NodeAddresses = BTreeMap::new();
+
+impl<'a> NodeView<'a> {
+    /// Node `name`, knowing no other node's addresses.
+    pub fn named(name: Option<&'a str>) -> Self {
+        NodeView {
+            name,
+            addresses: &NO_ADDRESSES,
+        }
+    }
+
+    /// The address of `node` in the family of `lb`, if it publishes one.
+    pub fn address_of(&self, node: Option<&str>, lb: &IpAddr) -> Option<IpAddr> {
+        let addrs = self.addresses.get(node?)?;
+        addrs.iter().find(|a| a.is_ipv4() == lb.is_ipv4()).copied()
+    }
+
     /// Does this node translate a mapping whose pod is on `node`?
     pub fn hosts(&self, node: Option<&str>) -> bool {
         match (self.name, node) {
@@ -200,12 +233,13 @@ impl DatapathState {
         old.build(&none).diff(&new.build(&none))
     }
 
-    /// Every mapped pod, local or remote: the addresses whose paths
-    /// [`DatapathState::resolve`] needs.
+    /// Every mapped pod, local or remote, and the remote mappings' nodes:
+    /// the addresses whose paths [`DatapathState::resolve`] needs.
     pub fn pods(&self) -> BTreeSet<IpAddr> {
         self.svc_pod
             .values()
             .chain(self.remote.values())
+            .chain(self.remote_hosts.values())
             .copied()
             .collect()
     }
@@ -266,6 +300,11 @@ impl DatapathState {
             .remote
             .range(within.clone())
             .map(|(l, p)| (*l, *p))
+            .collect();
+        part.remote_hosts = self
+            .remote_hosts
+            .range(within.clone())
+            .map(|(l, h)| (*l, *h))
             .collect();
         part.unmapped_lbs = self.unmapped_lbs.range(within.clone()).copied().collect();
         part.routes = self
@@ -343,14 +382,18 @@ impl DatapathState {
     /// guarded. An LB IP's role comes first (should an address be both a
     /// Service's LB IP and another's pod): a local or unmapped LB IP is
     /// never a legitimate source, a remote one comes from its pod's path;
-    /// a pod comes from its own path. `remote_pod`: `a` is the pod of a
-    /// remote mapping.
+    /// a pod comes from its own path. A remote LB IP arrives the way its
+    /// route leaves ([`DatapathState::route_of`]): from its node, or from
+    /// its pod's path. `remote_pod`: `a` is the pod of a remote mapping.
     pub fn guard_of(&self, a: &IpAddr, remote_pod: bool, paths: &impl PathOf) -> Option<u32> {
         let oif = |pod: &IpAddr| paths.path_of(pod).map_or(0, |p| p.entry);
         if self.svc_pod.contains_key(a) || self.unmapped_lbs.contains(a) {
             Some(0)
         } else if let Some(pod) = self.remote.get(a) {
-            Some(oif(pod))
+            match self.host_on_link(a, paths) {
+                Some((_, path)) => Some(path.entry),
+                None => Some(oif(pod)),
+            }
         } else if self.pod_svc.contains_key(a) || remote_pod {
             Some(oif(a))
         } else {
@@ -359,15 +402,40 @@ impl DatapathState {
     }
 
     /// Where the host route of LB IP `lb` sends it, if it is mapped:
-    /// toward its pod, or nowhere (an unreachable route: traffic to the LB
-    /// IP is refused here rather than sent back out the default route).
+    /// to the node hosting its pod where that node is on one of this
+    /// node's networks (the CNI's path to a pod may end in a router that
+    /// knows pods, not LB IPs: Kube-OVN's), else toward its pod; or
+    /// nowhere (an unreachable route: traffic to the LB IP is refused here
+    /// rather than sent back out the default route).
     pub fn route_of(&self, lb: &IpAddr, paths: &impl PathOf) -> Option<NextHop> {
         let pod = self.svc_pod.get(lb).or_else(|| self.remote.get(lb))?;
+        if let Some((host, path)) = self.host_on_link(lb, paths) {
+            // The node's own sockets keep the source they take toward the
+            // pod: the pod's answers come back by the pod's path (its
+            // guard's), not over the link to its node.
+            let src = paths.path_of(pod).and_then(|p| p.src);
+            return Some(NextHop {
+                src,
+                ..NextHop::toward(*host, path)
+            });
+        }
         Some(
             paths
                 .path_of(pod)
                 .map_or(NextHop::UNREACHABLE, |path| NextHop::toward(*pod, path)),
         )
+    }
+
+    /// The node hosting remote LB IP `lb` and the path to it, if that
+    /// node is on one of this node's networks.
+    fn host_on_link<'p>(
+        &'p self,
+        lb: &IpAddr,
+        paths: &'p impl PathOf,
+    ) -> Option<(&'p IpAddr, &'p Path)> {
+        let host = self.remote_hosts.get(lb)?;
+        let path = paths.path_of(host)?;
+        (path.gateway.is_none() && path.oif != 0).then_some((host, path))
     }
 
     /// Number of elements over all collections.
@@ -413,6 +481,7 @@ impl DatapathState {
         apply_map(&mut self.pod_svc, &diff.pod_svc, "pod_svc")?;
         apply_map(&mut self.svc_pod, &diff.svc_pod, "svc_pod")?;
         apply_map(&mut self.remote, &diff.remote, "remote")?;
+        apply_map(&mut self.remote_hosts, &diff.remote_hosts, "remote_hosts")?;
         set(
             &mut self.filtered_pods,
             &diff.filtered_pods,
@@ -461,6 +530,7 @@ impl DatapathState {
             source_ranges: Change::of_sets(&self.source_ranges, &target.source_ranges),
             guard: Change::of_maps(&self.guard, &target.guard),
             routes: Change::of_maps(&self.routes, &target.routes),
+            remote_hosts: Change::of_maps(&self.remote_hosts, &target.remote_hosts),
         }
     }
 }
@@ -566,6 +636,8 @@ pub struct StateDiff {
     pub source_ranges: Change<(IpAddr, IpRange)>,
     pub guard: Change<(IpAddr, u32)>,
     pub routes: Change<(IpAddr, NextHop)>,
+    /// Planned only: no backend writes it.
+    pub remote_hosts: Change<(IpAddr, IpAddr)>,
 }
 
 impl StateDiff {
@@ -600,5 +672,60 @@ impl StateDiff {
             + self.source_ranges.size()
             + self.guard.size()
             + self.routes.size()
+            + self.remote_hosts.size()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("test address")
+    }
+
+    fn path(oif: u32, gateway: Option<&str>) -> Path {
+        Path {
+            oif,
+            gateway: gateway.map(ip),
+            onlink: false,
+            entry: oif,
+            src: None,
+        }
+    }
+
+    /// A remote mapping's LB IP goes to its node where that node is on a
+    /// network of ours, whatever the path to its pod; else along the path
+    /// to its pod.
+    #[test]
+    fn a_remote_lb_ip_is_steered_to_its_node_when_on_link() {
+        let (lb, pod, host) = (ip("203.0.113.10"), ip("192.0.2.11"), ip("198.51.100.2"));
+        let mut s = DatapathState::default();
+        s.remote.insert(lb, pod);
+        s.remote_hosts.insert(lb, host);
+        // The pod behind a CNI's router (Kube-OVN's ovn0, ifindex 7).
+        let join = ip("192.0.2.195");
+        let to_pod = Path {
+            src: Some(join),
+            ..path(7, Some("192.0.2.193"))
+        };
+        let mut paths = BTreeMap::from([(pod, to_pod)]);
+        let via_pod = NextHop::toward(pod, &paths[&pod]);
+        assert_eq!(s.route_of(&lb, &paths), Some(via_pod));
+        paths.insert(host, path(2, None));
+        // The node's own sockets keep the source they take toward the pod.
+        let to_host = NextHop {
+            gateway: Some(host),
+            oif: 2,
+            onlink: false,
+            src: Some(join),
+        };
+        assert_eq!(s.route_of(&lb, &paths), Some(to_host));
+        assert_eq!(s.guard_of(&lb, false, &paths), Some(2));
+        // A node reached through a router: the pod's path.
+        paths.insert(host, path(2, Some("198.51.100.1")));
+        assert_eq!(s.route_of(&lb, &paths), Some(via_pod));
+        assert_eq!(s.guard_of(&lb, false, &paths), Some(7));
+        assert_eq!(s.pods(), BTreeSet::from([pod, host]));
     }
 }

@@ -98,7 +98,9 @@ impl<K: Kernel> Synced<K> {
         let (held, found) = match held {
             Some(held) => (held, None),
             None => {
-                let (live, found) = self.kernel.read()?;
+                let (mut live, found) = self.kernel.read()?;
+                // Planned only: what the kernel "holds" of it is the plan.
+                live.remote_hosts = self.planned.remote_hosts.clone();
                 debug!(took = ?started.elapsed(), "kernel read");
                 (adopt(self.kernel.kind(), live), Some(found))
             }
@@ -207,7 +209,11 @@ impl<K: Kernel> Synced<K> {
             .flat_map(|a| {
                 let own = planned.pod_svc.contains_key(a) || self.remote_pods.contains(a);
                 let its = planned.svc_pod.get(a).or_else(|| planned.remote.get(a));
-                own.then_some(*a).into_iter().chain(its.copied())
+                let host = planned.remote_hosts.get(a);
+                own.then_some(*a)
+                    .into_iter()
+                    .chain(its.copied())
+                    .chain(host.copied())
             })
             .collect();
         let paths = self.kernel.paths(&pods)?;

@@ -48,6 +48,26 @@ pub fn node_addresses(nodes: &[Node]) -> BTreeSet<IpAddr> {
         .collect()
 }
 
+/// Each Node's InternalIPs, by name: where a mapping hosted there is
+/// steered from the other nodes (docs/traffic.md).
+pub fn internal_addresses(nodes: &[Node]) -> NodeAddresses {
+    let mut out = NodeAddresses::new();
+    for n in nodes {
+        let Some(addrs) = n.status.as_ref().and_then(|s| s.addresses.as_ref()) else {
+            continue;
+        };
+        let internal = addrs
+            .iter()
+            .filter(|a| a.type_ == "InternalIP")
+            .filter_map(|a| a.address.parse::<IpAddr>().ok());
+        out.entry(name(n).to_string()).or_default().extend(internal);
+    }
+    out
+}
+
+/// Addresses by node name.
+pub type NodeAddresses = BTreeMap<String, Vec<IpAddr>>;
+
 fn name(n: &Node) -> &str {
     n.metadata.name.as_deref().unwrap_or("?")
 }

@@ -16,6 +16,7 @@ const RTM_GETROUTE: u16 = libc::RTM_GETROUTE;
 const IFLA_IFNAME: u16 = libc::IFLA_IFNAME;
 const RTA_DST: u16 = libc::RTA_DST;
 const RTA_GATEWAY: u16 = libc::RTA_GATEWAY;
+const RTA_PREFSRC: u16 = libc::RTA_PREFSRC;
 const RTA_TABLE: u16 = libc::RTA_TABLE;
 const RT_TABLE_MAIN: u8 = libc::RT_TABLE_MAIN;
 const RTN_UNICAST: u8 = libc::RTN_UNICAST;
@@ -167,6 +168,9 @@ pub struct Via {
     /// RTNH_F_ONLINK: the gateway is on the link without a route to it.
     pub onlink: bool,
     pub unreachable: bool,
+    /// The source address the node's own sockets take (a lookup: the one
+    /// chosen; a route: its `src`, if it has one).
+    pub src: Option<IpAddr>,
 }
 
 impl Via {
@@ -177,6 +181,7 @@ impl Via {
             oif: u32_attr(body, RTA_OIF).unwrap_or(0),
             onlink: u32::from_ne_bytes([a[8], a[9], a[10], a[11]]) & RTNH_F_ONLINK != 0,
             unreachable: a[7] == RTN_UNREACHABLE,
+            src: attr(body, RTA_PREFSRC).and_then(parse_ip),
         }
     }
 }
@@ -268,6 +273,23 @@ const LOOKUPS_PER_SEND: usize = 1000;
 /// [`lookup`] of every address in `dsts`, many per sendmsg: one answer
 /// each, the route or the errno the kernel gave (ENETUNREACH, ...).
 pub fn lookup_many(sock: &NlSocket, dsts: &[IpAddr]) -> Result<Vec<Found>, NetlinkError> {
+    lookups(sock, dsts, RTM_F_LOOKUP_TABLE | RTM_F_FIB_MATCH)
+}
+
+/// The source address the node's own sockets take toward each of `dsts`
+/// (as `ip route get` shows it: the route resolved, not only matched),
+/// many lookups per request; `None` where there is no route or no source.
+pub fn chosen_sources(
+    sock: &NlSocket,
+    dsts: &[IpAddr],
+) -> Result<Vec<(IpAddr, Option<IpAddr>)>, NetlinkError> {
+    Ok(lookups(sock, dsts, RTM_F_LOOKUP_TABLE)?
+        .into_iter()
+        .map(|(dst, found)| (dst, found.ok().and_then(|l| l.via.src)))
+        .collect())
+}
+
+fn lookups(sock: &NlSocket, dsts: &[IpAddr], flags: u32) -> Result<Vec<Found>, NetlinkError> {
     let mut out = Vec::with_capacity(dsts.len());
     for chunk in dsts.chunks(LOOKUPS_PER_SEND) {
         let mut w = Writer::new();
@@ -275,7 +297,7 @@ pub fn lookup_many(sock: &NlSocket, dsts: &[IpAddr]) -> Result<Vec<Found>, Netli
         for dst in chunk {
             let seq = next_seq();
             let mut header = rtmsg(family(dst), host_prefix(dst), 0, 0);
-            header[8..12].copy_from_slice(&(RTM_F_LOOKUP_TABLE | RTM_F_FIB_MATCH).to_ne_bytes());
+            header[8..12].copy_from_slice(&flags.to_ne_bytes());
             w.message(RTM_GETROUTE, 0, seq, &header, |w| {
                 w.put(RTA_DST, &bytes(dst))
             });
@@ -286,7 +308,8 @@ pub fn lookup_many(sock: &NlSocket, dsts: &[IpAddr]) -> Result<Vec<Found>, Netli
             let found = match answers.remove(seq) {
                 Some(Ok(a)) if a.len() >= RTMSG_LEN => Ok(Lookup {
                     via: Via::from_answer(&a),
-                    // With RTM_F_FIB_MATCH the answer is the matched route.
+                    // With RTM_F_FIB_MATCH the answer is the matched route
+                    // (with its own `src`, if it has one).
                     prefix_len: a[1],
                 }),
                 Some(Ok(_)) => Err(libc::EBADMSG),
@@ -389,6 +412,9 @@ fn put_route(w: &mut Writer, seq: u32, flags: u16, protocol: u8, (dst, via): &(I
         }
         if via.oif != 0 {
             w.put_u32_ne(RTA_OIF, via.oif);
+        }
+        if let Some(src) = &via.src {
+            w.put(RTA_PREFSRC, &bytes(src));
         }
     });
 }

@@ -3,7 +3,7 @@
 //! unmapped pods (in-cluster clients) on node1 and node2.
 use anyhow::{bail, ensure, Context, Result};
 use cozy_proxy_testkit::{
-    cluster::{pod, Cluster, Pod},
+    cluster::{pod, Cluster, ClusterShape, Pod},
     manifests::Svc,
     net::Fam,
     sh::{feed_in, ok_in, run_in, Proc},
@@ -37,17 +37,14 @@ fn serve(c: &Cluster, p: Pod) -> Result<(Server, Server)> {
     c.serve(&c.pod_ns(p), PORT, &ident(p))
 }
 
-/// The next hop and the source address of `ns`'s route to `dst`.
-fn route_to(ns: &str, dst: IpAddr) -> Result<(IpAddr, IpAddr)> {
+/// The source address `ns`'s route to `dst` picks.
+fn source_toward(ns: &str, dst: IpAddr) -> Result<IpAddr> {
     let out = ok_in(ns, &["ip", "-j", "route", "get", &dst.to_string()])?;
     let v: serde_json::Value = serde_json::from_str(&out)?;
-    let field = |k: &str| -> Result<IpAddr> {
-        v[0][k]
-            .as_str()
-            .and_then(|a| a.parse().ok())
-            .with_context(|| format!("{k} of the route to {dst} in {ns}: {out}"))
-    };
-    Ok((field("gateway")?, field("prefsrc")?))
+    v[0]["prefsrc"]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .with_context(|| format!("source of the route to {dst} in {ns}: {out}"))
 }
 
 /// Scenario 21: the node connects to a mapped pod's own IP (a kubelet
@@ -72,8 +69,8 @@ pub fn s21_node_probes_the_pod(c: &mut Cluster) -> Result<()> {
         service(c, "a", 0, A, filtered)?;
         c.settle()?;
         let node1 = c.topo.node(1);
-        let gw = c.net.gateway(1);
-        c.exchange(&node1, c.pod_ip(A), PORT, &ident(A), gw)?;
+        let src = source_toward(&node1, c.pod_ip(A))?;
+        c.exchange(&node1, c.pod_ip(A), PORT, &ident(A), src)?;
         let url = match c.pod_ip(A) {
             IpAddr::V4(a) => format!("http://{a}:8081/"),
             IpAddr::V6(a) => format!("http://[{a}]:8081/"),
@@ -83,11 +80,11 @@ pub fn s21_node_probes_the_pod(c: &mut Cluster) -> Result<()> {
         })?;
         ensure!(body.trim() == "healthy", "HTTP probe answered {body:?}");
         // A host agent on the other node, to the pod IP: as itself (the
-        // address its route to the pod picks: the uplink's, or in an
-        // overlay the tunnel's).
+        // address its route to the pod picks: the uplink's, in an overlay
+        // the tunnel's, behind a router its join address).
         if !filtered {
             let node2 = c.topo.node(2);
-            let src = route_to(&node2, c.pod_ip(A))?.1;
+            let src = source_toward(&node2, c.pod_ip(A))?;
             c.exchange(&node2, c.pod_ip(A), PORT, &ident(A), src)?;
         }
     }
@@ -114,15 +111,20 @@ pub fn s22_pods_reach_a_mapped_pod_by_its_ip(c: &mut Cluster) -> Result<()> {
 
 /// Scenario 23: other pods, same node and other node, reach the mapped
 /// pod's LB IP: it works (the reply comes from the LB IP: the client's
-/// socket is connected to it), and the pod sees the client's pod IP. The
-/// nodes' own sockets reach it too.
+/// socket is connected to it), and the pod sees the client's pod IP (behind
+/// Kube-OVN's router, the client's node's join address: the hairpin is
+/// masqueraded). The nodes' own sockets reach it too.
 pub fn s23_pods_reach_a_mapped_pod_by_its_lb_ip(c: &mut Cluster) -> Result<()> {
     let _a = serve(c, A)?;
     for filtered in [false, true] {
         service(c, "a", 0, A, filtered)?;
         c.settle()?;
         for q in [Q1, Q2] {
-            c.exchange(&c.pod_ns(q), c.lb(0), PORT, &ident(A), c.pod_ip(q))?;
+            let seen = match c.topo.shape {
+                ClusterShape::Gateway => source_toward(&c.topo.node(q.node), c.pod_ip(A))?,
+                _ => c.pod_ip(q),
+            };
+            c.exchange(&c.pod_ns(q), c.lb(0), PORT, &ident(A), seen)?;
         }
         for k in 1..=2 {
             let node = c.topo.node(k);
@@ -136,16 +138,21 @@ pub fn s23_pods_reach_a_mapped_pod_by_its_lb_ip(c: &mut Cluster) -> Result<()> {
 
 /// Scenario 24: a mapped pod keeps its pod IP toward the cluster (a pod on
 /// the other node; the other node itself, where it is treated exactly as an
-/// unmapped pod of its node: this topology's CNI masquerades pod traffic to
-/// node addresses, as Calico's natOutgoing and Flannel's ipMasq do) and
-/// shows its LB IP to the outside and to other LB IPs.
+/// unmapped pod of its node: seen as the address the CNI gives that pod,
+/// its node's where the CNI masquerades pod traffic to node addresses, as
+/// Calico's natOutgoing and Flannel's ipMasq do, else its own) and shows
+/// its LB IP to the outside and to other LB IPs.
 pub fn s24_a_mapped_pods_destinations(c: &mut Cluster) -> Result<()> {
     service(c, "a", 0, A, false)?;
     service(c, "b", 1, B, false)?;
     c.settle()?;
     let _q2 = serve(c, Q2)?;
     let _b = serve(c, B)?;
-    let _node2 = c.serve(&c.topo.node(2), 9000, "node2")?;
+    let node2 = c.topo.node(2);
+    let _node2 = (
+        Server::tcp(&node2, c.fam(), 9000, "node2")?,
+        Server::udp_at(&node2, c.net.node(2), 9000, "node2")?,
+    );
     let _ext = c.serve(&c.topo.ext(), 7000, "ext")?;
     let from = c.pod_ns(A);
     c.exchange(&from, c.pod_ip(Q2), PORT, &ident(Q2), c.pod_ip(A))?;
@@ -156,7 +163,11 @@ pub fn s24_a_mapped_pods_destinations(c: &mut Cluster) -> Result<()> {
         .and_then(|a| a.parse::<IpAddr>().ok())
         .context("node2's answer")?;
     ensure!(seen_as != c.lb(0), "an unmapped pod is seen as the LB IP?");
-    c.exchange(&from, c.net.node(2), 9000, "node2", seen_as)?;
+    let a_seen_as = match seen_as == c.pod_ip(Q1) {
+        true => c.pod_ip(A),
+        false => seen_as,
+    };
+    c.exchange(&from, c.net.node(2), 9000, "node2", a_seen_as)?;
     c.exchange(&from, c.net.ext(), 7000, "ext", c.lb(0))?;
     c.exchange(&from, c.lb(1), PORT, &ident(B), c.lb(0))
 }
@@ -285,10 +296,10 @@ fn upload(c: &Cluster, p: Pod) -> Result<()> {
 }
 
 fn offloads(c: &Cluster, p: Pod, on: &str) -> Result<()> {
-    let dev = format!("pod{}", p.index);
+    let port = c.topo.pod_port(p);
     for (ns, dev) in [
         (c.pod_ns(p), "eth0"),
-        (c.topo.node(p.node), dev.as_str()),
+        (port.0, port.1.as_str()),
         (c.topo.node(p.node), "uplink"),
     ] {
         ok_in(&ns, &["ethtool", "-K", dev, "tx", on])?;
@@ -366,9 +377,9 @@ pub fn s28_endpoint_moves_across_nodes(c: &mut Cluster) -> Result<()> {
         &["ip", family, "route", "show", "proto", "249"],
     )?;
     let routes = String::from_utf8_lossy(&out.stdout);
-    // Where node1 sends node2's pod: node2's address, or in an overlay its
-    // tunnel end.
-    let toward = route_to(&c.topo.node(1), c.pod_ip(d))?.0;
+    // Steered to the hosting node itself, on the nodes' network, whatever
+    // the CNI's path to its pods (a tunnel, a router).
+    let toward = c.net.node(2);
     ensure!(
         routes.contains(&toward.to_string()),
         "node1 does not steer the LB IP toward node2 ({toward}): {routes}"
