@@ -1,4 +1,7 @@
-//! Which pod backs a Service: the ready addresses of its EndpointSlices.
+//! Which pod backs a Service: the ready addresses of its EndpointSlices, or,
+//! while it has none, those serving while they terminate (as kube-proxy
+//! reads the conditions: `ready` and `serving` unset count as true,
+//! `terminating` unset as false).
 use super::types::{Family, ServiceRef};
 use super::warning::{WarningKind, Warnings};
 use super::FastMap;
@@ -21,6 +24,9 @@ pub struct ReadSlice {
     pub name: Box<str>,
     /// Ready endpoints' addresses, with the endpoint's `nodeName`.
     ready: Box<[(IpAddr, Option<Arc<str>>)]>,
+    /// Not ready, but serving and terminating: used while a family of
+    /// the Service has no ready address (a pod draining its connections).
+    draining: Box<[(IpAddr, Option<Arc<str>>)]>,
     /// Ready endpoints' addresses that are not IP addresses (reported).
     invalid: Box<[Box<str>]>,
 }
@@ -33,19 +39,18 @@ impl ReadSlice {
         if slice.address_type != "IPv4" && slice.address_type != "IPv6" {
             return None;
         }
-        let mut ready = Vec::new();
+        let (mut ready, mut draining) = (Vec::new(), Vec::new());
         let mut invalid = Vec::new();
-        // An endpoint whose `ready` condition is unset counts as ready (as
-        // the API documents).
-        let ready_endpoints = slice
-            .endpoints
-            .iter()
-            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true));
-        for endpoint in ready_endpoints {
+        for endpoint in &slice.endpoints {
+            let into = match Condition::of(endpoint.conditions.as_ref()) {
+                Condition::Ready => &mut ready,
+                Condition::Draining => &mut draining,
+                Condition::Unused => continue,
+            };
             let node_name = endpoint.node_name.as_deref().map(&mut *node);
             for text in &endpoint.addresses {
                 match text.parse::<IpAddr>() {
-                    Ok(ip) => ready.push((ip, node_name.clone())),
+                    Ok(ip) => into.push((ip, node_name.clone())),
                     Err(_) => invalid.push(text.as_str().into()),
                 }
             }
@@ -53,6 +58,7 @@ impl ReadSlice {
         Some(ReadSlice {
             name: slice.metadata.name.as_deref().unwrap_or_default().into(),
             ready: ready.into(),
+            draining: draining.into(),
             invalid: invalid.into(),
         })
     }
@@ -60,6 +66,30 @@ impl ReadSlice {
     /// As [`ReadSlice::of`], each node name a copy of its own.
     pub fn of_alone(slice: &EndpointSlice) -> Option<Self> {
         Self::of(slice, &mut |n| n.into())
+    }
+}
+
+/// What an endpoint's conditions make of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Condition {
+    Ready,
+    /// Serving while terminating, not ready.
+    Draining,
+    Unused,
+}
+
+impl Condition {
+    /// As kube-proxy reads them: `ready` and `serving` unset count as
+    /// true, `terminating` unset as false.
+    fn of(c: Option<&k8s_openapi::api::discovery::v1::EndpointConditions>) -> Self {
+        let ready = c.and_then(|c| c.ready).unwrap_or(true);
+        let serving = c.and_then(|c| c.serving).unwrap_or(ready);
+        let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+        match (ready, serving && terminating) {
+            (true, _) => Condition::Ready,
+            (false, true) => Condition::Draining,
+            (false, false) => Condition::Unused,
+        }
     }
 }
 
@@ -98,18 +128,23 @@ pub fn slice_owner(slice: &EndpointSlice) -> Option<ServiceRef> {
 pub(crate) type Backends = BTreeMap<Family, BTreeMap<IpAddr, BTreeSet<Arc<str>>>>;
 
 /// The distinct ready endpoint addresses of a Service, per family, with
-/// their `nodeName`s; unparsable addresses are reported.
+/// their `nodeName`s; a family without any takes its serving terminating
+/// ones (kube-proxy's rule: a pod draining its connections keeps them
+/// while nothing replaces it). Unparsable addresses are reported.
 pub(crate) fn ready_addresses(slices: &[&ReadSlice], warnings: &mut Warnings<'_>) -> Backends {
     let mut out = Backends::new();
+    let mut draining = Backends::new();
+    let add = |to: &mut Backends, (ip, node): &(IpAddr, Option<Arc<str>>)| {
+        let nodes = to
+            .entry(Family::of(ip))
+            .or_default()
+            .entry(*ip)
+            .or_default();
+        nodes.extend(node.iter().cloned());
+    };
     for slice in slices {
-        for (ip, node) in slice.ready.iter() {
-            let nodes = out
-                .entry(Family::of(ip))
-                .or_default()
-                .entry(*ip)
-                .or_default();
-            nodes.extend(node.iter().cloned());
-        }
+        slice.ready.iter().for_each(|e| add(&mut out, e));
+        slice.draining.iter().for_each(|e| add(&mut draining, e));
         for text in slice.invalid.iter() {
             warnings.push(
                 WarningKind::InvalidIp,
@@ -123,6 +158,9 @@ pub(crate) fn ready_addresses(slices: &[&ReadSlice], warnings: &mut Warnings<'_>
                 ),
             );
         }
+    }
+    for (family, addrs) in draining {
+        out.entry(family).or_insert(addrs);
     }
     out
 }

@@ -318,6 +318,54 @@ fn endpoints_none_several_not_ready() {
     assert_eq!(kinds(&o), vec![WarningKind::NoReadyEndpoint]);
 }
 
+/// A slice of one endpoint per `(address, ready, serving, terminating)`.
+fn slice_with(svc: &str, endpoints: &[(&str, bool, bool, bool)]) -> EndpointSlice {
+    let mut s = slice(svc, "IPv4", &[]);
+    s.metadata.name = Some(format!("{svc}-conditions"));
+    s.endpoints = endpoints
+        .iter()
+        .map(|(a, ready, serving, terminating)| Endpoint {
+            addresses: vec![a.to_string()],
+            conditions: Some(EndpointConditions {
+                ready: Some(*ready),
+                serving: Some(*serving),
+                terminating: Some(*terminating),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    s
+}
+
+/// As kube-proxy: an endpoint serving while it terminates keeps the
+/// Service while no endpoint is ready, and gives way to a ready one.
+#[test]
+fn a_serving_terminating_endpoint_serves_while_nothing_is_ready() {
+    let svc = || service(SvcSpec::default());
+    let plan = |e: &[(&str, bool, bool, bool)]| compute_plan(&[svc()], &[slice_with("vm", e)], &[]);
+    let o = plan(&[("192.0.2.11", false, true, true)]);
+    assert_eq!(o.plan.mappings.len(), 1, "{:?}", o.warnings);
+    assert_eq!(o.plan.mappings[0].pod_ip, ip("192.0.2.11"));
+    // A ready one replaces it: one backend, no conflict.
+    let o = plan(&[
+        ("192.0.2.11", false, true, true),
+        ("192.0.2.12", true, true, false),
+    ]);
+    assert_eq!(o.plan.mappings.len(), 1, "{:?}", o.warnings);
+    assert_eq!(o.plan.mappings[0].pod_ip, ip("192.0.2.12"));
+    assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    // Terminating and no longer serving, or not ready and not terminating
+    // (starting): nothing.
+    for e in [
+        ("192.0.2.11", false, false, true),
+        ("192.0.2.11", false, true, false),
+    ] {
+        let o = plan(&[e]);
+        assert!(o.plan.mappings.is_empty(), "{e:?}");
+        assert_eq!(kinds(&o), vec![WarningKind::NoReadyEndpoint]);
+    }
+}
+
 #[test]
 fn conflicts_older_wins_and_hands_over() {
     let (a, b) = (aged("a", 1_000), aged("b", 2_000));
@@ -722,7 +770,18 @@ pub(crate) fn arb_world() -> impl Strategy<Value = (Vec<Service>, Vec<EndpointSl
             services.push(svc);
             let eps: Vec<(&str, Option<bool>)> = eps.iter().map(|(p, r)| (PODS[*p], *r)).collect();
             for family in ["IPv4", "IPv6"] {
-                slices.push(slice(&name, family, &eps));
+                let mut s = slice(&name, family, &eps);
+                // Every other not-ready endpoint serving while it
+                // terminates: used while none is ready.
+                for (i, e) in s.endpoints.iter_mut().enumerate() {
+                    if let Some(c) = e.conditions.as_mut().filter(|c| c.ready == Some(false)) {
+                        if i % 2 == 0 {
+                            c.serving = Some(true);
+                            c.terminating = Some(true);
+                        }
+                    }
+                }
+                slices.push(s);
             }
         }
         (services, slices)

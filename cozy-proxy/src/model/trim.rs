@@ -93,9 +93,12 @@ pub fn trim_slice(e: &mut EndpointSlice) {
         .into_iter()
         .map(|ep| Endpoint {
             addresses: ep.addresses,
+            // All three: a terminating endpoint still serving is used while
+            // none is ready (model/endpoints.rs).
             conditions: ep.conditions.map(|c| EndpointConditions {
                 ready: c.ready,
-                ..Default::default()
+                serving: c.serving,
+                terminating: c.terminating,
             }),
             node_name: ep.node_name,
             ..Default::default()
