@@ -287,14 +287,6 @@ fn arriving_elsewhere(ctx: &TcContext, iif: u32, entry: u32) -> Elsewhere {
     Elsewhere::Spoofed
 }
 
-/// Off the common path: is `p` the reply to a flow translated on this
-/// node before conntrack (its own socket's, or an in-cluster client's of a
-/// mapping here)? Its key holds both ends' addresses and ports.
-#[inline(never)]
-fn replies_to_own_flow(ctx: &TcContext, p: &Packet) -> bool {
-    rev_of_reply(ctx, p).is_some_and(|r| r.before_conntrack != 0)
-}
-
 #[classifier]
 pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
     let Some(mut p) = parse(&ctx) else { return PASS };
@@ -306,11 +298,6 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
             match arriving_elsewhere(&ctx, iif, s.src_ifindex) {
                 Elsewhere::Pass => return PASS,
                 Elsewhere::Here => {}
-                // The reply to a flow this node sent out this way (the
-                // node's own socket to an LB IP steered to the pod's node
-                // over another link than the pod's path): it comes back
-                // the way the flow left.
-                Elsewhere::Spoofed if replies_to_own_flow(&ctx, &p) => {}
                 // A guarded address from anywhere but its own path:
                 // nothing is translated, remembered or tracked for it.
                 Elsewhere::Spoofed => return drop(&ctx, DropReason::Spoofed),

@@ -426,8 +426,12 @@ impl DatapathState {
         )
     }
 
-    /// The node hosting remote LB IP `lb` and the path to it, if that
-    /// node is on one of this node's networks.
+    /// The node hosting remote LB IP `lb` and the path to it, if the LB
+    /// IP goes there rather than along its pod's path: the node is on one
+    /// of this node's networks, and the pod's path does not lead to it
+    /// (its next hop is neither the node itself nor a tunnel's far end,
+    /// an `onlink` next hop as overlays route: a router that knows pods
+    /// and not LB IPs, or none at all).
     fn host_on_link<'p>(
         &'p self,
         lb: &IpAddr,
@@ -435,7 +439,9 @@ impl DatapathState {
     ) -> Option<(&'p IpAddr, &'p Path)> {
         let host = self.remote_hosts.get(lb)?;
         let path = paths.path_of(host)?;
-        (path.gateway.is_none() && path.oif != 0).then_some((host, path))
+        let pod_path = self.remote.get(lb).and_then(|pod| paths.path_of(pod));
+        let leads_there = pod_path.is_some_and(|p| p.onlink || p.gateway == Some(*host));
+        (!leads_there && path.gateway.is_none() && path.oif != 0).then_some((host, path))
     }
 
     /// Number of elements over all collections.
@@ -726,6 +732,20 @@ mod tests {
         paths.insert(host, path(2, Some("198.51.100.1")));
         assert_eq!(s.route_of(&lb, &paths), Some(via_pod));
         assert_eq!(s.guard_of(&lb, false, &paths), Some(7));
+        // A pod's path that leads to its node (routed via the node, or a
+        // tunnel's onlink far end): that path.
+        paths.insert(host, path(2, None));
+        for to_pod in [
+            path(2, Some("198.51.100.2")),
+            Path {
+                onlink: true,
+                ..path(9, Some("192.0.2.64"))
+            },
+        ] {
+            paths.insert(pod, to_pod);
+            assert_eq!(s.route_of(&lb, &paths), Some(NextHop::toward(pod, &to_pod)));
+            assert_eq!(s.guard_of(&lb, false, &paths), Some(to_pod.entry));
+        }
         assert_eq!(s.pods(), BTreeSet::from([pod, host]));
     }
 }

@@ -37,14 +37,23 @@ fn serve(c: &Cluster, p: Pod) -> Result<(Server, Server)> {
     c.serve(&c.pod_ns(p), PORT, &ident(p))
 }
 
+/// The next hop of `ns`'s route to `dst`.
+fn gateway_toward(ns: &str, dst: IpAddr) -> Result<IpAddr> {
+    route_field(ns, dst, "gateway")
+}
+
 /// The source address `ns`'s route to `dst` picks.
 fn source_toward(ns: &str, dst: IpAddr) -> Result<IpAddr> {
+    route_field(ns, dst, "prefsrc")
+}
+
+fn route_field(ns: &str, dst: IpAddr, field: &str) -> Result<IpAddr> {
     let out = ok_in(ns, &["ip", "-j", "route", "get", &dst.to_string()])?;
     let v: serde_json::Value = serde_json::from_str(&out)?;
-    v[0]["prefsrc"]
+    v[0][field]
         .as_str()
         .and_then(|a| a.parse().ok())
-        .with_context(|| format!("source of the route to {dst} in {ns}: {out}"))
+        .with_context(|| format!("{field} of the route to {dst} in {ns}: {out}"))
 }
 
 /// Scenario 21: the node connects to a mapped pod's own IP (a kubelet
@@ -377,9 +386,13 @@ pub fn s28_endpoint_moves_across_nodes(c: &mut Cluster) -> Result<()> {
         &["ip", family, "route", "show", "proto", "249"],
     )?;
     let routes = String::from_utf8_lossy(&out.stdout);
-    // Steered to the hosting node itself, on the nodes' network, whatever
-    // the CNI's path to its pods (a tunnel, a router).
-    let toward = c.net.node(2);
+    // Along the path to the pod where it leads to node2 (native routing
+    // via node2, the tunnel's far end); behind a router (Kube-OVN), to
+    // node2 itself.
+    let toward = match c.topo.shape {
+        ClusterShape::Gateway => c.net.node(2),
+        _ => gateway_toward(&c.topo.node(1), c.pod_ip(d))?,
+    };
     ensure!(
         routes.contains(&toward.to_string()),
         "node1 does not steer the LB IP toward node2 ({toward}): {routes}"
