@@ -273,6 +273,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
         }
     }
+    let ds_watch = args
+        .daemonset
+        .as_deref()
+        .map(|ds| node::DaemonSetWatch::start(&client, ds));
     let source = KubeSource::start(client.clone()).await;
     let events = EventPublisher::new(client.clone(), args.node_name.clone());
     let view = source.cluster_view();
@@ -280,7 +284,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let datapath = start_datapath(choice, retire_other, cfg.clone(), node)?;
     run_loop(datapath, source, telemetry, settings, sink, shutdown).await;
     if let Some(ds) = &args.daemonset {
-        if node::uninstalling(&client, ds).await {
+        let deleted = ds_watch
+            .as_ref()
+            .is_some_and(node::DaemonSetWatch::saw_deletion);
+        if deleted || node::uninstalling(&client, ds).await {
             info!(daemonset = %ds, "our DaemonSet is gone: uninstall; removing the datapath");
             tokio::task::spawn_blocking(move || backend::remove(&BackendKind::ALL, &cfg)).await??;
         } else {

@@ -16,9 +16,10 @@
 //!   their CRDs are installed.
 //! - Events (events.k8s.io): create and patch (`events.rs`; a repeated
 //!   Event is patched into a series).
-//! - In its own namespace, its own DaemonSet: get (`main.rs`, at shutdown:
-//!   gone or being deleted means uninstall, so the datapath is removed;
-//!   present means a restart or a rolling update, so it stays).
+//! - In its own namespace, its own DaemonSet: get, list and watch (by name;
+//!   `node.rs`: watched while running, read at shutdown; deleted means
+//!   uninstall, so the datapath is removed; present means a restart or a
+//!   rolling update, so it stays).
 
 /// One PolicyRule: API group, resources, verbs.
 pub struct Rule {
@@ -75,7 +76,7 @@ pub const RULES: &[Rule] = &[
 pub const NAMESPACED_RULES: &[Rule] = &[Rule {
     api_group: "apps",
     resources: &["daemonsets"],
-    verbs: &["get"],
+    verbs: &["get", "list", "watch"],
 }];
 
 /// The rules as the `rules:` list of a ClusterRole.

@@ -615,3 +615,35 @@ fn pod_networks_come_from_the_cnis_pool_objects() -> Result<()> {
     );
     Ok(())
 }
+
+/// `helm uninstall` deletes the DaemonSet and then the chart's RBAC
+/// objects before the pods stop: a stopping controller can no longer read
+/// its DaemonSet (403). The watch it kept saw the deletion: the datapath
+/// goes all the same. (The objects are deleted with kubectl in helm's
+/// uninstall order: the DaemonSet, then the bindings and roles.)
+#[test]
+fn an_uninstall_that_takes_the_rules_first_still_removes_the_datapath() -> Result<()> {
+    let mut env = env(Backend::Nft, Fam::V4)?;
+    env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
+    env.settle()?;
+    let api = api(&env)?;
+    let ns = harness::k8s::RELEASE_NAMESPACE;
+    api.kubectl(&["delete", "daemonset", "cozy-proxy", "-n", ns])?;
+    for (kind, namespaced) in [
+        ("rolebinding", true),
+        ("role", true),
+        ("clusterrolebinding", false),
+        ("clusterrole", false),
+    ] {
+        let mut args = vec!["delete", kind, "cozy-proxy"];
+        if namespaced {
+            args.extend(["-n", ns]);
+        }
+        api.kubectl(&args)?;
+    }
+    env.ctl.stop()?;
+    env.wait_log("uninstall; removing the datapath")?;
+    let ruleset = harness::sh::ok_in(&env.topo.node(), &["nft", "list", "ruleset"])?;
+    ensure!(!ruleset.contains("cozy_proxy"), "left: {ruleset}");
+    Ok(())
+}
