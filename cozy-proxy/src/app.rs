@@ -90,6 +90,11 @@ pub struct RunArgs {
     /// Address of /metrics, /healthz and /readyz ("" to disable).
     #[arg(long, env = "COZY_PROXY_METRICS_ADDR", default_value = "0.0.0.0:9402")]
     pub metrics_addr: String,
+    /// Address of a second server of /healthz and /readyz, for the
+    /// kubelet's probes ("" to disable): on the loopback, the network's
+    /// clients cannot take its connections.
+    #[arg(long, env = "COZY_PROXY_HEALTH_ADDR", default_value = "127.0.0.1:9403")]
+    pub health_addr: String,
     /// Binds the metrics server to this address instead of the host part
     /// of --metrics-addr (the chart passes the node's IP from the downward
     /// API: the server is not exposed on every address of the node).
@@ -221,6 +226,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("listening on {addr}"))?;
+        tokio::spawn(telemetry::serve(listener, telemetry.clone()));
+    }
+    if !args.health_addr.is_empty() {
+        let listener = tokio::net::TcpListener::bind(&args.health_addr)
+            .await
+            .with_context(|| format!("listening on {}", args.health_addr))?;
         tokio::spawn(telemetry::serve(listener, telemetry.clone()));
     }
     let settings = LoopSettings {

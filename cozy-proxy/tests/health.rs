@@ -48,3 +48,53 @@ fn idle_clients_are_capped_and_cut_at_the_deadline() -> Result<()> {
     drop(idle);
     Ok(())
 }
+
+/// Clients on the network holding every connection of the metrics server,
+/// again and again: the kubelet's probes go to the loopback server, which
+/// answers at once all the while.
+#[test]
+fn the_probes_server_answers_while_the_metrics_server_is_held() -> Result<()> {
+    let env = Env::new(Backend::Nft, Fam::V4)?;
+    let node = env.topo.node();
+    let probe = || -> Result<()> {
+        let out = harness::sh::ok_in(
+            &node,
+            &[
+                "curl",
+                "-sS",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "1",
+                "http://127.0.0.1:9403/healthz",
+            ],
+        )?;
+        ensure!(out.trim() == "200", "healthz on the probes' server: {out}");
+        Ok(())
+    };
+    eventually(Duration::from_secs(10), probe)?;
+    // More than the cap, each idle until cut and then back at once.
+    let held: Vec<Proc> = (0..40)
+        .map(|_| {
+            Proc::spawn_in(
+                &node,
+                &[
+                    "sh",
+                    "-c",
+                    "while :; do sleep 30 | socat -T60 - TCP:127.0.0.1:9402; done",
+                ],
+                Stdio::null(),
+                Stdio::null(),
+            )
+        })
+        .collect::<Result<_>>()?;
+    std::thread::sleep(Duration::from_millis(1500));
+    for _ in 0..10 {
+        probe()?;
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    drop(held);
+    Ok(())
+}

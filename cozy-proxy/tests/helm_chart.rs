@@ -140,6 +140,14 @@ fn the_daemonset_asks_for_what_each_backend_needs_and_no_more() {
             c["readinessProbe"]["httpGet"]["path"].as_str(),
             Some("/readyz")
         );
+        // The probes go to the loopback server, which the network's clients
+        // cannot reach.
+        let args = serde_yaml::to_string(&c["args"]).unwrap_or_default();
+        assert!(args.contains("--health-addr=127.0.0.1:9403"), "{args}");
+        for probe in ["livenessProbe", "readinessProbe"] {
+            assert_eq!(c[probe]["httpGet"]["host"].as_str(), Some("127.0.0.1"));
+            assert_eq!(c[probe]["httpGet"]["port"].as_i64(), Some(9403));
+        }
         assert_eq!(
             ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"].as_i64(),
             Some(1)
