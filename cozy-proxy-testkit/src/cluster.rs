@@ -17,8 +17,8 @@ use crate::manifests::{ManifestDir, Svc};
 use crate::net::Fam;
 use crate::sh::{feed_in, ok_in};
 use crate::topology::{
-    bridge_gateway, cmd, join_node, join_router, new_ns, no_offload, pod_on_segment,
-    remove_namespaces, unique_prefix, veth, wire_port, Shape, JOIN_V4, JOIN_V6,
+    bridge_gateway, cmd, join_node, new_ns, no_offload, ovn_router, pod_on_segment,
+    remove_namespaces, unique_prefix, veth, wire_port, Shape,
 };
 use crate::traffic::{answer, eventually, tcp_request, udp_request, Server, SETTLE};
 use crate::{bin, expected_state, test_bpffs, Backend, Controller};
@@ -419,14 +419,7 @@ impl ClusterTopology {
     /// first, then the pods of node `k` out through node `k`'s `ovn0`.
     fn build_router(&self) -> Result<()> {
         let ovn = self.ovn();
-        new_ns(&ovn)?;
-        cmd(
-            &ovn,
-            "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
-        )?;
-        bridge_gateway(&ovn, "192.0.2.1/25", "2001:db8:2::1/64")?;
-        cmd(&ovn, "ip link set cni0 name ls")?;
-        join_router(&ovn)?;
+        ovn_router(&ovn)?;
         for fam in ["-4", "-6"] {
             cmd(
                 &ovn,
@@ -454,9 +447,9 @@ impl ClusterTopology {
         Ok(())
     }
 
-    /// Node `k`'s `ovn0` on the join network, its route to the pod subnet
-    /// via the router, and the router's routes through it: node `k`'s pods
-    /// out, node `k`'s addresses in.
+    /// Node `k`'s `ovn0` on the join network (with its route to the pod
+    /// subnet via the router), and the router's routes through it: node
+    /// `k`'s pods out, node `k`'s addresses in.
     fn join(&self, k: usize) -> Result<()> {
         let (ovn, node) = (self.ovn(), self.node(k));
         let (j4, j6) = ovn0(k);
@@ -466,14 +459,6 @@ impl ClusterTopology {
             &format!("n{k}"),
             &format!("{j4}/26"),
             &format!("{j6}/64"),
-        )?;
-        cmd(
-            &node,
-            &format!("ip route add 192.0.2.0/25 via {}", JOIN_V4.1),
-        )?;
-        cmd(
-            &node,
-            &format!("ip -6 route add 2001:db8:2::/64 via {}", JOIN_V6.1),
         )?;
         let table = 100 + k;
         cmd(

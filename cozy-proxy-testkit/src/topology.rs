@@ -211,26 +211,11 @@ impl Topology {
     /// `join` with the node's `ovn0` on it, the pod subnet routed via it.
     fn build_router(&self) -> Result<()> {
         let (node, ovn) = (self.node(), self.ovn());
-        new_ns(&ovn)?;
-        cmd(
-            &ovn,
-            "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
-        )?;
-        bridge_gateway(&ovn, "192.0.2.1/25", "2001:db8:2::1/64")?;
-        cmd(&ovn, "ip link set cni0 name ls")?;
-        join_router(&ovn)?;
+        ovn_router(&ovn)?;
         join_node(&ovn, &node, "n1", "192.0.2.194/26", "2001:db8:64::2/64")?;
         // The pods' way out: the node (Kube-OVN's distributed gateway).
         cmd(&ovn, "ip route add default via 192.0.2.194")?;
-        cmd(&ovn, "ip -6 route add default via 2001:db8:64::2")?;
-        cmd(
-            &node,
-            &format!("ip route add 192.0.2.0/25 via {}", JOIN_V4.1),
-        )?;
-        cmd(
-            &node,
-            &format!("ip -6 route add 2001:db8:2::/64 via {}", JOIN_V6.1),
-        )
+        cmd(&ovn, "ip -6 route add default via 2001:db8:64::2")
     }
 
     /// A new pod (pod{N+1}) as the node's shape wires it; addresses
@@ -317,6 +302,20 @@ pub fn bridge_gateway(ns: &str, v4: &str, v6: &str) -> Result<()> {
     )
 }
 
+/// The Gateway shape's router namespace `ovn`: forwarding, the pods'
+/// segment `ls` holding their gateway (192.0.2.1/25, 2001:db8:2::1/64),
+/// the join network's bridge.
+pub fn ovn_router(ovn: &str) -> Result<()> {
+    new_ns(ovn)?;
+    cmd(
+        ovn,
+        "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
+    )?;
+    bridge_gateway(ovn, "192.0.2.1/25", "2001:db8:2::1/64")?;
+    cmd(ovn, "ip link set cni0 name ls")?;
+    join_router(ovn)
+}
+
 /// The join network's bridge in the router's namespace `ovn`, with the
 /// router's address on it.
 pub fn join_router(ovn: &str) -> Result<()> {
@@ -327,7 +326,8 @@ pub fn join_router(ovn: &str) -> Result<()> {
     cmd(ovn, "ip link set join up")
 }
 
-/// A node's `ovn0` on the join network (its peer `port` a port of `join`).
+/// A node's `ovn0` on the join network (its peer `port` a port of `join`),
+/// and the node's route to the pod subnet via the router.
 pub fn join_node(ovn: &str, node: &str, port: &str, v4: &str, v6: &str) -> Result<()> {
     veth(port, ovn, "ovn0", node)?;
     cmd(ovn, &format!("ip link set {port} master join"))?;
@@ -337,7 +337,14 @@ pub fn join_node(ovn: &str, node: &str, port: &str, v4: &str, v6: &str) -> Resul
         no_offload(ns, dev)?;
         cmd(ns, &format!("ip link set {dev} up"))?;
     }
-    Ok(())
+    cmd(
+        node,
+        &format!("ip route add 192.0.2.0/25 via {}", JOIN_V4.1),
+    )?;
+    cmd(
+        node,
+        &format!("ip -6 route add 2001:db8:2::/64 via {}", JOIN_V6.1),
+    )
 }
 
 /// A pod's veth: `eth0` in `pod`, its peer `port` in `ns` a port of

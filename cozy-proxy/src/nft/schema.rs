@@ -624,22 +624,19 @@ fn port_filter(l: &Layout) -> ChainDef {
         rules: vec![
             RuleDef {
                 comment: "replies and related traffic of known flows",
-                exprs: vec![
-                    Expr::Ct {
-                        key: NFT_CT_STATE,
-                        dreg: A,
-                        original: false,
-                    },
-                    Expr::Bitwise {
-                        reg: A,
-                        mask: (CT_STATE_ESTABLISHED | CT_STATE_RELATED)
-                            .to_ne_bytes()
-                            .to_vec(),
-                        xor: vec![0; 4],
-                    },
-                    cmp(A, NFT_CMP_NEQ, vec![0; 4]),
-                    Expr::Verdict(NF_ACCEPT),
-                ],
+                exprs: [
+                    bits_set(
+                        Expr::Ct {
+                            key: NFT_CT_STATE,
+                            dreg: A,
+                            original: false,
+                        },
+                        CT_STATE_ESTABLISHED | CT_STATE_RELATED,
+                    )
+                    .as_slice(),
+                    &[Expr::Verdict(NF_ACCEPT)],
+                ]
+                .concat(),
             },
             RuleDef {
                 comment: "loadBalancerSourceRanges: other sources through the LB IP",
@@ -710,6 +707,19 @@ fn port_filter(l: &Layout) -> ChainDef {
     }
 }
 
+/// `load` (into `A`), then: any of the bits of `mask` set.
+fn bits_set(load: Expr, mask: u32) -> [Expr; 3] {
+    [
+        load,
+        Expr::Bitwise {
+            reg: A,
+            mask: mask.to_ne_bytes().to_vec(),
+            xor: vec![0; 4],
+        },
+        cmp(A, NFT_CMP_NEQ, vec![0; 4]),
+    ]
+}
+
 /// Marks an in-cluster client's flow this node translated toward a pod
 /// (`via`) that leaves by the interface it came in on, unless that is a
 /// bridge: the pod's reply would reach the client
@@ -720,46 +730,47 @@ fn hairpin_mark(l: &Layout, via: &'static str, comment: &'static str) -> RuleDef
     bridge.resize(16, 0);
     RuleDef {
         comment,
-        exprs: vec![
-            Expr::Ct {
-                key: NFT_CT_STATUS,
-                dreg: A,
-                original: false,
-            },
-            Expr::Bitwise {
-                reg: A,
-                mask: IPS_DST_NAT.to_ne_bytes().to_vec(),
-                xor: vec![0; 4],
-            },
-            cmp(A, NFT_CMP_NEQ, vec![0; 4]),
-            Expr::Ct {
-                key: l.ct_daddr,
-                dreg: b(l),
-                original: true,
-            },
-            lookup(via, b(l), false),
-            Expr::Meta {
-                key: NFT_META_OIFKIND,
-                dreg: A,
-            },
-            cmp(A, NFT_CMP_NEQ, bridge),
-            // Forwarded, the destination is the pod already.
-            Expr::FibDaddrIif { dreg: A },
-            cmp(A, NFT_CMP_NEQ, vec![0; 4]),
-            Expr::Meta {
-                key: NFT_META_MARK,
-                dreg: A,
-            },
-            Expr::Bitwise {
-                reg: A,
-                mask: (!HAIRPIN_MARK).to_ne_bytes().to_vec(),
-                xor: HAIRPIN_MARK.to_ne_bytes().to_vec(),
-            },
-            Expr::MetaSet {
-                key: NFT_META_MARK,
-                sreg: A,
-            },
-        ],
+        exprs: [
+            bits_set(
+                Expr::Ct {
+                    key: NFT_CT_STATUS,
+                    dreg: A,
+                    original: false,
+                },
+                IPS_DST_NAT,
+            )
+            .as_slice(),
+            &[
+                Expr::Ct {
+                    key: l.ct_daddr,
+                    dreg: b(l),
+                    original: true,
+                },
+                lookup(via, b(l), false),
+                Expr::Meta {
+                    key: NFT_META_OIFKIND,
+                    dreg: A,
+                },
+                cmp(A, NFT_CMP_NEQ, bridge),
+                // Forwarded, the destination is the pod already.
+                Expr::FibDaddrIif { dreg: A },
+                cmp(A, NFT_CMP_NEQ, vec![0; 4]),
+                Expr::Meta {
+                    key: NFT_META_MARK,
+                    dreg: A,
+                },
+                Expr::Bitwise {
+                    reg: A,
+                    mask: (!HAIRPIN_MARK).to_ne_bytes().to_vec(),
+                    xor: HAIRPIN_MARK.to_ne_bytes().to_vec(),
+                },
+                Expr::MetaSet {
+                    key: NFT_META_MARK,
+                    sreg: A,
+                },
+            ],
+        ]
+        .concat(),
     }
 }
 
@@ -793,19 +804,18 @@ fn hairpin(l: &Layout) -> [ChainDef; 2] {
             priority: PRIO_SRCNAT,
             rules: vec![RuleDef {
                 comment: "hairpin: the reply comes back through this node",
-                exprs: vec![
-                    Expr::Meta {
-                        key: NFT_META_MARK,
-                        dreg: A,
-                    },
-                    Expr::Bitwise {
-                        reg: A,
-                        mask: HAIRPIN_MARK.to_ne_bytes().to_vec(),
-                        xor: vec![0; 4],
-                    },
-                    cmp(A, NFT_CMP_NEQ, vec![0; 4]),
-                    Expr::Masquerade,
-                ],
+                exprs: [
+                    bits_set(
+                        Expr::Meta {
+                            key: NFT_META_MARK,
+                            dreg: A,
+                        },
+                        HAIRPIN_MARK,
+                    )
+                    .as_slice(),
+                    &[Expr::Masquerade],
+                ]
+                .concat(),
             }],
         },
     ]
