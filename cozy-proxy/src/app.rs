@@ -30,7 +30,7 @@ pub struct EbpfArgs {
     /// stack: rewritten and handed to the pod (or to the uplink) by the
     /// programs where the route and the neighbour are known; the node's
     /// netfilter rules and conntrack do not see it (docs/ebpf-datapath.md).
-    #[arg(long, env = "COZY_PROXY_FAST_PATH", default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, env = "COZY_PROXY_FAST_PATH", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub fast_path: bool,
     /// How the programs are attached: "auto" (tcx links where the kernel
     /// has them, 6.6 and later; tc filters over netlink before) or
@@ -80,7 +80,7 @@ pub struct RunArgs {
     pub cluster_cidrs: Vec<Cidr>,
     /// Also take the in-cluster ranges the cluster publishes (Nodes'
     /// podCIDRs and addresses, ServiceCIDR objects).
-    #[arg(long, env = "COZY_PROXY_DERIVE_CLUSTER_CIDRS", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "COZY_PROXY_DERIVE_CLUSTER_CIDRS", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub derive_cluster_cidrs: bool,
     /// Our DaemonSet, as NAMESPACE/NAME: at shutdown, if it is gone or being
     /// deleted (an uninstall), the datapath is removed; otherwise (a restart,
@@ -219,6 +219,13 @@ fn start_datapath(
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
+    // A mistyped directory is a start-up error, not a warning repeated
+    // for ever while nothing is served.
+    if let Some(dir) = &args.manifests {
+        if !dir.is_dir() {
+            anyhow::bail!("--manifests {}: no such directory", dir.display());
+        }
+    }
     let shutdown = shutdown_signal()?;
     let telemetry = Telemetry::new();
     if !args.metrics_addr.is_empty() {

@@ -30,3 +30,28 @@ fn zero_and_overflowing_durations_are_refused() {
         assert!(err.contains(flag), "{flag} {value} not named: {err}");
     }
 }
+
+/// Boolean flags take the bare form as well as `=true` / `=false`; a
+/// manifest directory that does not exist stops the start with its name.
+#[test]
+fn bare_boolean_flags_and_a_missing_manifest_directory() {
+    for flags in [
+        &["--fast-path"][..],
+        &["--fast-path=true"],
+        &["--fast-path=false"],
+        &["--derive-cluster-cidrs", "--fast-path"],
+        &["--derive-cluster-cidrs=false"],
+    ] {
+        let mut args = vec!["run", "--manifests", "/nonexistent-manifests"];
+        args.extend_from_slice(flags);
+        let (code, err) = run(&args);
+        assert_eq!(code, 1, "{flags:?}: {err}");
+        assert!(
+            err.contains("--manifests /nonexistent-manifests: no such directory"),
+            "{flags:?}: {err}"
+        );
+    }
+    let (code, err) = run(&["run", "--manifests", "/tmp", "--fast-path=maybe"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--fast-path"), "{err}");
+}
