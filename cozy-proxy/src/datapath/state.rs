@@ -124,11 +124,13 @@ pub struct DatapathState {
     /// legitimate source).
     pub guard: BTreeMap<IpAddr, u32>,
     /// Resolved from the kernel's paths: LB IP -> where its host route
-    /// (`proto 249`) sends it, along the path toward its pod.
+    /// (`proto 249`) sends it: along the path toward its pod, or to the
+    /// node hosting it ([`DatapathState::route_of`]).
     pub routes: BTreeMap<IpAddr, NextHop>,
     /// LB IP of a remote mapping -> its hosting node's address (of the LB
     /// IP's family): where its host route steers it when that address is
-    /// on one of this node's networks. Planned, never held by the kernel:
+    /// on one of this node's networks and the pod's path does not lead
+    /// there ([`DatapathState::route_of`]). Planned, never held by the kernel:
     /// a state read back takes it from the plan.
     #[serde(skip)]
     pub remote_hosts: BTreeMap<IpAddr, IpAddr>,
@@ -402,11 +404,11 @@ impl DatapathState {
     }
 
     /// Where the host route of LB IP `lb` sends it, if it is mapped:
-    /// to the node hosting its pod where that node is on one of this
-    /// node's networks (the CNI's path to a pod may end in a router that
-    /// knows pods, not LB IPs: Kube-OVN's), else toward its pod; or
-    /// nowhere (an unreachable route: traffic to the LB IP is refused here
-    /// rather than sent back out the default route).
+    /// toward its pod, or, where the pod's path does not lead to the node
+    /// hosting it (a router that knows pods, not LB IPs: Kube-OVN's), to
+    /// that node ([`DatapathState::host_on_link`]); or nowhere (an
+    /// unreachable route: traffic to the LB IP is refused here rather
+    /// than sent back out the default route).
     pub fn route_of(&self, lb: &IpAddr, paths: &impl PathOf) -> Option<NextHop> {
         let pod = self.svc_pod.get(lb).or_else(|| self.remote.get(lb))?;
         if let Some((host, path)) = self.host_on_link(lb, paths) {
@@ -700,9 +702,9 @@ mod tests {
         }
     }
 
-    /// A remote mapping's LB IP goes to its node where that node is on a
-    /// network of ours, whatever the path to its pod; else along the path
-    /// to its pod.
+    /// A remote mapping's LB IP goes along the path to its pod where that
+    /// path leads to its node (via the node, or a tunnel's onlink far
+    /// end); else to its node where that node is on a network of ours.
     #[test]
     fn a_remote_lb_ip_is_steered_to_its_node_when_on_link() {
         let (lb, pod, host) = (ip("203.0.113.10"), ip("192.0.2.11"), ip("198.51.100.2"));
