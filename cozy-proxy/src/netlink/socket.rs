@@ -148,12 +148,21 @@ impl NlSocket {
     /// Blocks until a notification (or an overrun) arrives, then drains
     /// what is waiting: for a thread whose only job is to say "something
     /// happened".
+    /// A quiet spell longer than the socket's receive timeout is not an
+    /// error: it waits on.
     pub fn wait_event(&self) -> Result<(), NetlinkError> {
         let mut buf = vec![0u8; 64 << 10];
-        match self.recv(&mut buf, false) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {}
-            Err(e) => return Err(e.into()),
+        loop {
+            match self.recv(&mut buf, false) {
+                Ok(_) => break,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => break,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         self.pending_events(|_| false).map(|_| ())
     }
