@@ -620,7 +620,7 @@ pub fn expected_state(
     node: Option<&str>,
     cluster_cidrs: &[cozy_proxy::model::Cidr],
 ) -> Result<DatapathState> {
-    use cozy_proxy::datapath::{NodeView, Path};
+    use cozy_proxy::datapath::{shared_pods, NodeView};
     use cozy_proxy::model::cluster::{cluster_ranges, ClusterConfig};
     let files = cozy_proxy::source::manifests::fingerprint(dir)?;
     let s = cozy_proxy::source::manifests::parse(&files).snapshot;
@@ -631,13 +631,45 @@ pub fn expected_state(
     };
     let ranges = cluster_ranges(&cfg, &s.nodes, &s.service_cidrs, &s.pools);
     let addresses = cozy_proxy::model::cluster::internal_addresses(&s.nodes);
-    let me = NodeView {
+    let view = |away| NodeView {
         name: node,
         addresses: &addresses,
+        away,
     };
-    let mut state = DatapathState::for_node(&outcome.plan, &ranges.ranges, me);
+    let none = std::collections::BTreeSet::new();
+    let first = DatapathState::for_node(&outcome.plan, &ranges.ranges, view(&none));
+    let mut paths = paths_in(ns, first.pods())?;
+    // A pod two nodes' endpoints name: translated here unless the kernel
+    // delivers it at the other.
+    let away = match node {
+        Some(me) => {
+            let shared = shared_pods(&outcome.plan.mappings, me);
+            cozy_proxy::datapath::away(&shared, me, &addresses, &paths)
+        }
+        None => none.clone(),
+    };
+    let mut state = DatapathState::for_node(&outcome.plan, &ranges.ranges, view(&away));
+    let more: Vec<_> = state
+        .pods()
+        .into_iter()
+        .filter(|p| !paths.contains_key(p))
+        .collect();
+    paths.extend(paths_in(ns, more)?);
+    state.resolve(&paths);
+    // Planned only: a dump of the kernel has none.
+    state.remote_hosts.clear();
+    Ok(state)
+}
+
+/// The kernel's paths toward `pods` in namespace `ns`, as `ip route get
+/// fibmatch` shows them.
+fn paths_in(
+    ns: &str,
+    pods: impl IntoIterator<Item = std::net::IpAddr>,
+) -> Result<std::collections::BTreeMap<std::net::IpAddr, cozy_proxy::datapath::Path>> {
+    use cozy_proxy::datapath::Path;
     let mut paths = std::collections::BTreeMap::new();
-    for pod in state.pods() {
+    for pod in pods {
         let out = sh::run_in(
             ns,
             &["ip", "-j", "route", "get", "fibmatch", &pod.to_string()],
@@ -678,10 +710,7 @@ pub fn expected_state(
             },
         );
     }
-    state.resolve(&paths);
-    // Planned only: a dump of the kernel has none.
-    state.remote_hosts.clear();
-    Ok(state)
+    Ok(paths)
 }
 
 /// The index of interface `dev` in namespace `ns`.

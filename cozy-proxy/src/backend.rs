@@ -4,11 +4,12 @@
 //! backend's state is removed, so switching a node's backend leaves nothing
 //! behind and never leaves a gap (both translate the same way).
 use crate::datapath::{
-    BackendKind, Counters, Datapath, DatapathState, Dump, StateDiff, SyncReport, Synced,
+    BackendKind, Counters, Datapath, DatapathState, Dump, Paths, StateDiff, SyncReport, Synced,
 };
 use crate::ebpf::{EbpfConfig, EbpfError, EbpfKernel};
 use crate::nft::{NftError, NftKernel};
 use crate::steer::Steering;
+use std::{collections::BTreeSet, net::IpAddr};
 use tracing::{info, warn};
 
 /// What the operator asks for (`--backend`, or the node label).
@@ -235,6 +236,10 @@ impl Datapath for NodeDatapath {
 
     fn paths_news(&mut self) -> Result<bool, BackendError> {
         running!(&mut self.running, d => d.paths_news())
+    }
+
+    fn paths_of(&mut self, pods: &BTreeSet<IpAddr>) -> Result<Paths, BackendError> {
+        running!(&mut self.running, d => d.paths_of(pods))
     }
 
     fn dump(&self) -> Result<Dump, BackendError> {

@@ -93,6 +93,7 @@ where
                     m.observe_sync(started.elapsed().as_secs_f64());
                     m.observe_plan(&report.summary, report.sync.elements);
                     m.observe_overflow(&report.sync.overflow);
+                    m.observe_shared(&report.shared);
                     on_warnings(&report.new_warnings);
                     telemetry.set_ready();
                 }

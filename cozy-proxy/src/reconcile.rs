@@ -3,7 +3,10 @@
 //! concerns costs in proportion to them (the plan, the datapath's state and
 //! the kernel are changed for them alone); a full round (the first, a
 //! resync) computes everything again.
-use crate::datapath::{Datapath, DatapathState, NodeView, Overflow, StateBuilder, SyncReport};
+use crate::datapath::{
+    Datapath, DatapathState, NodeView, Overflow, SharedMapping, Sharing, StateBuilder, SyncReport,
+    NONE_AWAY,
+};
 use crate::model::cluster::{
     cluster_ranges, internal_addresses, ClusterConfig, ClusterRanges, NodeAddresses,
 };
@@ -37,6 +40,9 @@ pub struct Reconciler<D: Datapath> {
     ranges: ClusterRanges,
     /// Every node's InternalIPs (where remote mappings are steered).
     addresses: NodeAddresses,
+    /// The mappings this node shares with another (a VM migrating), and
+    /// which of them the kernel delivers elsewhere.
+    sharing: Sharing,
     /// Whether a sync has succeeded (the first one is always logged).
     synced_once: bool,
 }
@@ -50,6 +56,9 @@ pub struct ReconcileReport {
     pub new_warnings: Vec<Warning>,
     /// Warnings that went away with this reconcile.
     pub resolved_warnings: Vec<Warning>,
+    /// The mappings this node shares with another, and where they are
+    /// translated.
+    pub shared: Vec<SharedMapping>,
 }
 
 impl<D: Datapath> Reconciler<D> {
@@ -62,6 +71,7 @@ impl<D: Datapath> Reconciler<D> {
             overflow_reported: BTreeSet::new(),
             ranges: ClusterRanges::default(),
             addresses: NodeAddresses::new(),
+            sharing: Sharing::default(),
             synced_once: false,
         }
     }
@@ -84,10 +94,6 @@ impl<D: Datapath> Reconciler<D> {
     /// failed sync leaves the kernel as it was, and is retried by the caller
     /// (with the plan already updated: an empty update retries it).
     pub fn reconcile(&mut self, update: Update) -> Result<ReconcileReport, D::Error> {
-        let me = NodeView {
-            name: self.node.name.as_deref(),
-            addresses: &self.addresses,
-        };
         let (sync, mut new_warnings, mut resolved_warnings) = match update {
             Update::Full(snapshot) => {
                 let started = std::time::Instant::now();
@@ -100,6 +106,8 @@ impl<D: Datapath> Reconciler<D> {
                 // Not held through the sync, the controller's peak (4.8
                 // MiB at 50 000 Services): the plan holds what it needs.
                 drop(snapshot);
+                self.sharing = Sharing::of(self.plan.results(), self.node.name.as_deref());
+                self.decide_sharing();
                 let (new, gone) = self.report(self.plan.warnings().cloned().collect());
                 (self.datapath.sync(self.planned_of_plan())?, new, gone)
             }
@@ -109,7 +117,13 @@ impl<D: Datapath> Reconciler<D> {
                     let slices: Vec<_> = s.slices.iter().map(AsRef::as_ref).collect();
                     self.plan.update_read(&s.service, s.read, &slices);
                 }
-                let change = DatapathState::change_of(&self.plan.take_changes(), me);
+                let mut changes = self.plan.take_changes();
+                (self.sharing).follow_changes(&changes, self.node.name.as_deref());
+                let (was, moved) = self.decide_sharing();
+                let touched: BTreeSet<_> = changes.iter().map(|c| c.lb_ip).collect();
+                changes.extend(moved.into_iter().filter(|c| !touched.contains(&c.lb_ip)));
+                let me = self.view();
+                let change = DatapathState::change_of(&changes, NodeView { away: &was, ..me }, me);
                 let (new, gone) = self.plan.take_warning_changes();
                 self.log_warnings(&new, &gone);
                 for w in &gone {
@@ -145,6 +159,7 @@ impl<D: Datapath> Reconciler<D> {
             sync,
             new_warnings,
             resolved_warnings,
+            shared: self.sharing.report(),
         })
     }
 
@@ -171,12 +186,52 @@ impl<D: Datapath> Reconciler<D> {
         self.report_ranges(ranges);
     }
 
-    /// What the whole plan puts in this node's datapath.
-    fn planned_of_plan(&self) -> DatapathState {
-        let me = NodeView {
+    /// This node, as the plan's state is built for it.
+    fn view(&self) -> NodeView<'_> {
+        self.sharing.view(NodeView {
             name: self.node.name.as_deref(),
             addresses: &self.addresses,
+            away: &NONE_AWAY,
+        })
+    }
+
+    /// Decides again where the shared mappings' pods are delivered, from
+    /// the kernel's routes: the previous decision, and the changes of the
+    /// LB IPs whose node changed. Where the routes cannot be read, the
+    /// decision stays (the round's plan changes are not lost for it).
+    fn decide_sharing(&mut self) -> (BTreeSet<std::net::IpAddr>, Vec<crate::model::LbChange>) {
+        let paths = match self.datapath.paths_of(&self.sharing.pods()) {
+            Ok(paths) => paths,
+            Err(e) => {
+                warn!(error = %e, "reading the routes toward pods on several nodes failed; where they are translated stays as it was");
+                return (self.sharing.away().clone(), Vec::new());
+            }
         };
+        let decided = (self.sharing).decide(self.node.name.as_deref(), &self.addresses, &paths);
+        for c in &decided.1 {
+            let Some(LbResult::Mapped(m)) = &c.new else {
+                continue;
+            };
+            let here = !self.sharing.away().contains(&m.pod_ip);
+            info!(
+                lb_ip = %c.lb_ip,
+                pod_ip = %m.pod_ip,
+                nodes = ?m.hosts.nodes(),
+                translated_here = here,
+                "a pod several nodes' endpoints hold: {}",
+                if here {
+                    "the kernel delivers it here; translated here"
+                } else {
+                    "the kernel's route to it leads to another of its nodes; its LB IP is steered there"
+                }
+            );
+        }
+        decided
+    }
+
+    /// What the whole plan puts in this node's datapath.
+    fn planned_of_plan(&self) -> DatapathState {
+        let me = self.view();
         let mut planned = StateBuilder::default();
         for (lb, result) in self.plan.results() {
             planned.add_result(&lb, &result, me);

@@ -41,12 +41,10 @@ impl StateBuilder {
                     .map(|r| (m.lb_ip, r)),
             );
         }
-        if !me.hosts(m.node.as_deref()) {
+        if !me.hosts(m) {
             self.remote.push((m.lb_ip, m.pod_ip));
-            self.remote_hosts.extend(
-                me.address_of(m.node.as_deref(), &m.lb_ip)
-                    .map(|h| (m.lb_ip, h)),
-            );
+            self.remote_hosts
+                .extend(me.host_address_of(m).map(|h| (m.lb_ip, h)));
             return;
         }
         self.pod_svc.push((m.pod_ip, m.lb_ip));

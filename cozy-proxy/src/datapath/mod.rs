@@ -12,6 +12,7 @@ mod builder;
 mod capacity;
 mod counters;
 pub mod fake;
+mod hosting;
 mod render;
 mod state;
 mod sync;
@@ -20,10 +21,11 @@ pub mod worker;
 pub use builder::StateBuilder;
 pub use capacity::{Capacity, Entries, Overflow, Table};
 pub use counters::{Count, Counters, ServiceCount};
+pub use hosting::{SharedMapping, Sharing};
 pub use render::render_text;
 pub use state::{
-    repack, AllowedPort, Change, DatapathState, NextHop, NodeView, Path, PathOf, Paths, RemotePods,
-    StateDiff,
+    away, repack, shared_pods, AllowedPort, Change, DatapathState, NextHop, NodeView, Path, PathOf,
+    Paths, RemotePods, StateDiff, NONE_AWAY,
 };
 pub use sync::{Synced, PART_LBS};
 
@@ -228,6 +230,9 @@ pub trait Datapath {
     /// when one may have changed and a sync should follow (the next sync
     /// resolves every address again).
     fn paths_news(&mut self) -> Result<bool, Self::Error>;
+
+    /// The kernel's paths toward `pods` (each of them in the answer).
+    fn paths_of(&mut self, pods: &BTreeSet<IpAddr>) -> Result<Paths, Self::Error>;
 
     /// Reads the live state back from the kernel.
     fn dump(&self) -> Result<Dump, Self::Error>;

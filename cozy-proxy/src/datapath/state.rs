@@ -4,7 +4,7 @@
 //! kernel), and `dump` reads them back into this same shape, so tests
 //! compare one value. docs/traffic.md says what each is for.
 use super::builder::StateBuilder;
-use crate::model::{cluster::NodeAddresses, Cidr, IpRange, LbChange, Plan};
+use crate::model::{cluster::NodeAddresses, Cidr, Hosts, IpRange, LbChange, Mapping, Plan};
 use serde::{Deserialize, Serialize};
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -175,10 +175,17 @@ pub struct NodeView<'a> {
     pub name: Option<&'a str>,
     /// Every node's InternalIPs, by name.
     pub addresses: &'a NodeAddresses,
+    /// Pods of mappings hosted on several nodes, this one among them, that
+    /// the kernel's routes deliver at another of them ([`away`]): this
+    /// node steers their LB IPs there rather than translating them.
+    pub away: &'a BTreeSet<IpAddr>,
 }
 
 /// No node's addresses known.
 pub static NO_ADDRESSES: NodeAddresses = BTreeMap::new();
+
+/// No pod away.
+pub static NONE_AWAY: BTreeSet<IpAddr> = BTreeSet::new();
 
 impl<'a> NodeView<'a> {
     /// Node `name`, knowing no other node's addresses.
@@ -186,22 +193,73 @@ impl<'a> NodeView<'a> {
         NodeView {
             name,
             addresses: &NO_ADDRESSES,
+            away: &NONE_AWAY,
         }
     }
 
-    /// The address of `node` in the family of `lb`, if it publishes one.
-    pub fn address_of(&self, node: Option<&str>, lb: &IpAddr) -> Option<IpAddr> {
-        let addrs = self.addresses.get(node?)?;
-        addrs.iter().find(|a| a.is_ipv4() == lb.is_ipv4()).copied()
+    /// The address, in the family of its LB IP, of the node other nodes
+    /// steer `m`'s LB IP to: the first of its hosts that is not this one.
+    pub fn host_address_of(&self, m: &Mapping) -> Option<IpAddr> {
+        let host = (m.hosts.nodes().iter()).find(|n| Some(&***n) != self.name)?;
+        let addrs = self.addresses.get(&**host)?;
+        addrs
+            .iter()
+            .find(|a| a.is_ipv4() == m.lb_ip.is_ipv4())
+            .copied()
     }
 
-    /// Does this node translate a mapping whose pod is on `node`?
-    pub fn hosts(&self, node: Option<&str>) -> bool {
-        match (self.name, node) {
-            (Some(me), Some(there)) => me == there,
-            _ => true,
+    /// Does this node translate `m` between the outside and its pod? Where
+    /// its endpoints name this node, unless the kernel delivers the pod at
+    /// another of its nodes.
+    pub fn hosts(&self, m: &Mapping) -> bool {
+        match self.name {
+            None => true,
+            Some(me) => m.hosts.include(me) && !self.away.contains(&m.pod_ip),
         }
     }
+}
+
+/// The pods of `mappings` whose endpoints name node `me` and another node,
+/// the pods [`away`] decides on.
+pub fn shared_pods<'m>(
+    mappings: impl IntoIterator<Item = &'m Mapping>,
+    me: &str,
+) -> BTreeMap<IpAddr, &'m Mapping> {
+    mappings
+        .into_iter()
+        .filter(|m| matches!(m.hosts, Hosts::Several(_)) && m.hosts.include(me))
+        .map(|m| (m.pod_ip, m))
+        .collect()
+}
+
+/// Of the `shared` pods, those the kernel's `paths` deliver at another of
+/// their nodes: the route to the pod goes via one of those nodes' addresses
+/// or into a tunnel (an `onlink` next hop, as overlays route). A pod on
+/// this node's own link, or behind a router that knows pods and not nodes
+/// (Kube-OVN's), stays hosted here too: both nodes then translate it, and
+/// the router delivers it wherever it is.
+pub fn away(
+    shared: &BTreeMap<IpAddr, &Mapping>,
+    me: &str,
+    addresses: &NodeAddresses,
+    paths: &impl PathOf,
+) -> BTreeSet<IpAddr> {
+    let elsewhere = |m: &Mapping, gateway: &IpAddr| {
+        (m.hosts.nodes().iter())
+            .filter(|n| &***n != me)
+            .filter_map(|n| addresses.get(&**n))
+            .any(|addrs| addrs.contains(gateway))
+    };
+    shared
+        .iter()
+        .filter(|(pod, m)| {
+            paths
+                .path_of(pod)
+                .and_then(|p| Some((p.gateway?, p.onlink)))
+                .is_some_and(|(g, onlink)| onlink || elsewhere(m, &g))
+        })
+        .map(|(pod, _)| *pod)
+        .collect()
 }
 
 impl DatapathState {
@@ -217,15 +275,15 @@ impl DatapathState {
         s
     }
 
-    /// What turns the state of `changes`' old outcomes into their new ones
-    /// (without `guard` and `routes`): O(the changes), and exactly the
-    /// difference of the two whole states, since the parts of two LB IPs
-    /// never share a key.
-    pub fn change_of(changes: &[LbChange], me: NodeView<'_>) -> StateDiff {
+    /// What turns the state of `changes`' old outcomes, as node `was` held
+    /// them, into their new ones as node `me` holds them (without `guard`
+    /// and `routes`): O(the changes), and exactly the difference of the
+    /// two whole states, since the parts of two LB IPs never share a key.
+    pub fn change_of(changes: &[LbChange], was: NodeView<'_>, me: NodeView<'_>) -> StateDiff {
         let (mut old, mut new) = (StateBuilder::default(), StateBuilder::default());
         for c in changes {
             if let Some(r) = &c.old {
-                old.add_result(&c.lb_ip, r, me);
+                old.add_result(&c.lb_ip, r, was);
             }
             if let Some(r) = &c.new {
                 new.add_result(&c.lb_ip, r, me);
@@ -700,6 +758,69 @@ mod tests {
             entry: oif,
             src: None,
         }
+    }
+
+    /// A pod two nodes' endpoints name (a VM migrating): each of them
+    /// translates it unless the kernel delivers it at the other (via that
+    /// node, or into a tunnel); any other node steers to the first named.
+    #[test]
+    fn a_pod_on_two_nodes_is_translated_where_the_kernel_delivers_it() {
+        use crate::model::{Mode, ServiceRef};
+        use std::sync::Arc;
+        let (lb, pod) = (ip("203.0.113.10"), ip("192.0.2.20"));
+        let m = Mapping {
+            service: ServiceRef::new("ns", "vm"),
+            lb_ip: lb,
+            pod_ip: pod,
+            mode: Arc::new(Mode::Passthrough),
+            hosts: Hosts::of(&[Arc::from("n1")], &[Arc::from("n2")]),
+            source_ranges: None,
+        };
+        let plan = Plan {
+            mappings: vec![m],
+            ..Default::default()
+        };
+        let addresses: NodeAddresses = (1..=3)
+            .map(|k| (format!("n{k}"), vec![ip(&format!("198.51.100.{}", 1 + k))]))
+            .collect();
+        // What node `me` holds with the pod's path `to_pod`: translated
+        // (`None`), or steered to a node's address.
+        let held = |me: &str, to_pod: Path| {
+            let paths = BTreeMap::from([(pod, to_pod)]);
+            let shared = shared_pods(&plan.mappings, me);
+            let away = away(&shared, me, &addresses, &paths);
+            let view = NodeView {
+                name: Some(me),
+                addresses: &addresses,
+                away: &away,
+            };
+            let s = DatapathState::for_node(&plan, &BTreeSet::new(), view);
+            match (s.svc_pod.get(&lb), s.remote.get(&lb)) {
+                (Some(p), None) if *p == pod && s.pod_svc.get(&pod) == Some(&lb) => None,
+                (None, Some(p)) if *p == pod => Some(s.remote_hosts[&lb]),
+                _ => panic!("{me}: neither translated nor steered: {s:?}"),
+            }
+        };
+        let (n1, n2) = (ip("198.51.100.2"), ip("198.51.100.3"));
+        let local = path(5, None);
+        let via = |node: &str| path(2, Some(node));
+        let tunnel = Path {
+            onlink: true,
+            ..path(9, Some("192.0.2.64"))
+        };
+        // On the pod's own link: translated, on both nodes.
+        assert_eq!(held("n1", local), None);
+        assert_eq!(held("n2", local), None);
+        // Delivered at the other: steered there.
+        assert_eq!(held("n1", via("198.51.100.3")), Some(n2));
+        assert_eq!(held("n2", via("198.51.100.2")), Some(n1));
+        assert_eq!(held("n2", tunnel), Some(n1));
+        // Behind a router that knows pods, not nodes (Kube-OVN's ovn0):
+        // translated here too.
+        assert_eq!(held("n2", via("192.0.2.193")), None);
+        // Any other node: steered to the first named, whatever its path.
+        assert_eq!(held("n3", local), Some(n1));
+        assert_eq!(held("n3", via("198.51.100.3")), Some(n1));
     }
 
     /// A remote mapping's LB IP goes along the path to its pod where that

@@ -3,8 +3,8 @@
 //! the diff, and the retry policy, for every backend alike.
 use super::Counters;
 use super::{
-    BackendKind, Change, Datapath, DatapathState, Dump, Entries, Kernel, Overflow, RemotePods,
-    StateDiff, SyncReport,
+    BackendKind, Change, Datapath, DatapathState, Dump, Entries, Kernel, Overflow, PathOf, Paths,
+    RemotePods, StateDiff, SyncReport,
 };
 use std::{collections::BTreeSet, net::IpAddr};
 use tracing::{debug, info, warn};
@@ -420,6 +420,17 @@ impl<K: Kernel> Datapath for Synced<K> {
         let changed = self.kernel.paths_news()?;
         self.stale_paths |= changed;
         Ok(changed)
+    }
+
+    fn paths_of(&mut self, pods: &BTreeSet<IpAddr>) -> Result<Paths, K::Error> {
+        if pods.is_empty() {
+            return Ok(Paths::new());
+        }
+        let paths = self.kernel.paths(pods)?;
+        Ok(pods
+            .iter()
+            .map(|p| (*p, paths.path_of(p).copied()))
+            .collect())
     }
 
     fn dump(&self) -> Result<Dump, K::Error> {

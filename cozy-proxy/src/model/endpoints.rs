@@ -1,7 +1,9 @@
 //! Which pod backs a Service: the ready addresses of its EndpointSlices, or,
 //! while it has none, those serving while they terminate (as kube-proxy
 //! reads the conditions: `ready` and `serving` unset count as true,
-//! `terminating` unset as false).
+//! `terminating` unset as false); and on which nodes that address lives:
+//! those of its serving endpoints and of its endpoints still starting (a
+//! live migration's target pod holds the VM's IP before it is ready).
 use super::types::{Family, ServiceRef};
 use super::warning::{WarningKind, Warnings};
 use super::FastMap;
@@ -27,6 +29,10 @@ pub struct ReadSlice {
     /// Not ready, but serving and terminating: used while a family of
     /// the Service has no ready address (a pod draining its connections).
     draining: Box<[(IpAddr, Option<Arc<str>>)]>,
+    /// Neither ready nor serving, not terminating: a pod starting. Never
+    /// a backend by itself; its node is one more host of an address that
+    /// backs the Service (a migration's target).
+    starting: Box<[(IpAddr, Option<Arc<str>>)]>,
     /// Ready endpoints' addresses that are not IP addresses (reported).
     invalid: Box<[Box<str>]>,
 }
@@ -39,12 +45,13 @@ impl ReadSlice {
         if slice.address_type != "IPv4" && slice.address_type != "IPv6" {
             return None;
         }
-        let (mut ready, mut draining) = (Vec::new(), Vec::new());
+        let (mut ready, mut draining, mut starting) = (Vec::new(), Vec::new(), Vec::new());
         let mut invalid = Vec::new();
         for endpoint in &slice.endpoints {
             let into = match Condition::of(endpoint.conditions.as_ref()) {
                 Condition::Ready => &mut ready,
                 Condition::Draining => &mut draining,
+                Condition::Starting => &mut starting,
                 Condition::Unused => continue,
             };
             let node_name = endpoint.node_name.as_deref().map(&mut *node);
@@ -59,6 +66,7 @@ impl ReadSlice {
             name: slice.metadata.name.as_deref().unwrap_or_default().into(),
             ready: ready.into(),
             draining: draining.into(),
+            starting: starting.into(),
             invalid: invalid.into(),
         })
     }
@@ -75,6 +83,9 @@ enum Condition {
     Ready,
     /// Serving while terminating, not ready.
     Draining,
+    /// Neither ready nor serving, not terminating.
+    Starting,
+    /// Terminating and no longer serving.
     Unused,
 }
 
@@ -85,10 +96,11 @@ impl Condition {
         let ready = c.and_then(|c| c.ready).unwrap_or(true);
         let serving = c.and_then(|c| c.serving).unwrap_or(ready);
         let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
-        match (ready, serving && terminating) {
-            (true, _) => Condition::Ready,
-            (false, true) => Condition::Draining,
-            (false, false) => Condition::Unused,
+        match (ready, serving, terminating) {
+            (true, _, _) => Condition::Ready,
+            (false, true, true) => Condition::Draining,
+            (false, _, false) => Condition::Starting,
+            (false, false, true) => Condition::Unused,
         }
     }
 }
@@ -123,14 +135,24 @@ pub fn slice_owner(slice: &EndpointSlice) -> Option<ServiceRef> {
     Some(ServiceRef::new(namespace, owner.as_str()))
 }
 
-/// A ready endpoint address, with the nodes its endpoints name (none when
-/// no endpoint says).
-pub(crate) type Backends = BTreeMap<Family, BTreeMap<IpAddr, BTreeSet<Arc<str>>>>;
+/// A ready endpoint address, with the nodes its endpoints name.
+pub(crate) type Backends = BTreeMap<Family, BTreeMap<IpAddr, EndpointNodes>>;
+
+/// The nodes the endpoints of one address name (none when no endpoint
+/// says).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct EndpointNodes {
+    /// Of its ready (or serving) endpoints.
+    pub serving: BTreeSet<Arc<str>>,
+    /// Of its endpoints starting, on other nodes.
+    pub starting: BTreeSet<Arc<str>>,
+}
 
 /// The distinct ready endpoint addresses of a Service, per family, with
 /// their `nodeName`s; a family without any takes its serving terminating
 /// ones (kube-proxy's rule: a pod draining its connections keeps them
-/// while nothing replaces it). Unparsable addresses are reported.
+/// while nothing replaces it). An address also names the nodes of its
+/// endpoints still starting. Unparsable addresses are reported.
 pub(crate) fn ready_addresses(slices: &[&ReadSlice], warnings: &mut Warnings<'_>) -> Backends {
     let mut out = Backends::new();
     let mut draining = Backends::new();
@@ -140,7 +162,7 @@ pub(crate) fn ready_addresses(slices: &[&ReadSlice], warnings: &mut Warnings<'_>
             .or_default()
             .entry(*ip)
             .or_default();
-        nodes.extend(node.iter().cloned());
+        nodes.serving.extend(node.iter().cloned());
     };
     for slice in slices {
         slice.ready.iter().for_each(|e| add(&mut out, e));
@@ -161,6 +183,14 @@ pub(crate) fn ready_addresses(slices: &[&ReadSlice], warnings: &mut Warnings<'_>
     }
     for (family, addrs) in draining {
         out.entry(family).or_insert(addrs);
+    }
+    for (ip, node) in slices.iter().flat_map(|s| s.starting.iter()) {
+        let backing = out.get_mut(&Family::of(ip)).and_then(|a| a.get_mut(ip));
+        if let (Some(nodes), Some(node)) = (backing, node) {
+            if !nodes.serving.contains(node) {
+                nodes.starting.insert(node.clone());
+            }
+        }
     }
     out
 }

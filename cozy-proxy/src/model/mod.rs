@@ -18,7 +18,9 @@ pub use service::{
     is_selected, read_service, service_ref, ReadService, ALLOW_ICMP_ANNOTATION, PROXY_NAME,
     PROXY_NAME_LABEL, WHOLE_IP_ANNOTATION,
 };
-pub use types::{Family, LbResult, Mapping, Mode, Plan, PortRule, Protocol, ServiceRef, Uid};
+pub use types::{
+    Family, Hosts, LbResult, Mapping, Mode, Plan, PortRule, Protocol, ServiceRef, Uid,
+};
 pub use warning::{Warning, WarningKind};
 
 /// The model's hash tables, keyed by address or Service name: foldhash,

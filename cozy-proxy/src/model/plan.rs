@@ -1,8 +1,8 @@
 //! From Services and EndpointSlices to the NAT plan.
 use super::cluster::node_addresses;
-use super::endpoints::{ready_addresses, Backends, ReadSlice, SliceIndex};
+use super::endpoints::{ready_addresses, Backends, EndpointNodes, ReadSlice, SliceIndex};
 use super::service::{is_selected, read_service, service_ref, ReadService, ServiceIntent};
-use super::types::{Family, Mapping, Plan, ServiceRef};
+use super::types::{Family, Hosts, Mapping, Plan, ServiceRef};
 use super::warning::{Warning, WarningKind, Warnings};
 use super::FastMap;
 use k8s_openapi::api::{
@@ -30,8 +30,8 @@ pub(crate) struct Candidate {
     pub lb_ip: IpAddr,
     /// `None`: no single ready endpoint; the LB IP stays unmapped.
     pub pod_ip: Option<IpAddr>,
-    /// The endpoint's node, when its endpoints name exactly one.
-    pub node: Option<Arc<str>>,
+    /// The nodes of the endpoints holding `pod_ip`.
+    pub hosts: Hosts,
 }
 
 /// Why an address must never be translated: `None` if it may be.
@@ -134,7 +134,7 @@ impl Wish {
             lb_ip: c.lb_ip,
             pod_ip,
             mode: intent.mode.clone(),
-            node: c.node.clone(),
+            hosts: c.hosts.clone(),
             source_ranges: intent.source_ranges.as_ref().map(|r| {
                 r.iter()
                     .filter(|c| Family::of(&c.addr()) == family)
@@ -340,9 +340,9 @@ fn candidates(
                 ),
             );
         }
-        let pods: Vec<(&IpAddr, &BTreeSet<Arc<str>>)> =
+        let pods: Vec<(&IpAddr, &EndpointNodes)> =
             backends.get(&family).into_iter().flatten().collect();
-        let mut node = None;
+        let mut hosts = Hosts::Unnamed;
         let pod_ip = match pods.as_slice() {
             [] => {
                 warnings.push(
@@ -352,9 +352,7 @@ fn candidates(
                 None
             }
             [(ip, nodes)] => {
-                if let [one] = Vec::from_iter(nodes.iter()).as_slice() {
-                    node = Some((*one).clone());
-                }
+                hosts = Hosts::of(&nodes.serving, &nodes.starting);
                 match forbidden(ip, node_ips) {
                     None => Some(**ip),
                     Some(why) => {
@@ -381,7 +379,7 @@ fn candidates(
         out.push(Candidate {
             lb_ip,
             pod_ip,
-            node,
+            hosts,
         });
     }
     out

@@ -366,6 +366,76 @@ fn a_serving_terminating_endpoint_serves_while_nothing_is_ready() {
     }
 }
 
+/// A live migration's endpoints (KubeVirt's virt-launcher pods): the
+/// source S and the target T hold the VM's one IP. One backend on both
+/// nodes, never `MultipleEndpoints`: the target's node is a host from the
+/// moment its endpoint exists, even not ready; the source's once it
+/// terminates and stops serving is not. Two different addresses remain
+/// several endpoints.
+#[test]
+fn one_address_on_two_nodes_is_one_backend_hosted_on_both() {
+    let svc = || service(SvcSpec::default());
+    let vm = "192.0.2.20";
+    // (ready, serving, terminating) of S on node-a and T on node-b.
+    type Conds = (bool, bool, bool);
+    let plan = |s: Option<Conds>, t: Option<Conds>| {
+        let mut slice = slice_with("vm", &[]);
+        for (node, conds) in [("node-a", s), ("node-b", t)] {
+            let Some((ready, serving, terminating)) = conds else {
+                continue;
+            };
+            slice.endpoints.push(Endpoint {
+                addresses: vec![vm.into()],
+                node_name: Some(node.into()),
+                conditions: Some(EndpointConditions {
+                    ready: Some(ready),
+                    serving: Some(serving),
+                    terminating: Some(terminating),
+                }),
+                ..Default::default()
+            });
+        }
+        compute_plan(&[svc()], &[slice], &[])
+    };
+    let hosts = |o: &Outcome| -> Vec<String> {
+        assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+        assert_eq!(o.plan.mappings.len(), 1);
+        assert_eq!(o.plan.mappings[0].pod_ip, ip(vm));
+        (o.plan.mappings[0].hosts.nodes().iter())
+            .map(|n| n.to_string())
+            .collect()
+    };
+    let (ready, starting, gone) = (
+        (true, true, false),
+        (false, false, false),
+        (false, false, true),
+    );
+    // W0: S alone.
+    assert_eq!(hosts(&plan(Some(ready), None)), ["node-a"]);
+    // W1, W2: T exists, not ready; S's node is where others steer.
+    assert_eq!(
+        hosts(&plan(Some(ready), Some(starting))),
+        ["node-a", "node-b"]
+    );
+    // W3: both ready.
+    assert_eq!(hosts(&plan(Some(ready), Some(ready))), ["node-a", "node-b"]);
+    // W4: S terminating, no longer serving; then gone.
+    assert_eq!(hosts(&plan(Some(gone), Some(ready))), ["node-b"]);
+    assert_eq!(hosts(&plan(None, Some(ready))), ["node-b"]);
+    // A starting endpoint is never a backend by itself.
+    let o = plan(None, Some(starting));
+    assert!(o.plan.mappings.is_empty());
+    assert_eq!(kinds(&o), vec![WarningKind::NoReadyEndpoint]);
+    // Two addresses: several endpoints, as before.
+    let mut two = slice_with(
+        "vm",
+        &[(vm, true, true, false), ("192.0.2.21", true, true, false)],
+    );
+    two.endpoints[1].node_name = Some("node-b".into());
+    let o = compute_plan(&[svc()], &[two], &[]);
+    assert_eq!(kinds(&o), vec![WarningKind::MultipleEndpoints]);
+}
+
 #[test]
 fn conflicts_older_wins_and_hands_over() {
     let (a, b) = (aged("a", 1_000), aged("b", 2_000));
@@ -774,6 +844,12 @@ pub(crate) fn arb_world() -> impl Strategy<Value = (Vec<Service>, Vec<EndpointSl
                 // Every other not-ready endpoint serving while it
                 // terminates: used while none is ready.
                 for (i, e) in s.endpoints.iter_mut().enumerate() {
+                    // Some on one node, some on another, some on none:
+                    // an address may be held on two nodes (a migration).
+                    e.node_name = ["a", "b", ""][(i + name.len()) % 3]
+                        .parse::<String>()
+                        .ok()
+                        .filter(|n| !n.is_empty());
                     if let Some(c) = e.conditions.as_mut().filter(|c| c.ready == Some(false)) {
                         if i % 2 == 0 {
                             c.serving = Some(true);

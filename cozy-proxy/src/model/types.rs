@@ -105,14 +105,68 @@ pub struct Mapping {
     pub pod_ip: IpAddr,
     /// The Service's, shared.
     pub mode: Arc<Mode>,
-    /// The node hosting the pod (the endpoint's `nodeName`): only that node
-    /// translates between the outside and the pod. `None` (an endpoint
-    /// without `nodeName`, as in hand-written manifests): every node does.
-    pub node: Option<Arc<str>>,
+    /// The nodes whose endpoints hold the pod IP (their `nodeName`s):
+    /// where the pod may be delivered, and so which nodes translate it.
+    pub hosts: Hosts,
     /// `spec.loadBalancerSourceRanges` of this family: only these sources
     /// reach the pod through the LB IP. `None`: no restriction; an empty
     /// set: nothing (an invalid range fails closed).
     pub source_ranges: Option<BTreeSet<Cidr>>,
+}
+
+/// The nodes whose endpoints hold a mapping's pod IP. Usually one; two
+/// while a VM live-migrates (the source and the target pod share the IP):
+/// one backend on two nodes, each of which may translate it (the kernel's
+/// route to the pod IP tells which one the pod is delivered at now).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum Hosts {
+    /// No endpoint names a node (hand-written manifests): every node
+    /// translates.
+    Unnamed,
+    One(Arc<str>),
+    /// The nodes of the ready (or serving) endpoints first, sorted, then
+    /// those of endpoints still starting (a migration's target, before its
+    /// readiness gate is met). The first is where other nodes steer.
+    Several(Arc<[Arc<str>]>),
+}
+
+impl Hosts {
+    /// From the nodes of the serving endpoints and of those starting.
+    pub fn of<'a>(
+        serving: impl IntoIterator<Item = &'a Arc<str>>,
+        starting: impl IntoIterator<Item = &'a Arc<str>>,
+    ) -> Hosts {
+        let mut nodes: Vec<Arc<str>> = serving.into_iter().cloned().collect();
+        for n in starting {
+            if !nodes.contains(n) {
+                nodes.push(n.clone());
+            }
+        }
+        match nodes.len() {
+            0 => Hosts::Unnamed,
+            1 => Hosts::One(nodes.remove(0)),
+            _ => Hosts::Several(nodes.into()),
+        }
+    }
+
+    /// Every node named, the one other nodes steer to first.
+    pub fn nodes(&self) -> &[Arc<str>] {
+        match self {
+            Hosts::Unnamed => &[],
+            Hosts::One(n) => std::slice::from_ref(n),
+            Hosts::Several(n) => n,
+        }
+    }
+
+    /// Where the other nodes steer the LB IP (`None`: no node named).
+    pub fn primary(&self) -> Option<&str> {
+        self.nodes().first().map(|n| &**n)
+    }
+
+    /// Is `node` one of them? (Every node is, when none is named.)
+    pub fn include(&self, node: &str) -> bool {
+        matches!(self, Hosts::Unnamed) || self.nodes().iter().any(|n| &**n == node)
+    }
 }
 
 /// The whole desired NAT state of a node.

@@ -1,6 +1,6 @@
 //! The metrics: sync timing and errors, Services per mode, warnings by
 //! reason, and the eBPF datapath's own counters.
-use crate::datapath::{Counters, Overflow, Table};
+use crate::datapath::{Counters, Overflow, SharedMapping, Table};
 use crate::model::PlanSummary;
 use prometheus_client::{
     collector::Collector,
@@ -28,6 +28,7 @@ pub struct Metrics {
     datapath_elements: Gauge,
     left_out: Gauge,
     full_tables: Family<Labels, Gauge>,
+    shared: Family<Labels, Gauge>,
     /// The datapath's counters as last read: exported as counters by
     /// [`DatapathCounters`] (the kernel keeps them; we only copy them).
     datapath_counters: Arc<Mutex<Counters>>,
@@ -165,6 +166,7 @@ impl Metrics {
             datapath_elements: Gauge::default(),
             left_out: Gauge::default(),
             full_tables: Family::default(),
+            shared: Family::default(),
             datapath_counters: Arc::default(),
             registry: Registry::default(),
         };
@@ -208,6 +210,13 @@ impl Metrics {
             "1 where a datapath table is full and LB IPs were left out, by table",
             m.full_tables.clone(),
         );
+        registry.register(
+            "mapping_on_several_nodes",
+            "1 per mapping whose pod IP several nodes' endpoints hold (a VM migrating), this \
+             node among them: the nodes named, and whether this node translates it (the kernel \
+             delivers the pod here) or steers its LB IP to another of them (the route leads there)",
+            m.shared.clone(),
+        );
         registry.register_collector(Box::new(DatapathCounters(m.datapath_counters.clone())));
         registry.register_collector(Box::new(InterruptedDumps));
         registry.register_collector(Box::new(HookPlaces));
@@ -241,6 +250,23 @@ impl Metrics {
                 .inc_by(*n as i64);
         }
         self.datapath_elements.set(elements as i64);
+    }
+
+    /// The mappings this node shares with others, as last decided (a
+    /// handful: the VMs migrating now).
+    pub fn observe_shared(&self, shared: &[SharedMapping]) {
+        self.shared.clear();
+        for m in shared {
+            let here = if m.translated_here { "true" } else { "false" };
+            let lb = m.lb_ip.to_string();
+            self.shared
+                .get_or_create(&labels(&[
+                    ("lb_ip", &lb),
+                    ("nodes", &m.nodes),
+                    ("translated_here", here),
+                ]))
+                .set(1);
+        }
     }
 
     /// What the last sync could not fit in the datapath's tables.

@@ -1,0 +1,124 @@
+//! Which node translates a mapping whose pod IP two nodes' endpoints hold
+//! (a VM live-migrating: the source and the target pod share its IP).
+//! Each of them translates it, unless the kernel's route to the pod IP
+//! delivers it at the other: then it steers the LB IP there, untranslated,
+//! so that one node (the one the VM's traffic passes) holds its flows.
+use super::state::{away, shared_pods, NodeView};
+use super::PathOf;
+use crate::model::{cluster::NodeAddresses, LbChange, LbResult, Mapping};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+/// A mapping several nodes' endpoints hold, this node among them, and
+/// whether this node translates it: where the kernel's route to its pod
+/// does not lead to another of those nodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedMapping {
+    pub lb_ip: IpAddr,
+    /// The nodes its endpoints name, comma-separated.
+    pub nodes: String,
+    pub translated_here: bool,
+}
+
+/// The mappings this node shares with another node, and which of their
+/// pods the kernel delivers elsewhere. A few at a time (the VMs migrating
+/// now): decided again at every round, from the kernel's paths.
+#[derive(Debug, Default)]
+pub struct Sharing {
+    /// By LB IP: the mappings whose endpoints name this node and another.
+    shared: BTreeMap<IpAddr, Mapping>,
+    /// Their pods delivered at another of their nodes ([`away`]).
+    away: BTreeSet<IpAddr>,
+}
+
+impl Sharing {
+    /// The mappings of `results` shared by node `me` (`None`: a standalone
+    /// node shares nothing).
+    pub fn of(results: impl Iterator<Item = (IpAddr, LbResult)>, me: Option<&str>) -> Self {
+        let mut s = Sharing::default();
+        if let Some(me) = me {
+            for (lb, result) in results {
+                s.follow(lb, Some(&result), me);
+            }
+        }
+        s
+    }
+
+    /// Follows the plan's `changes`.
+    pub fn follow_changes(&mut self, changes: &[LbChange], me: Option<&str>) {
+        if let Some(me) = me {
+            for c in changes {
+                self.follow(c.lb_ip, c.new.as_ref(), me);
+            }
+        }
+    }
+
+    fn follow(&mut self, lb: IpAddr, result: Option<&LbResult>, me: &str) {
+        self.shared.remove(&lb);
+        if let Some(LbResult::Mapped(m)) = result {
+            if !shared_pods([m], me).is_empty() {
+                self.shared.insert(lb, m.clone());
+            }
+        }
+    }
+
+    /// The pods the kernel's routes will be asked about.
+    pub fn pods(&self) -> BTreeSet<IpAddr> {
+        self.shared.values().map(|m| m.pod_ip).collect()
+    }
+
+    pub fn away(&self) -> &BTreeSet<IpAddr> {
+        &self.away
+    }
+
+    /// Decides again from `paths` (toward [`Sharing::pods`]): the changes
+    /// of the LB IPs whose node changed, their result as it is (what this
+    /// node holds of them moves between translated and steered). The
+    /// previous decision is returned with them: the caller's old parts
+    /// are of it.
+    pub fn decide(
+        &mut self,
+        me: Option<&str>,
+        addresses: &NodeAddresses,
+        paths: &impl PathOf,
+    ) -> (BTreeSet<IpAddr>, Vec<LbChange>) {
+        let Some(me) = me else {
+            return (BTreeSet::new(), Vec::new());
+        };
+        let by_pod = shared_pods(self.shared.values(), me);
+        let now = away(&by_pod, me, addresses, paths);
+        let moved: Vec<LbChange> = (now.symmetric_difference(&self.away))
+            .filter_map(|pod| by_pod.get(pod))
+            .map(|m| LbChange {
+                lb_ip: m.lb_ip,
+                old: Some(LbResult::Mapped((*m).clone())),
+                new: Some(LbResult::Mapped((*m).clone())),
+            })
+            .collect();
+        (std::mem::replace(&mut self.away, now), moved)
+    }
+
+    /// What was decided, per shared mapping (for metrics).
+    pub fn report(&self) -> Vec<SharedMapping> {
+        self.shared
+            .values()
+            .map(|m| SharedMapping {
+                lb_ip: m.lb_ip,
+                nodes: (m.hosts.nodes().iter().map(|n| &**n))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                translated_here: !self.away.contains(&m.pod_ip),
+            })
+            .collect()
+    }
+
+    /// Node `me`'s view with the current decision.
+    pub fn view<'a>(&'a self, me: NodeView<'a>) -> NodeView<'a> {
+        NodeView {
+            away: &self.away,
+            ..me
+        }
+    }
+}
