@@ -36,7 +36,7 @@ use cozy_proxy_common::{
 };
 use maps::{ADDRS, CLUSTER, DROP_STATS, IFACES, PREFILTER, REV_NAT, SRC_RANGES, STATS};
 use nat::{rewrite, rewrite_quoted, Field};
-use parse::{flow_ports, parse, Packet};
+use parse::{flow_ports, is_neighbour_discovery, parse, Packet};
 
 /// Let the packet continue (next TC program, or the stack).
 const PASS: i32 = TC_ACT_UNSPEC;
@@ -298,6 +298,10 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
             match arriving_elsewhere(&ctx, iif, s.src_ifindex) {
                 Elsewhere::Pass => return PASS,
                 Elsewhere::Here => {}
+                // Neighbour discovery is not guarded, as ARP is not: a VM
+                // whose interface has just moved resolves its gateway
+                // before this node's route to it follows. Never translated.
+                Elsewhere::Spoofed if is_neighbour_discovery(&ctx, &p) => return PASS,
                 // A guarded address from anywhere but its own path:
                 // nothing is translated, remembered or tracked for it.
                 Elsewhere::Spoofed => return drop(&ctx, DropReason::Spoofed),

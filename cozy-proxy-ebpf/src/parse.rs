@@ -270,6 +270,17 @@ pub fn is_icmp(p: &Packet) -> bool {
         && ((p.v6 && p.proto == PROTO_ICMPV6) || (!p.v6 && p.proto == PROTO_ICMP))
 }
 
+/// IPv6 neighbour discovery (ICMPv6 router and neighbour solicitations and
+/// advertisements, redirects: 133-137) to a link-scoped destination
+/// (link-local, or link-local multicast): link-local control, as ARP is,
+/// never forwarded.
+#[inline(always)]
+pub fn is_neighbour_discovery(ctx: &TcContext, p: &Packet) -> bool {
+    let d = &p.dst.addr;
+    let link_scoped = (d[0] == 0xfe && d[1] & 0xc0 == 0x80) || (d[0] == 0xff && d[1] == 0x02);
+    p.v6 && link_scoped && is_icmp(p) && matches!(load_any::<u8>(ctx, p.l4), Some(133..=137))
+}
+
 /// ICMP echo (request, reply) types of the packet's family.
 #[inline(always)]
 pub fn echo_types(p: &Packet) -> (u8, u8) {

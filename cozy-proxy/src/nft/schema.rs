@@ -15,7 +15,7 @@ pub const TABLE: &str = "cozy_proxy";
 /// Stored as the table's user data. Change it whenever the sets, chains or
 /// rules change: a table with another mark is replaced (atomically) at the
 /// first sync, one with this mark is adopted as it is.
-pub const SCHEMA_MARK: &[u8] = b"cozy-proxy nft schema 6";
+pub const SCHEMA_MARK: &[u8] = b"cozy-proxy nft schema 7";
 
 pub const POD_SVC: &str = "pod_svc";
 pub const SVC_POD: &str = "svc_pod";
@@ -59,6 +59,9 @@ pub struct Layout {
     pub ct_daddr: u32,
     /// ICMP error types, as inclusive ranges.
     pub icmp_errors: &'static [(u8, u8)],
+    /// Neighbour discovery's ICMP types, as an inclusive range (IPv6's;
+    /// IPv4 has ARP, which no IP rule sees).
+    pub neighbour_discovery: Option<(u8, u8)>,
 }
 
 pub const IPV4: Layout = Layout {
@@ -74,6 +77,7 @@ pub const IPV4: Layout = Layout {
     // destination unreachable, source quench, redirect; time exceeded,
     // parameter problem
     icmp_errors: &[(3, 5), (11, 12)],
+    neighbour_discovery: None,
 };
 
 pub const IPV6: Layout = Layout {
@@ -89,6 +93,7 @@ pub const IPV6: Layout = Layout {
     // destination unreachable, packet too big, time exceeded, parameter
     // problem
     icmp_errors: &[(1, 4)],
+    neighbour_discovery: Some((133, 137)),
 };
 
 pub const LAYOUTS: [Layout; 2] = [IPV4, IPV6];
@@ -506,6 +511,41 @@ fn egress_snat(l: &Layout) -> ChainDef {
             Expr::Verdict(NF_ACCEPT),
         ],
     });
+    if let Some((first, last)) = l.neighbour_discovery {
+        // Link-local control, as ARP is: a VM whose interface has just
+        // moved resolves its gateway before this node's route to it
+        // follows (a drop here held it a second). Only to link-scoped
+        // destinations (link-local, link-local multicast): never
+        // forwarded, so a forged source goes no further than this link.
+        for (mask, prefix, comment) in [
+            (
+                [0xff, 0xc0],
+                [0xfe, 0x80],
+                "neighbour discovery to a link-local address: not guarded",
+            ),
+            (
+                [0xff, 0xff],
+                [0xff, 0x02],
+                "neighbour discovery to link-local multicast: not guarded",
+            ),
+        ] {
+            let mut exprs = l4proto_is(l.icmp_proto).to_vec();
+            exprs.extend([
+                load(NFT_PAYLOAD_TRANSPORT_HEADER, 0, 1, A),
+                cmp(A, NFT_CMP_GTE, vec![first]),
+                cmp(A, NFT_CMP_LTE, vec![last]),
+                load(NFT_PAYLOAD_NETWORK_HEADER, l.daddr_offset, 2, A),
+                Expr::Bitwise {
+                    reg: A,
+                    mask: mask.to_vec(),
+                    xor: vec![0; 2],
+                },
+                cmp(A, NFT_CMP_EQ, prefix.to_vec()),
+                Expr::Verdict(NF_ACCEPT),
+            ]);
+            rules.push(RuleDef { comment, exprs });
+        }
+    }
     rules.push(RuleDef {
         comment: "anti-spoofing: a guarded source only from its own path",
         exprs: vec![
