@@ -7,11 +7,13 @@
 pub mod agent;
 pub mod bpf;
 pub mod cluster;
+pub mod flows;
 pub mod frames;
 pub mod fuzz;
 pub mod image;
 pub mod k8s;
 pub mod manifests;
+pub mod migration;
 pub mod net;
 pub mod scenario;
 pub mod sh;

@@ -1,0 +1,199 @@
+//! A VM that live-migrates between the two nodes of a [`Cluster`] (routed
+//! shape), as KubeVirt on Kube-OVN does it: the VM keeps its IP and its
+//! sockets; its interface moves from one node to the other; the network
+//! then delivers its IP at the node it runs on. The VM is one namespace
+//! with an interface toward each node (only the active one up), its
+//! address on both, so its sockets survive the move.
+//!
+//! And the objects a migration writes, as the EndpointSlice controller
+//! writes them from the two virt-launcher pods' conditions.
+use crate::cluster::{Cluster, ClusterShape};
+use crate::net::Fam;
+use crate::topology::{cmd, new_ns, no_offload, remove_namespaces, veth};
+use anyhow::{ensure, Result};
+use std::net::IpAddr;
+
+/// The VM's addresses: in node1's pod network, as a VM created there got
+/// it (and kept it).
+pub fn vm_ip(fam: Fam) -> IpAddr {
+    match fam {
+        Fam::V4 => "192.0.2.20".parse().expect("v4"),
+        Fam::V6 => "2001:db8:2::20".parse().expect("v6"),
+    }
+}
+
+/// The interface toward node `k`, in the VM's namespace.
+fn eth(k: usize) -> String {
+    format!("eth{k}")
+}
+
+pub struct Vm {
+    pub ns: String,
+    /// The node the VM runs on.
+    pub on: usize,
+}
+
+impl Vm {
+    /// The VM, running on node1.
+    pub fn start(c: &Cluster) -> Result<Vm> {
+        ensure!(
+            c.topo.shape == ClusterShape::Routed,
+            "the migrating VM is built on routed nodes"
+        );
+        let vm = Vm {
+            ns: c.topo.ns("vm"),
+            on: 1,
+        };
+        new_ns(&vm.ns)?;
+        for k in 1..=2 {
+            let node = c.topo.node(k);
+            veth("vm", &node, &eth(k), &vm.ns)?;
+            let (g4, g6) = gateways(k);
+            cmd(&node, &format!("ip addr add {g4}/32 dev vm"))?;
+            cmd(&node, &format!("ip addr add {g6}/128 dev vm nodad"))?;
+            no_offload(&node, "vm")?;
+            no_offload(&vm.ns, &eth(k))?;
+            cmd(&node, "ip link set vm up")?;
+            // The address stays on an interface that goes down (IPv6
+            // removes it otherwise).
+            cmd(
+                &vm.ns,
+                &format!("sysctl -qw net.ipv6.conf.{}.keep_addr_on_down=1", eth(k)),
+            )?;
+            for fam in [Fam::V4, Fam::V6] {
+                let len = if fam == Fam::V4 { 32 } else { 128 };
+                cmd(
+                    &vm.ns,
+                    &format!("ip addr add {}/{len} dev {} nodad", vm_ip(fam), eth(k)),
+                )?;
+            }
+        }
+        vm.attach(1)?;
+        for fam in [Fam::V4, Fam::V6] {
+            cmd(
+                &c.topo.node(1),
+                &format!("ip route add {} dev vm", vm_ip(fam)),
+            )?;
+        }
+        Ok(vm)
+    }
+
+    /// The VM's side of the move: its interface toward node `k` up with
+    /// the routes through it.
+    fn attach(&self, k: usize) -> Result<()> {
+        let (g4, g6) = gateways(k);
+        let dev = eth(k);
+        cmd(&self.ns, &format!("ip link set {dev} up"))?;
+        cmd(&self.ns, &format!("ip route replace {g4} dev {dev}"))?;
+        cmd(
+            &self.ns,
+            &format!("ip route replace default via {g4} dev {dev}"),
+        )?;
+        cmd(&self.ns, &format!("ip -6 route replace {g6} dev {dev}"))?;
+        cmd(
+            &self.ns,
+            &format!("ip -6 route replace default via {g6} dev {dev}"),
+        )
+    }
+
+    /// Live migration's switch-over to node `k`: the VM resumes there (its
+    /// interface toward `k` up, the other down), and the network delivers
+    /// its IP at `k` (the node routes it into the VM's port, the other node
+    /// routes it to `k`).
+    pub fn move_to(&mut self, c: &Cluster, k: usize) -> Result<()> {
+        let from = self.on;
+        self.attach(k)?;
+        cmd(&self.ns, &format!("ip link set {} down", eth(from)))?;
+        for fam in [Fam::V4, Fam::V6] {
+            let ip = vm_ip(fam);
+            cmd(&c.topo.node(k), &format!("ip route replace {ip} dev vm"))?;
+            let net = crate::cluster::ClusterNet { fam };
+            cmd(
+                &c.topo.node(from),
+                &format!("ip route replace {ip} via {}", net.node(k)),
+            )?;
+        }
+        self.on = k;
+        Ok(())
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        remove_namespaces(std::slice::from_ref(&self.ns));
+    }
+}
+
+/// Node `k`'s address on its side of a pod's link (the pods' gateway).
+fn gateways(k: usize) -> (IpAddr, IpAddr) {
+    let (v4, v6) = (
+        crate::cluster::ClusterNet { fam: Fam::V4 },
+        crate::cluster::ClusterNet { fam: Fam::V6 },
+    );
+    (v4.gateway(k), v6.gateway(k))
+}
+
+/// An endpoint of a virt-launcher pod: its node and its conditions
+/// `(ready, serving, terminating)`, as the EndpointSlice controller writes
+/// them (KubeVirt's readiness gate holds a target's `ready` and `serving`
+/// false until the VM runs there).
+#[derive(Clone, Copy, Debug)]
+pub struct Launcher {
+    pub node: usize,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+}
+
+impl Launcher {
+    pub const fn ready(node: usize) -> Launcher {
+        Launcher {
+            node,
+            ready: true,
+            serving: true,
+            terminating: false,
+        }
+    }
+
+    /// Created, its readiness gate not met yet.
+    pub const fn starting(node: usize) -> Launcher {
+        Launcher {
+            node,
+            ready: false,
+            serving: false,
+            terminating: false,
+        }
+    }
+
+    /// Terminating, its VM gone.
+    pub const fn ending(node: usize) -> Launcher {
+        Launcher {
+            node,
+            ready: false,
+            serving: false,
+            terminating: true,
+        }
+    }
+}
+
+/// The Service `name`'s EndpointSlice: the VM's IP once per launcher pod.
+pub fn launchers_slice(name: &str, fam: Fam, pods: &[Launcher]) -> String {
+    let net = crate::cluster::ClusterNet { fam };
+    let mut y = format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-e\n  namespace: default\n  labels:\n    kubernetes.io/service-name: {name}\n\
+         addressType: {}\nendpoints:\n",
+        net.address_type()
+    );
+    for l in pods {
+        y += &format!(
+            "- addresses: [\"{}\"]\n  nodeName: node{}\n  targetRef: {{kind: Pod, namespace: default, name: virt-launcher-vm-n{}}}\n  conditions: {{ready: {}, serving: {}, terminating: {}}}\n",
+            vm_ip(fam),
+            l.node,
+            l.node,
+            l.ready,
+            l.serving,
+            l.terminating
+        );
+    }
+    y
+}
