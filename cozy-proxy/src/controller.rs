@@ -9,9 +9,10 @@ use crate::datapath::Datapath;
 use crate::model::Warning;
 use crate::reconcile::Reconciler;
 use crate::source::{Source, Update};
-use crate::telemetry::Telemetry;
+use crate::telemetry::{repeats::Repeats, Telemetry};
+use crate::warn_repeating;
 use std::{future::Future, time::Duration, time::Instant};
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
 pub struct LoopSettings {
     /// How long after a change to wait for more before reconciling.
@@ -71,6 +72,9 @@ where
     // (never later than the resync), not only at the next event.
     let mut failures = 0u32;
     let mut retry = std::pin::pin!(tokio::time::sleep(Duration::MAX / 4));
+    // The warnings of the periodic jobs, which fail again each period
+    // while their cause lasts.
+    let mut repeats = PeriodicWarnings::default();
     loop {
         // A turn of the loop: /healthz fails when they stop.
         telemetry.beat();
@@ -129,18 +133,27 @@ where
                 full = true;
             }
             _ = path_news.notified() => match datapath.call(|r| r.datapath_mut().paths_news()).await {
-                Ok(Ok(changed)) => pending |= changed,
-                Ok(Err(e)) => warn!(error = %e, "following the kernel's paths failed"),
+                Ok(Ok(changed)) => {
+                    pending |= changed;
+                    repeats.paths.clear();
+                }
+                Ok(Err(e)) => warn_repeating!(repeats.paths, error = %e, "following the kernel's paths failed"),
                 Err(_) => return,
             },
             _ = upkeep.tick() => match datapath.call(|r| r.datapath_mut().upkeep()).await {
-                Ok(Ok(paths_changed)) => pending |= paths_changed,
-                Ok(Err(e)) => warn!(error = %e, "datapath upkeep failed"),
+                Ok(Ok(paths_changed)) => {
+                    pending |= paths_changed;
+                    repeats.upkeep.clear();
+                }
+                Ok(Err(e)) => warn_repeating!(repeats.upkeep, error = %e, "datapath upkeep failed"),
                 Err(_) => return,
             },
             _ = counters.tick() => match datapath.call(|r| r.datapath().counters()).await {
-                Ok(Ok(c)) => telemetry.metrics.observe_datapath_counters(c),
-                Ok(Err(e)) => warn!(error = %e, "reading datapath counters failed"),
+                Ok(Ok(c)) => {
+                    telemetry.metrics.observe_datapath_counters(c);
+                    repeats.counters.clear();
+                }
+                Ok(Err(e)) => warn_repeating!(repeats.counters, error = %e, "reading datapath counters failed"),
                 Err(_) => return,
             },
             _ = &mut shutdown => break,
@@ -148,6 +161,13 @@ where
     }
     // No flush on exit: the kernel keeps translating while we restart.
     info!("stopping; the datapath stays in place (`cozy-proxy cleanup` removes it)");
+}
+
+#[derive(Default)]
+struct PeriodicWarnings {
+    paths: Repeats,
+    upkeep: Repeats,
+    counters: Repeats,
 }
 
 /// 100 ms, doubling with each failed round, at most the resync period.

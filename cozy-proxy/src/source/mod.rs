@@ -7,12 +7,14 @@ pub mod manifests;
 mod pools;
 
 use crate::model::{ReadService, ReadSlice, ServiceRef};
+use crate::telemetry::repeats::Repeats;
+use crate::warn_repeating;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
     networking::v1::ServiceCIDR,
 };
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, path::PathBuf, sync::Arc, time::Duration};
 use tracing::warn;
 
 /// A snapshot of the objects the model reads.
@@ -85,6 +87,11 @@ pub struct ManifestSource {
     seen: Option<manifests::Contents>,
     /// The empty directory was already warned about.
     warned_empty: bool,
+    /// The directory unreadable, polled four times a second.
+    unreadable: Repeats,
+    /// Each skipped document's warning, by its file and place, for as
+    /// long as it stays as it is.
+    skipped: BTreeSet<(PathBuf, usize, String)>,
 }
 
 /// A file in the manifest directory that says "empty on purpose".
@@ -97,14 +104,19 @@ impl ManifestSource {
             tick: tokio::time::interval(poll),
             seen: None,
             warned_empty: false,
+            unreadable: Repeats::default(),
+            skipped: BTreeSet::new(),
         }
     }
 
-    fn read(&self) -> Option<manifests::Contents> {
+    fn read(&mut self) -> Option<manifests::Contents> {
         match manifests::read_manifests(&self.dir) {
-            Ok(f) => Some(f),
+            Ok(f) => {
+                self.unreadable.clear();
+                Some(f)
+            }
             Err(e) => {
-                warn!(error = %e, "cannot read the manifest directory; keeping the datapath as it is");
+                warn_repeating!(self.unreadable, error = %e, "cannot read the manifest directory; keeping the datapath as it is");
                 None
             }
         }
@@ -138,6 +150,7 @@ impl Source for ManifestSource {
 
 impl ManifestSource {
     fn snapshot(&mut self) -> Snapshot {
+        let read = self.read();
         let last = || {
             let files = self
                 .seen
@@ -146,7 +159,7 @@ impl ManifestSource {
                 .unwrap_or_default();
             manifests::parse(&files).snapshot
         };
-        let Some(contents) = self.read() else {
+        let Some(contents) = read else {
             // Unreadable now: keep the last state (read again next time).
             return last();
         };
@@ -163,9 +176,15 @@ impl ManifestSource {
         }
         self.warned_empty = false;
         let loaded = manifests::parse(&contents.0);
-        for s in contents.1.iter().chain(&loaded.skipped) {
-            warn!(file = %s.file.display(), document = s.document, "skipped: {}", s.reason);
+        // Each once, while it stays skipped for the same reason.
+        let skipped: BTreeSet<(PathBuf, usize, String)> = (contents.1.iter())
+            .chain(&loaded.skipped)
+            .map(|s| (s.file.clone(), s.document, s.reason.clone()))
+            .collect();
+        for (file, document, reason) in skipped.difference(&self.skipped) {
+            warn!(file = %file.display(), document, "skipped: {reason}");
         }
+        self.skipped = skipped;
         self.seen = Some(contents);
         loaded.snapshot
     }

@@ -2,6 +2,7 @@
 //! endpoints (`/metrics`, `/healthz`, `/readyz`).
 mod http;
 mod metrics;
+pub mod repeats;
 
 pub use http::serve;
 pub use metrics::Metrics;
