@@ -19,9 +19,9 @@ use std::{
     process::{Command, Stdio},
 };
 
-/// Debian packages: the eBPF toolchain (Debian's rustc with its std source,
-/// LLVM 22 for bpf-linker) and the real tools the tests and the demo use.
-const APT_PACKAGES: &[&str] = &[
+/// Debian packages the demo needs: the eBPF toolchain (Debian's rustc with
+/// its std source, LLVM 22 for bpf-linker) and the tools it runs.
+const DEMO_PACKAGES: &[&str] = &[
     "rustc-web",
     "rust-web-src",
     "cargo-web",
@@ -31,16 +31,20 @@ const APT_PACKAGES: &[&str] = &[
     "nftables",
     "bpftool",
     "iproute2",
-    "conntrack",
     "iputils-ping",
+    "socat",
+    "ethtool",
+    "procps",
+];
+
+/// And the tests, benchmarks and image beside them.
+const TEST_PACKAGES: &[&str] = &[
+    "conntrack",
     "iperf3",
     "netsniff-ng",
-    "socat",
     "ncat",
     "tcpdump",
-    "ethtool",
     "sockperf",
-    "procps",
     "curl",
     "unzip",
     "fonts-dejavu-core",
@@ -54,31 +58,40 @@ const APT_PACKAGES: &[&str] = &[
     "runc",
 ];
 
+/// What a setup is for: the demo needs the toolchain and a few tools;
+/// everything else (the tests) also needs helm, kubectl and the real
+/// Kubernetes components built from source (minutes on a bare machine).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    Demo,
+    Everything,
+}
+
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
 fn main() -> Result<()> {
     let args: Vec<String> = env::args().skip(1).collect();
     match args.first().map(String::as_str) {
-        Some("setup") => setup(),
+        Some("setup") => setup(Purpose::Everything),
         Some("build") => {
-            setup()?;
+            setup(Purpose::Everything)?;
             build()
         }
         Some("test") => {
-            setup()?;
+            setup(Purpose::Everything)?;
             test(&args[1..])
         }
         Some("demo") => {
-            setup()?;
+            setup(Purpose::Demo)?;
             demo()
         }
         Some("image") => image(args.get(1).map_or("dev", String::as_str)),
         Some("bench") => {
-            setup()?;
+            setup(Purpose::Everything)?;
             bench(&args[1..])
         }
         Some("fuzz") => {
-            setup()?;
+            setup(Purpose::Everything)?;
             fuzz(args.get(1).map(String::as_str))
         }
         _ => {
@@ -127,14 +140,17 @@ fn cargo() -> Command {
     c
 }
 
-fn setup() -> Result<()> {
+fn setup(purpose: Purpose) -> Result<()> {
     // SAFETY-free check of the effective user: apt and the tests need root.
     let uid = Command::new("id").arg("-u").output().context("id -u")?;
     if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
         bail!("cargo xtask setup must run as root (apt-get, network namespaces, nftables, BPF)");
     }
-    let missing: Vec<&str> = APT_PACKAGES
-        .iter()
+    let tests: &[&str] = match purpose {
+        Purpose::Demo => &[],
+        Purpose::Everything => TEST_PACKAGES,
+    };
+    let missing: Vec<&str> = (DEMO_PACKAGES.iter().chain(tests))
         .copied()
         .filter(|p| {
             let out = Command::new("dpkg-query")
@@ -165,13 +181,15 @@ fn setup() -> Result<()> {
             .env("LLVM_PREFIX", LLVM_PREFIX)
             .env("PATH", path))?;
     }
-    install_helm()?;
-    let bin = k8s::ensure()?;
-    eprintln!(
-        "xtask: Kubernetes {} components in {}",
-        k8s::KUBERNETES,
-        bin.display()
-    );
+    if purpose == Purpose::Everything {
+        install_helm()?;
+        let bin = k8s::ensure()?;
+        eprintln!(
+            "xtask: Kubernetes {} components in {}",
+            k8s::KUBERNETES,
+            bin.display()
+        );
+    }
     for (tool, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {
         if !succeeds(cargo().args([tool, "--version"])) {
             run(Command::new("rustup").args(["component", "add", component]))?;
@@ -437,7 +455,7 @@ fn image(tag: &str) -> Result<()> {
             .args(["build", "-t", &format!("cozy-proxy:{tag}"), "."])
             .current_dir(root()));
     }
-    setup()?;
+    setup(Purpose::Everything)?;
     build()?;
     let dir = root().join("target/image");
     std::fs::create_dir_all(&dir)?;
