@@ -21,8 +21,8 @@ use super::encode::{element_message, Element};
 use super::expr::Expr;
 use super::read::read_elements;
 use super::schema::{
-    addr_set, cmp, concat, load, ChainDef, Layout, RuleDef, SetDef, Table, A, ADDR_SET_SIZE, IPV4,
-    IPV6,
+    addr_set, cmp, concat, load, neighbour_discovery, ChainDef, Layout, RuleDef, SetDef, Table, A,
+    ADDR_SET_SIZE, IPV4, IPV6,
 };
 use super::sys::*;
 use super::{DecodeError, NftError};
@@ -36,7 +36,7 @@ use std::{
 pub const NFPROTO_BRIDGE: u8 = libc::NFPROTO_BRIDGE as u8;
 /// The bridge family's prerouting hook (NF_BR_PRE_ROUTING).
 const NF_BR_PRE_ROUTING: u32 = 0;
-pub const MARK: &[u8] = b"cozy-proxy nft bridge schema 1";
+pub const MARK: &[u8] = b"cozy-proxy nft bridge schema 2";
 
 /// Sets per address family: the addresses checked at bridge ports, and the
 /// ports they may enter by.
@@ -73,6 +73,14 @@ pub fn table() -> Table {
         });
         sets.push(guarded_set);
         let port_reg = A + l.addr_len / 4;
+        let protocol = [
+            Expr::Meta {
+                key: NFT_META_PROTOCOL,
+                dreg: A,
+            },
+            cmp(A, NFT_CMP_EQ, ethertype(l)),
+        ];
+        rules.extend(neighbour_discovery(l, &protocol));
         rules.push(RuleDef {
             comment: "anti-spoofing at a bridge port: a guarded source only from its own port",
             exprs: vec![

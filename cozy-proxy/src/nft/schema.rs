@@ -490,6 +490,51 @@ fn icmp_error_rules(
         .collect()
 }
 
+/// The rules that let neighbour discovery to a link-scoped destination
+/// (link-local, link-local multicast) pass before a guard, each after
+/// `first` (what the family's chain checks before it reads an IP header):
+/// link-local control, as ARP is, which a VM whose interface has just
+/// moved needs before this node's route to it follows (a drop held it a
+/// second). Never forwarded, so a forged source goes no further than the
+/// link. None for IPv4 (ARP is no IP packet).
+pub(super) fn neighbour_discovery(l: &Layout, first: &[Expr]) -> Vec<RuleDef> {
+    let Some((low, high)) = l.neighbour_discovery else {
+        return Vec::new();
+    };
+    [
+        (
+            [0xff, 0xc0],
+            [0xfe, 0x80],
+            "neighbour discovery to a link-local address: not guarded",
+        ),
+        (
+            [0xff, 0xff],
+            [0xff, 0x02],
+            "neighbour discovery to link-local multicast: not guarded",
+        ),
+    ]
+    .into_iter()
+    .map(|(mask, prefix, comment)| {
+        let mut exprs = first.to_vec();
+        exprs.extend(l4proto_is(l.icmp_proto));
+        exprs.extend([
+            load(NFT_PAYLOAD_TRANSPORT_HEADER, 0, 1, A),
+            cmp(A, NFT_CMP_GTE, vec![low]),
+            cmp(A, NFT_CMP_LTE, vec![high]),
+            load(NFT_PAYLOAD_NETWORK_HEADER, l.daddr_offset, 2, A),
+            Expr::Bitwise {
+                reg: A,
+                mask: mask.to_vec(),
+                xor: vec![0; 2],
+            },
+            cmp(A, NFT_CMP_EQ, prefix.to_vec()),
+            Expr::Verdict(NF_ACCEPT),
+        ]);
+        RuleDef { comment, exprs }
+    })
+    .collect()
+}
+
 fn egress_snat(l: &Layout) -> ChainDef {
     // The ICMP errors first (a protocol compare is all they cost other
     // packets): an error about a pod's flow may come from a router, not
@@ -511,41 +556,7 @@ fn egress_snat(l: &Layout) -> ChainDef {
             Expr::Verdict(NF_ACCEPT),
         ],
     });
-    if let Some((first, last)) = l.neighbour_discovery {
-        // Link-local control, as ARP is: a VM whose interface has just
-        // moved resolves its gateway before this node's route to it
-        // follows (a drop here held it a second). Only to link-scoped
-        // destinations (link-local, link-local multicast): never
-        // forwarded, so a forged source goes no further than this link.
-        for (mask, prefix, comment) in [
-            (
-                [0xff, 0xc0],
-                [0xfe, 0x80],
-                "neighbour discovery to a link-local address: not guarded",
-            ),
-            (
-                [0xff, 0xff],
-                [0xff, 0x02],
-                "neighbour discovery to link-local multicast: not guarded",
-            ),
-        ] {
-            let mut exprs = l4proto_is(l.icmp_proto).to_vec();
-            exprs.extend([
-                load(NFT_PAYLOAD_TRANSPORT_HEADER, 0, 1, A),
-                cmp(A, NFT_CMP_GTE, vec![first]),
-                cmp(A, NFT_CMP_LTE, vec![last]),
-                load(NFT_PAYLOAD_NETWORK_HEADER, l.daddr_offset, 2, A),
-                Expr::Bitwise {
-                    reg: A,
-                    mask: mask.to_vec(),
-                    xor: vec![0; 2],
-                },
-                cmp(A, NFT_CMP_EQ, prefix.to_vec()),
-                Expr::Verdict(NF_ACCEPT),
-            ]);
-            rules.push(RuleDef { comment, exprs });
-        }
-    }
+    rules.extend(neighbour_discovery(l, &[]));
     rules.push(RuleDef {
         comment: "anti-spoofing: a guarded source only from its own path",
         exprs: vec![
