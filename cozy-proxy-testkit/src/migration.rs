@@ -1,5 +1,5 @@
 //! A VM that live-migrates between the two nodes of a [`Cluster`] (routed
-//! shape), as KubeVirt on Kube-OVN does it: the VM keeps its IP and its
+//! veths, or a bridge per node), as KubeVirt on Kube-OVN does it: the VM keeps its IP and its
 //! sockets; its interface moves from one node to the other; the network
 //! then delivers its IP at the node it runs on. The VM is one namespace
 //! with an interface toward each node (only the active one up), its
@@ -31,29 +31,41 @@ pub struct Vm {
     pub ns: String,
     /// The node the VM runs on.
     pub on: usize,
+    shape: ClusterShape,
 }
 
+/// The node's side of the VM's link.
+const PORT: &str = "vm";
+
 impl Vm {
-    /// The VM, running on node1.
+    /// The VM, running on node1: on routed nodes a veth of its own toward
+    /// each node (the node's side holding the pods' gateway address), on
+    /// bridged nodes a port of each node's pod bridge.
     pub fn start(c: &Cluster) -> Result<Vm> {
+        let shape = c.topo.shape;
         ensure!(
-            c.topo.shape == ClusterShape::Routed,
-            "the migrating VM is built on routed nodes"
+            matches!(shape, ClusterShape::Routed | ClusterShape::Bridge),
+            "the migrating VM is built on routed or bridged nodes"
         );
         let vm = Vm {
             ns: c.topo.ns("vm"),
             on: 1,
+            shape,
         };
         new_ns(&vm.ns)?;
         for k in 1..=2 {
             let node = c.topo.node(k);
-            veth("vm", &node, &eth(k), &vm.ns)?;
-            let (g4, g6) = gateways(k);
-            cmd(&node, &format!("ip addr add {g4}/32 dev vm"))?;
-            cmd(&node, &format!("ip addr add {g6}/128 dev vm nodad"))?;
-            no_offload(&node, "vm")?;
+            veth(PORT, &node, &eth(k), &vm.ns)?;
+            if shape == ClusterShape::Bridge {
+                cmd(&node, &format!("ip link set {PORT} master cni0"))?;
+            } else {
+                let (g4, g6) = gateways(k);
+                cmd(&node, &format!("ip addr add {g4}/32 dev {PORT}"))?;
+                cmd(&node, &format!("ip addr add {g6}/128 dev {PORT} nodad"))?;
+            }
+            no_offload(&node, PORT)?;
             no_offload(&vm.ns, &eth(k))?;
-            cmd(&node, "ip link set vm up")?;
+            cmd(&node, &format!("ip link set {PORT} up"))?;
             // The address stays on an interface that goes down (IPv6
             // removes it otherwise).
             cmd(
@@ -70,12 +82,19 @@ impl Vm {
         }
         vm.attach(1)?;
         for fam in [Fam::V4, Fam::V6] {
-            cmd(
-                &c.topo.node(1),
-                &format!("ip route add {} dev vm", vm_ip(fam)),
-            )?;
+            cmd(&c.topo.node(1), &vm.route_here(fam))?;
         }
         Ok(vm)
+    }
+
+    /// Node `k`'s route into the VM's port: the port itself (routed), or
+    /// the pod bridge it is a port of.
+    fn route_here(&self, fam: Fam) -> String {
+        let dev = match self.shape {
+            ClusterShape::Bridge => "cni0",
+            _ => PORT,
+        };
+        format!("ip route replace {} dev {dev}", vm_ip(fam))
     }
 
     /// The VM's side of the move: its interface toward node `k` up with
@@ -106,7 +125,7 @@ impl Vm {
         cmd(&self.ns, &format!("ip link set {} down", eth(from)))?;
         for fam in [Fam::V4, Fam::V6] {
             let ip = vm_ip(fam);
-            cmd(&c.topo.node(k), &format!("ip route replace {ip} dev vm"))?;
+            cmd(&c.topo.node(k), &self.route_here(fam))?;
             let net = crate::cluster::ClusterNet { fam };
             cmd(
                 &c.topo.node(from),
