@@ -3,7 +3,7 @@
 //! Each of them translates it, unless the kernel's route to the pod IP
 //! delivers it at the other: then it steers the LB IP there, untranslated,
 //! so that one node (the one the VM's traffic passes) holds its flows.
-use super::state::{away, shared_pods, NodeView};
+use super::state::{away, shared_pods, shared_with, NodeView};
 use super::PathOf;
 use crate::model::{cluster::NodeAddresses, LbChange, LbResult, Mapping};
 use std::{
@@ -57,10 +57,11 @@ impl Sharing {
 
     fn follow(&mut self, lb: IpAddr, result: Option<&LbResult>, me: &str) {
         self.shared.remove(&lb);
-        if let Some(LbResult::Mapped(m)) = result {
-            if !shared_pods([m], me).is_empty() {
+        match result {
+            Some(LbResult::Mapped(m)) if shared_with(m, me) => {
                 self.shared.insert(lb, m.clone());
             }
+            _ => {}
         }
     }
 

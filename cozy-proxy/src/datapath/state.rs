@@ -219,15 +219,20 @@ impl<'a> NodeView<'a> {
     }
 }
 
-/// The pods of `mappings` whose endpoints name node `me` and another node,
-/// the pods [`away`] decides on.
+/// Do `m`'s endpoints name node `me` and another node?
+pub fn shared_with(m: &Mapping, me: &str) -> bool {
+    matches!(m.hosts, Hosts::Several(_)) && m.hosts.include(me)
+}
+
+/// The pods of `mappings` shared with node `me` ([`shared_with`]), the
+/// pods [`away`] decides on.
 pub fn shared_pods<'m>(
     mappings: impl IntoIterator<Item = &'m Mapping>,
     me: &str,
 ) -> BTreeMap<IpAddr, &'m Mapping> {
     mappings
         .into_iter()
-        .filter(|m| matches!(m.hosts, Hosts::Several(_)) && m.hosts.include(me))
+        .filter(|m| shared_with(m, me))
         .map(|m| (m.pod_ip, m))
         .collect()
 }
