@@ -14,7 +14,6 @@ use aya::{
 };
 use cozy_proxy::ebpf::OBJECT;
 use cozy_proxy_common::maps as names;
-use std::{fs::File, os::fd::AsRawFd};
 
 /// Where another agent attaches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,14 +47,9 @@ pub struct OtherAgent {
 /// Runs `f` on a thread inside network namespace `ns` (interface names are
 /// resolved there; BPF objects are not tied to a namespace).
 fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
-    let path = format!("/var/run/netns/{ns}");
     std::thread::scope(|s| {
         s.spawn(|| {
-            let file = File::open(&path).with_context(|| path.clone())?;
-            // SAFETY: setns on this (scoped) thread only.
-            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                bail!("setns {ns}: {}", std::io::Error::last_os_error());
-            }
+            crate::topology::enter_netns(ns)?;
             f()
         })
         .join()

@@ -3,12 +3,11 @@
 //! and from which address) and held TCP connections (did they survive, how
 //! long did they stall). Each runs on a thread of its own that entered the
 //! namespace (a socket belongs to the namespace it was made in).
-use anyhow::{bail, Context, Result};
+use crate::topology::enter_netns;
+use anyhow::{Context, Result};
 use std::{
-    fs::File,
     io::{BufRead, BufReader, Write},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
-    os::fd::AsRawFd,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
@@ -16,18 +15,6 @@ use std::{
     thread::JoinHandle,
     time::{Duration, Instant},
 };
-
-/// Moves the calling thread into network namespace `ns`.
-fn enter(ns: &str) -> Result<()> {
-    let path = format!("/var/run/netns/{ns}");
-    let file = File::open(&path).with_context(|| path.clone())?;
-    // SAFETY: setns on the calling thread only, into a namespace file we
-    // hold open.
-    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        bail!("setns {ns}: {}", std::io::Error::last_os_error());
-    }
-    Ok(())
-}
 
 fn any(v6: bool, port: u16) -> SocketAddr {
     match v6 {
@@ -53,7 +40,7 @@ impl Running {
         let (tx, rx) = std::sync::mpsc::channel();
         let (ns, flag) = (ns.to_string(), stop.clone());
         let thread = std::thread::spawn(move || {
-            if let Err(e) = enter(&ns) {
+            if let Err(e) = enter_netns(&ns) {
                 let _ = tx.send(Err(e));
                 return;
             }
