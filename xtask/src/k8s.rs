@@ -16,7 +16,7 @@ use std::{
 
 pub const KUBERNETES: &str = "v1.34.4";
 /// The staging modules' release for KUBERNETES.
-const STAGING: &str = "v0.34.4";
+pub const STAGING: &str = "v0.34.4";
 /// The etcd release KUBERNETES's go.mod requires.
 pub const ETCD: &str = "v3.6.4";
 
@@ -35,7 +35,7 @@ pub fn cache_dir() -> PathBuf {
     PathBuf::from(home).join(format!(".cache/cozy-proxy/k8s-{KUBERNETES}"))
 }
 
-fn go() -> Result<PathBuf> {
+pub fn go() -> Result<PathBuf> {
     for candidate in ["go", "/usr/local/go/bin/go", "/usr/lib/go/bin/go"] {
         if Command::new(candidate)
             .arg("version")
@@ -48,7 +48,7 @@ fn go() -> Result<PathBuf> {
     bail!("Go not found (PATH, /usr/local/go/bin): the real Kubernetes components are built from their Go modules")
 }
 
-fn run_go(go: &Path, dir: &Path, args: &[&str]) -> Result<std::process::Output> {
+pub fn run_go(go: &Path, dir: &Path, args: &[&str]) -> Result<std::process::Output> {
     let out = Command::new(go)
         .args(args)
         .current_dir(dir)

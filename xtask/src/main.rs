@@ -9,6 +9,7 @@
 //! - demo: setup, then the local demo (network namespaces as node, pod and
 //!   outside client, with real traffic).
 mod k8s;
+mod metallb;
 mod plot;
 mod render;
 
@@ -188,6 +189,12 @@ fn setup(purpose: Purpose) -> Result<()> {
             "xtask: Kubernetes {} components in {}",
             k8s::KUBERNETES,
             bin.display()
+        );
+        let metallb = metallb::ensure()?;
+        eprintln!(
+            "xtask: MetalLB {} in {}",
+            metallb::METALLB,
+            metallb.display()
         );
     }
     for (tool, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {

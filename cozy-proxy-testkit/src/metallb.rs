@@ -1,0 +1,200 @@
+//! A real MetalLB in layer 2 mode for the tests: its controller (allocates
+//! LoadBalancer IPs from an `IPAddressPool`) beside the control plane, and
+//! one speaker per node, in the node's namespace (answers ARP and NDP for
+//! the LB IPs it announces, writes `ServiceL2Status`), as the DaemonSet
+//! runs them: memberlist off (every node with a speaker is eligible), no
+//! webhook. Built from `go.universe.tf/metallb` by `cargo xtask setup`
+//! (xtask/src/metallb.rs), with its CRDs.
+use crate::k8s::ControlPlane;
+use crate::sh::Proc;
+use anyhow::{bail, Context, Result};
+use std::{fs, net::IpAddr, path::PathBuf, process::Stdio};
+
+/// The release `cargo xtask setup` builds.
+pub const METALLB: &str = "v0.16.1";
+/// MetalLB's own namespace (its configuration and statuses live there).
+pub const NAMESPACE: &str = "metallb-system";
+
+/// Setup's cache: `bin/` and `crds/`.
+pub fn cache_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("COZY_PROXY_METALLB_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    PathBuf::from(home).join(format!(".cache/cozy-proxy/metallb-{METALLB}"))
+}
+
+pub fn available() -> bool {
+    let c = cache_dir();
+    c.join("bin/controller").is_file() && c.join("bin/speaker").is_file() && c.join("crds").is_dir()
+}
+
+/// A node a speaker runs on: its namespace and its Node's name.
+pub struct SpeakerNode<'a> {
+    pub ns: &'a str,
+    pub name: &'a str,
+}
+
+pub struct MetalLb {
+    procs: Vec<Proc>,
+    /// The components' logs (`controller.log`, `speaker-<node>.log`).
+    pub logs: PathBuf,
+}
+
+/// The objects MetalLB's configuration is: one pool of `addresses`, and
+/// its announcement in layer 2 from every node.
+fn configuration(addresses: &[IpAddr]) -> String {
+    let list: Vec<String> = addresses
+        .iter()
+        .map(|a| match a {
+            IpAddr::V4(_) => format!("\"{a}/32\""),
+            IpAddr::V6(_) => format!("\"{a}/128\""),
+        })
+        .collect();
+    format!(
+        "apiVersion: metallb.io/v1beta1\nkind: IPAddressPool\nmetadata:\n  name: public\n  namespace: {NAMESPACE}\n\
+         spec:\n  addresses: [{}]\n---\n\
+         apiVersion: metallb.io/v1beta1\nkind: L2Advertisement\nmetadata:\n  name: public\n  namespace: {NAMESPACE}\n\
+         spec:\n  ipAddressPools: [public]\n",
+        list.join(", ")
+    )
+}
+
+/// The Pod object of a MetalLB component (each one reads its own, to own
+/// the objects it writes); no kubelet runs it here.
+fn component_pod(name: &str, node: Option<&str>) -> String {
+    let node = node.map_or(String::new(), |n| format!("  nodeName: {n}\n"));
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NAMESPACE}\n\
+         spec:\n{node}  containers:\n  - {{name: {name}, image: quay.io/metallb/speaker:{METALLB}}}\n"
+    )
+}
+
+impl MetalLb {
+    /// Installs the CRDs and the configuration through `cp`, starts the
+    /// controller in `cp`'s namespace and a speaker on each node.
+    pub fn start(cp: &ControlPlane, pool: &[IpAddr], nodes: &[SpeakerNode]) -> Result<MetalLb> {
+        if !available() {
+            bail!(
+                "MetalLB is not in {} (cargo xtask setup builds it)",
+                cache_dir().display()
+            );
+        }
+        let crds = cache_dir().join("crds").display().to_string();
+        cp.kubectl(&["apply", "--server-side", "-f", &crds])?;
+        for crd in ["ipaddresspools", "l2advertisements", "servicel2statuses"] {
+            cp.kubectl(&[
+                "wait",
+                "--for=condition=Established",
+                &format!("crd/{crd}.metallb.io"),
+            ])?;
+        }
+        cp.apply(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NAMESPACE}\n"
+        ))?;
+        cp.apply(&configuration(pool))?;
+        let logs = cp.dir.join("metallb");
+        fs::create_dir_all(&logs)?;
+        let mut m = MetalLb {
+            procs: Vec::new(),
+            logs,
+        };
+        cp.apply(&component_pod("controller", None))?;
+        m.spawn(cp, &cp.ns, "controller", &["--pod-name", "controller"])?;
+        for n in nodes {
+            let pod = format!("speaker-{}", n.name);
+            cp.apply(&component_pod(&pod, Some(n.name)))?;
+            m.spawn(cp, n.ns, &pod, &["--node-name", n.name, "--pod-name", &pod])?;
+        }
+        Ok(m)
+    }
+
+    /// Component `name` (`controller` or `speaker-<node>`) in `ns`, as the
+    /// admin, its metrics off.
+    fn spawn(&mut self, cp: &ControlPlane, ns: &str, name: &str, extra: &[&str]) -> Result<()> {
+        let kind = if name == "controller" {
+            "controller"
+        } else {
+            "speaker"
+        };
+        let bin = cache_dir().join("bin").join(kind).display().to_string();
+        let kubeconfig = format!("KUBECONFIG={}", cp.admin.display());
+        let mut args = vec![
+            "env",
+            &kubeconfig,
+            &bin,
+            "--namespace",
+            NAMESPACE,
+            "--port",
+            "0",
+            "--log-level",
+            "debug",
+        ];
+        if kind == "controller" {
+            args.extend(["--webhook-mode=disabled", "--disable-cert-rotation"]);
+        }
+        args.extend_from_slice(extra);
+        let log = fs::File::create(self.logs.join(format!("{name}.log")))?;
+        self.procs
+            .push(Proc::spawn_in(ns, &args, Stdio::null(), Stdio::from(log))?);
+        Ok(())
+    }
+
+    /// The nodes MetalLB's speakers say announce Service `default/name`
+    /// now (their `ServiceL2Status` objects, label `metallb.io/node`).
+    pub fn announcers(cp: &ControlPlane, service: &str) -> Result<Vec<String>> {
+        let out = cp.kubectl(&[
+            "get",
+            "servicel2statuses",
+            "-n",
+            NAMESPACE,
+            "-l",
+            &format!("metallb.io/service-name={service},metallb.io/service-namespace=default"),
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.labels.metallb\\.io/node}{\"\\n\"}{end}",
+        ])?;
+        let mut nodes: Vec<String> = out.lines().map(str::to_string).collect();
+        nodes.sort();
+        Ok(nodes)
+    }
+
+    /// The last lines of every component's log, for a failure report.
+    pub fn log_tails(&self) -> String {
+        let mut out = String::new();
+        for entry in fs::read_dir(&self.logs).into_iter().flatten().flatten() {
+            let text = fs::read_to_string(entry.path()).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out += &format!(
+                "--- {} ---\n{}\n",
+                entry.file_name().to_string_lossy(),
+                lines[lines.len().saturating_sub(15)..].join("\n")
+            );
+        }
+        out
+    }
+
+    /// The LB IP MetalLB gave Service `default/name`.
+    pub fn allocated(cp: &ControlPlane, service: &str) -> Result<IpAddr> {
+        let out = cp.kubectl(&[
+            "get",
+            "service",
+            service,
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.status.loadBalancer.ingress[0].ip}",
+        ])?;
+        out.trim()
+            .parse()
+            .with_context(|| format!("no LB IP allocated to {service} yet: {out:?}"))
+    }
+}
+
+impl Drop for MetalLb {
+    fn drop(&mut self) {
+        for p in &mut self.procs {
+            p.kill(libc::SIGKILL);
+            let _ = p.child.wait();
+        }
+    }
+}
