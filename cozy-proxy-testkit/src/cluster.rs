@@ -13,7 +13,9 @@
 //! traffic leaving the cluster (as CNIs do), and each runs its own
 //! `cozy-proxy run --node-name nodeN` on the same manifests (Nodes with
 //! podCIDRs and addresses, Services, EndpointSlices with nodeName).
+use crate::k8s::{self, ControlPlane};
 use crate::manifests::{ManifestDir, Svc};
+use crate::metallb::{MetalLb, SpeakerNode};
 use crate::net::Fam;
 use crate::sh::{feed_in, ok_in};
 use crate::topology::{
@@ -556,6 +558,66 @@ impl Drop for ClusterTopology {
     }
 }
 
+/// The API's address: ext's on the LAN.
+const API_ADDRESS: &str = "198.51.100.1";
+
+/// The control plane in `ext`, the chart's RBAC, both Nodes, MetalLB with
+/// a pool of the first LB IP of each family; the LB range made on-link at
+/// `ext`. Returns the controllers' source arguments.
+fn real_api(
+    topo: &ClusterTopology,
+    backend: Backend,
+    dir: &ManifestDir,
+) -> Result<(ClusterApi, Vec<String>)> {
+    let cp = ControlPlane::start_on(
+        &topo.ext(),
+        std::env::temp_dir().join(format!("{}-k8s", topo.prefix)),
+        API_ADDRESS,
+    )?;
+    cp.install_chart(backend.arg())?;
+    dir.put("servicecidr", &k8s::service_cidr_yaml())?;
+    for k in 1..=2 {
+        let node = format!("node{k}");
+        // The spec (podCIDRs) applied; the addresses patched into the
+        // status as a kubelet does (two InternalIPs: apply would merge them
+        // by type).
+        let node_object = node_yaml(k);
+        let spec = node_object.split("status:").next().unwrap_or_default();
+        cp.apply(spec)?;
+        let addresses: Vec<serde_json::Value> = [Fam::V4, Fam::V6]
+            .iter()
+            .map(|&fam| serde_json::json!({"type": "InternalIP", "address": ClusterNet { fam }.node(k).to_string()}))
+            .collect();
+        cp.patch_status(
+            "node",
+            &node,
+            None,
+            &serde_json::json!({"status": {"addresses": addresses}}),
+        )?;
+    }
+    let pool = [
+        ClusterNet { fam: Fam::V4 }.lb(0),
+        ClusterNet { fam: Fam::V6 }.lb(0),
+    ];
+    let speakers = [(topo.node(1), "node1"), (topo.node(2), "node2")];
+    let speakers: Vec<SpeakerNode> = (speakers.iter())
+        .map(|(ns, name)| SpeakerNode { ns, name })
+        .collect();
+    let metallb = MetalLb::start(&cp, &pool, &speakers)?;
+    // The router's LAN holds the LB range: it asks for an LB IP there,
+    // and the announcing speaker answers.
+    cmd(&topo.ext(), "ip route replace 203.0.113.0/24 dev br0")?;
+    cmd(&topo.ext(), "ip -6 route replace 2001:db8:203::/64 dev br0")?;
+    let kubeconfig = cp.service_account_kubeconfig(k8s::RELEASE_NAMESPACE, "cozy-proxy")?;
+    let args = vec![
+        "--kubeconfig".to_string(),
+        kubeconfig.display().to_string(),
+        "--daemonset".to_string(),
+        format!("{}/cozy-proxy", k8s::RELEASE_NAMESPACE),
+    ];
+    Ok((ClusterApi { metallb, cp }, args))
+}
+
 /// Node manifests: addresses and pod networks, as the API publishes them.
 fn node_yaml(k: usize) -> String {
     format!(
@@ -568,9 +630,33 @@ fn node_yaml(k: usize) -> String {
     )
 }
 
-/// A cluster with one controller per node, all reading one directory.
+/// Where the controllers read the cluster from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterSource {
+    /// One manifest directory.
+    Manifests,
+    /// A real control plane on the LAN (in `ext`, served on its address)
+    /// with a real MetalLB: its controller allocates the LB IPs, a speaker
+    /// on each node announces them, and `ext` reaches the LB range on its
+    /// LAN by ARP and NDP (no route to a node).
+    RealApi,
+}
+
+/// The real control plane and MetalLB of a [`ClusterSource::RealApi`]
+/// cluster (MetalLB stops first).
+pub struct ClusterApi {
+    pub metallb: MetalLb,
+    pub cp: ControlPlane,
+}
+
+/// A cluster with one controller per node. The manifest directory holds
+/// what the cluster holds (the controllers read it, or with a real API
+/// the tests compare the datapaths against it).
 pub struct Cluster {
     pub ctls: Vec<Controller>,
+    /// Dropped after the controllers (a stopping controller asks the API
+    /// for its DaemonSet) and before the namespaces.
+    pub api: Option<ClusterApi>,
     pub dir: ManifestDir,
     pub topo: ClusterTopology,
     pub net: ClusterNet,
@@ -583,11 +669,30 @@ impl Cluster {
     }
 
     pub fn with_shape(backend: Backend, fam: Fam, shape: ClusterShape) -> Result<Cluster> {
+        Cluster::with_source(backend, fam, shape, ClusterSource::Manifests)
+    }
+
+    pub fn with_source(
+        backend: Backend,
+        fam: Fam,
+        shape: ClusterShape,
+        source: ClusterSource,
+    ) -> Result<Cluster> {
         let topo = ClusterTopology::new(shape)?;
         let dir = ManifestDir::new(&topo.prefix)?;
         for k in 1..=2 {
             dir.put(&format!("node{k}"), &node_yaml(k))?;
         }
+        let (api, source) = match source {
+            ClusterSource::Manifests => (
+                None,
+                vec!["--manifests".into(), dir.path.display().to_string()],
+            ),
+            ClusterSource::RealApi => {
+                let (api, args) = real_api(&topo, backend, &dir)?;
+                (Some(api), args)
+            }
+        };
         let mut ctls = Vec::new();
         for k in 1..=2 {
             let log = std::env::temp_dir().join(format!("{}-n{k}-controller.log", topo.prefix));
@@ -598,18 +703,18 @@ impl Cluster {
                 }
                 Backend::Nft => std::env::temp_dir().join(format!("{}-unused-pins", topo.prefix)),
             };
-            let source = vec!["--manifests".into(), dir.path.display().to_string()];
             ctls.push(Controller::start(
                 &topo.node(k),
                 &format!("node{k}"),
                 backend,
-                source,
+                source.clone(),
                 pin_dir,
                 log,
             )?);
         }
         Ok(Cluster {
             ctls,
+            api,
             dir,
             topo,
             net: ClusterNet { fam },

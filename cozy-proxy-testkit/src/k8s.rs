@@ -55,6 +55,8 @@ pub struct ControlPlane {
     pub url: String,
     /// The admin's kubeconfig (for kubectl).
     pub admin: PathBuf,
+    /// The address the API is served on.
+    listen: String,
     port: u16,
     etcd_port: u16,
 }
@@ -63,9 +65,9 @@ fn openssl(args: &[&str]) -> Result<()> {
     ok(&[&["openssl"], args].concat()).map(|_| ())
 }
 
-/// A CA, a serving certificate for 127.0.0.1 and a service-account key
-/// pair, in `dir`.
-fn certificates(dir: &Path) -> Result<()> {
+/// A CA, a serving certificate for 127.0.0.1 and `listen`, and a
+/// service-account key pair, in `dir`.
+fn certificates(dir: &Path, listen: &str) -> Result<()> {
     let p = |f: &str| dir.join(f).display().to_string();
     openssl(&[
         "req",
@@ -96,7 +98,7 @@ fn certificates(dir: &Path) -> Result<()> {
     ])?;
     fs::write(
         dir.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        format!("subjectAltName=IP:127.0.0.1,IP:{listen},DNS:localhost\n"),
     )?;
     openssl(&[
         "x509",
@@ -143,8 +145,14 @@ pub fn kubeconfig(dir: &Path, url: &str, token: &str, name: &str) -> Result<Path
 
 impl ControlPlane {
     /// Starts etcd, kube-apiserver and kube-controller-manager in `ns`,
-    /// state under `dir`; returns once the API answers.
+    /// state under `dir`; returns once the API answers on loopback.
     pub fn start(ns: &str, dir: PathBuf) -> Result<ControlPlane> {
+        ControlPlane::start_on(ns, dir, "127.0.0.1")
+    }
+
+    /// The same, the API served on `listen`, an address of `ns` (other
+    /// namespaces reach it there: the nodes of a cluster).
+    pub fn start_on(ns: &str, dir: PathBuf, listen: &str) -> Result<ControlPlane> {
         if !available() {
             bail!(
                 "the Kubernetes binaries are not in {} (cargo xtask setup builds them)",
@@ -152,10 +160,10 @@ impl ControlPlane {
             );
         }
         fs::create_dir_all(&dir)?;
-        certificates(&dir)?;
+        certificates(&dir, listen)?;
         // Ports: the namespace is the test's own, so fixed ones are free.
         let (port, etcd_port) = (6443, 2379);
-        let url = format!("https://127.0.0.1:{port}");
+        let url = format!("https://{listen}:{port}");
         let admin = kubeconfig(&dir, &url, ADMIN_TOKEN, "admin")?;
         let mut cp = ControlPlane {
             ns: ns.into(),
@@ -166,6 +174,7 @@ impl ControlPlane {
             kube_proxy: None,
             url,
             admin,
+            listen: listen.into(),
             port,
             etcd_port,
         };
@@ -234,11 +243,11 @@ impl ControlPlane {
             "--etcd-servers".into(),
             format!("http://127.0.0.1:{}", self.etcd_port),
             "--bind-address".into(),
-            "127.0.0.1".into(),
+            self.listen.clone(),
             "--secure-port".into(),
             self.port.to_string(),
             "--advertise-address".into(),
-            "127.0.0.1".into(),
+            self.listen.clone(),
             "--tls-cert-file".into(),
             d("server.crt"),
             "--tls-private-key-file".into(),
@@ -259,7 +268,8 @@ impl ControlPlane {
             format!("{SERVICE_CIDR_V4},{SERVICE_CIDR_V6}"),
             "--allow-privileged".into(),
             "--enable-priority-and-fairness=false".into(),
-            // Loopback cannot be an endpoint of the `kubernetes` Service.
+            // No endpoints for the `kubernetes` Service: loopback cannot be
+            // one, and nothing in the tests uses it.
             "--endpoint-reconciler-type=none".into(),
             "--watch-cache=true".into(),
         ];
@@ -473,7 +483,7 @@ impl Drop for ControlPlane {
 /// The namespace the chart is installed in.
 pub const RELEASE_NAMESPACE: &str = "kube-system";
 /// The label tying the test Pods to their Service's selector.
-const SELECTOR_LABEL: &str = "cozy-proxy-tests/service";
+pub const SELECTOR_LABEL: &str = "cozy-proxy-tests/service";
 
 /// A test node's Node object, with its InternalIP if given (a kubelet
 /// publishes it in the status).
@@ -585,7 +595,7 @@ impl ControlPlane {
 
     /// Merges `status` into the status of `kind/name` (in `namespace`),
     /// as the object's own controller (kubelet, load balancer) would.
-    fn patch_status(
+    pub fn patch_status(
         &self,
         kind: &str,
         name: &str,

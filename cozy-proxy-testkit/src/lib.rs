@@ -13,6 +13,7 @@ pub mod fuzz;
 pub mod image;
 pub mod k8s;
 pub mod manifests;
+pub mod metallb;
 pub mod migration;
 pub mod net;
 pub mod scenario;

@@ -5,11 +5,14 @@
 //! with an interface toward each node (only the active one up), its
 //! address on both, so its sockets survive the move.
 //!
-//! And the objects a migration writes, as the EndpointSlice controller
-//! writes them from the two virt-launcher pods' conditions.
+//! And the objects a migration writes: the EndpointSlice as the
+//! EndpointSlice controller writes it from the two virt-launcher pods'
+//! conditions, or, with a real API, the pods themselves.
 use crate::cluster::{Cluster, ClusterShape};
+use crate::k8s::{ControlPlane, SELECTOR_LABEL};
 use crate::net::Fam;
 use crate::topology::{cmd, new_ns, no_offload, remove_namespaces, veth};
+use crate::traffic::{eventually, SETTLE};
 use anyhow::{ensure, Result};
 use std::net::IpAddr;
 
@@ -215,4 +218,102 @@ pub fn launchers_slice(name: &str, fam: Fam, pods: &[Launcher]) -> String {
         );
     }
     y
+}
+
+/// The name of the launcher pod on node `k`.
+fn launcher_pod(k: usize) -> String {
+    format!("virt-launcher-vm-n{k}")
+}
+
+/// The launcher pods of Service `service` through the API, as KubeVirt
+/// creates them and kubelets report them: each on its node, the VM's IP
+/// in its status, `Ready` as its launcher's; an ending one deleted
+/// gracefully (no kubelet confirms it, so it stays terminating); a pod no
+/// longer listed deleted at once. The real EndpointSlice controller makes
+/// the slice from them.
+pub fn put_launcher_pods(
+    cp: &ControlPlane,
+    service: &str,
+    fam: Fam,
+    pods: &[Launcher],
+) -> Result<()> {
+    let wanted: Vec<String> = pods.iter().map(|l| launcher_pod(l.node)).collect();
+    let present = cp.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "default",
+        "-l",
+        &format!("{SELECTOR_LABEL}={service}"),
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+    ])?;
+    for name in present.split_whitespace() {
+        if !wanted.iter().any(|w| w == name) {
+            cp.kubectl(&[
+                "delete",
+                "pod",
+                name,
+                "-n",
+                "default",
+                "--grace-period=0",
+                "--force",
+                "--wait=false",
+            ])?;
+        }
+    }
+    for (l, name) in pods.iter().zip(&wanted) {
+        cp.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  labels:\n    {SELECTOR_LABEL}: {service}\n\
+             spec:\n  nodeName: node{}\n  containers:\n  - {{name: compute, image: registry.invalid/virt-launcher:1}}\n",
+            l.node
+        ))?;
+        let ip = vm_ip(fam).to_string();
+        let ready = if l.ready { "True" } else { "False" };
+        cp.patch_status(
+            "pod",
+            name,
+            Some("default"),
+            &serde_json::json!({"status": {
+                "phase": "Running",
+                "podIP": ip,
+                "podIPs": [{"ip": ip}],
+                "conditions": [{"type": "Ready", "status": ready}],
+            }}),
+        )?;
+        if l.terminating {
+            cp.kubectl(&["delete", "pod", name, "-n", "default", "--wait=false"])?;
+        }
+    }
+    // The EndpointSlice controller's slice: one endpoint per pod, with the
+    // launcher's node and conditions.
+    let mut want: Vec<String> = (pods.iter())
+        .map(|l| {
+            format!(
+                "{} node{} {} {} {}",
+                vm_ip(fam),
+                l.node,
+                l.ready,
+                l.serving,
+                l.terminating
+            )
+        })
+        .collect();
+    want.sort();
+    eventually(SETTLE, || {
+        let out = cp.kubectl(&[
+            "get",
+            "endpointslices",
+            "-n",
+            "default",
+            "-l",
+            &format!("kubernetes.io/service-name={service}"),
+            "-o",
+            "jsonpath={range .items[*].endpoints[*]}{.addresses[0]} {.nodeName} {.conditions.ready} {.conditions.serving} {.conditions.terminating}{\"\\n\"}{end}",
+        ])?;
+        let mut got: Vec<String> = out.lines().map(str::to_string).collect();
+        got.sort();
+        ensure!(got == want, "EndpointSlice {got:?}, expected {want:?}");
+        Ok(())
+    })
 }
