@@ -22,11 +22,14 @@
 //! by pod IP, and (port filter) an unlisted port closed. Needs root.
 use anyhow::{ensure, Context, Result};
 use cozy_proxy_testkit::{
-    cluster::{pod, Cluster, ClusterShape},
+    cluster::{pod, Cluster, ClusterShape, ClusterSource},
     flows::{Datagram, Echo, HeldTcp, UdpStream},
+    k8s::api_service_yaml,
     manifests::Svc,
-    migration::{launchers_slice, vm_ip, Launcher, Vm},
+    metallb::MetalLb,
+    migration::{launchers_slice, put_launcher_pods, vm_ip, Launcher, Vm},
     net::Fam,
+    sh::ok,
     topology::cmd,
     traffic::{eventually, tcp_request, Server, SETTLE},
     Backend,
@@ -51,19 +54,74 @@ const EVERY: Duration = Duration::from_millis(10);
 /// datapaths follow, 10-90 ms measured), and nothing anywhere else.
 const MOVE_LOSS: usize = 15;
 
-fn put_launchers(c: &Cluster, pods: &[Launcher]) -> Result<()> {
-    c.dir
-        .put("vm-endpoints", &launchers_slice("vm", c.fam(), pods))
+/// The Service, in the manifests; with a real API also through it, as a
+/// user creates it (`externalTrafficPolicy: Local`, as Cozystack's), and
+/// MetalLB allocates its LB IP from its pool.
+fn put_service(c: &Cluster, svc: &Svc) -> Result<()> {
+    c.dir.put("vm", &svc.yaml())?;
+    let Some(api) = &c.api else {
+        return Ok(());
+    };
+    let yaml = api_service_yaml(svc, c.net.address_type()) + "  externalTrafficPolicy: Local\n";
+    api.cp.apply(&yaml)?;
+    let got = eventually(SETTLE, || MetalLb::allocated(&api.cp, "vm"))
+        .with_context(|| api.metallb.log_tails())?;
+    ensure!(got == c.lb(0), "MetalLB allocated {got}, not {}", c.lb(0));
+    Ok(())
 }
 
-/// The outside router's route to the LB IP: toward node `k`, as the L2
-/// announcement from node `k` makes it.
-fn announce(c: &Cluster, k: usize) -> Result<()> {
-    let len = if c.fam() == Fam::V4 { 32 } else { 128 };
-    cmd(
-        &c.topo.ext(),
-        &format!("ip route replace {}/{len} via {}", c.lb(0), c.net.node(k)),
-    )
+/// The launchers' EndpointSlice, in the manifests; with a real API, their
+/// pods through it (the EndpointSlice controller writes the slice).
+fn put_launchers(c: &Cluster, pods: &[Launcher]) -> Result<()> {
+    c.dir
+        .put("vm-endpoints", &launchers_slice("vm", c.fam(), pods))?;
+    match &c.api {
+        Some(api) => put_launcher_pods(&api.cp, "vm", c.fam(), pods),
+        None => Ok(()),
+    }
+}
+
+/// The node MetalLB announces the LB IP from, among `candidates` (the
+/// nodes with a ready or serving endpoint, `externalTrafficPolicy:
+/// Local`): the first in the order of sha256("<node>#<ip>").
+fn metallb_choice(c: &Cluster, candidates: &[usize]) -> Result<usize> {
+    let digest = |k: &usize| -> Result<String> {
+        let input = format!("node{k}#{}", c.lb(0));
+        let out = ok(&["sh", "-c", &format!("printf %s '{input}' | sha256sum")])?;
+        Ok(out
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string())
+    };
+    let mut ranked = Vec::new();
+    for k in candidates {
+        ranked.push((digest(k)?, *k));
+    }
+    ranked.sort();
+    ranked.first().map(|r| r.1).context("no candidate node")
+}
+
+/// The L2 announcement among `candidates`. With manifests, the outside
+/// router's route to the LB IP goes toward the node MetalLB would choose;
+/// with a real MetalLB, its speakers choose and the router finds the LB
+/// IP by ARP or NDP: waits until the ServiceL2Status names that node.
+fn announce(c: &Cluster, candidates: &[usize]) -> Result<()> {
+    let k = metallb_choice(c, candidates)?;
+    let Some(api) = &c.api else {
+        let len = if c.fam() == Fam::V4 { 32 } else { 128 };
+        return cmd(
+            &c.topo.ext(),
+            &format!("ip route replace {}/{len} via {}", c.lb(0), c.net.node(k)),
+        );
+    };
+    let want = vec![format!("node{k}")];
+    eventually(SETTLE, || {
+        let got = MetalLb::announcers(&api.cp, "vm")?;
+        ensure!(got == want, "MetalLB announces from {got:?}, not {want:?}");
+        Ok(())
+    })
+    .with_context(|| api.metallb.log_tails())
 }
 
 /// What must hold in every window.
@@ -122,7 +180,17 @@ fn migration(backend: Backend, fam: Fam, filtered: bool) -> Result<()> {
 }
 
 fn on_shape(shape: ClusterShape, backend: Backend, fam: Fam, filtered: bool) -> Result<()> {
-    let mut c = Cluster::with_shape(backend, fam, shape)?;
+    from_source(ClusterSource::Manifests, shape, backend, fam, filtered)
+}
+
+fn from_source(
+    source: ClusterSource,
+    shape: ClusterShape,
+    backend: Backend,
+    fam: Fam,
+    filtered: bool,
+) -> Result<()> {
+    let mut c = Cluster::with_source(backend, fam, shape, source)?;
     let run = |c: &mut Cluster| -> Result<String> { migrate(c, filtered, false) };
     run(&mut c).map_err(|e| anyhow::anyhow!("{e:#}\n{}", c.logs()))?;
     Ok(())
@@ -192,9 +260,9 @@ fn migrate(c: &mut Cluster, filtered: bool, original: bool) -> Result<String> {
     if filtered {
         svc = svc.filter(&[("TCP", PORT), ("UDP", PORT), ("TCP", FLOW), ("UDP", FLOW)]);
     }
-    c.dir.put("vm", &svc.yaml())?;
+    put_service(c, &svc)?;
     put_launchers(c, &[Launcher::ready(1)])?;
-    announce(c, 1)?;
+    announce(c, &[1])?;
     if !original {
         c.settle()?;
         check(c, &vm, filtered).context("W0, before the streams")?;
@@ -237,11 +305,12 @@ fn migrate(c: &mut Cluster, filtered: bool, original: bool) -> Result<String> {
 
     windows.push(("W3", Instant::now()));
     put_launchers(c, &[Launcher::ready(1), Launcher::ready(2)])?;
-    announce(c, 2)?;
+    announce(c, &[1, 2])?;
     window(c, "W3", &vm)?;
 
     windows.push(("W4", Instant::now()));
     put_launchers(c, &[Launcher::ending(1), Launcher::ready(2)])?;
+    announce(c, &[2])?;
     window(c, "W4", &vm)?;
     put_launchers(c, &[Launcher::ready(2)])?;
     window(c, "W4", &vm)?;
@@ -359,6 +428,41 @@ mod bridge {
         nft_v6_port_filter: Backend::Nft, Fam::V6;
         ebpf_v4_port_filter: Backend::Ebpf, Fam::V4;
         ebpf_v6_port_filter: Backend::Ebpf, Fam::V6;
+    }
+}
+
+/// With the real API server, EndpointSlice controller and MetalLB: the
+/// launcher pods written through the API, MetalLB allocating the LB IP
+/// and announcing it (the outside router finds it by ARP or NDP), each
+/// backend and family once, each mode twice.
+mod real_api {
+    use super::*;
+
+    macro_rules! through_the_api {
+        ($($name:ident: $backend:expr, $fam:expr, $filtered:expr;)*) => {
+            $(
+                #[test]
+                fn $name() {
+                    let run = from_source(
+                        ClusterSource::RealApi,
+                        ClusterShape::Routed,
+                        $backend,
+                        $fam,
+                        $filtered,
+                    );
+                    if let Err(e) = run {
+                        panic!("{e:#}");
+                    }
+                }
+            )*
+        };
+    }
+
+    through_the_api! {
+        nft_v4_passthrough: Backend::Nft, Fam::V4, false;
+        nft_v6_port_filter: Backend::Nft, Fam::V6, true;
+        ebpf_v4_port_filter: Backend::Ebpf, Fam::V4, true;
+        ebpf_v6_passthrough: Backend::Ebpf, Fam::V6, false;
     }
 }
 
