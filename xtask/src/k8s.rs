@@ -1,5 +1,5 @@
 //! The real Kubernetes components the tests run: kube-apiserver,
-//! kube-controller-manager and kube-proxy from the `k8s.io/kubernetes` Go
+//! kube-controller-manager, kube-proxy and kubectl from the `k8s.io/kubernetes` Go
 //! module, etcd from `go.etcd.io/etcd/server/v3`, built with Go and its
 //! module proxy (both on these machines) once per machine into a cache
 //! (`~/.cache/cozy-proxy/k8s-<version>`, or `$COZY_PROXY_K8S_CACHE`).
@@ -8,7 +8,6 @@
 //! the matching `v0.x` release: they are read from its own go.mod.
 use anyhow::{bail, Context, Result};
 use std::{
-    env,
     path::{Path, PathBuf},
     process::Command,
     time::Instant,
@@ -20,19 +19,16 @@ pub const STAGING: &str = "v0.34.4";
 /// The etcd release KUBERNETES's go.mod requires.
 pub const ETCD: &str = "v3.6.4";
 
-pub const BINARIES: [&str; 4] = [
+pub const BINARIES: [&str; 5] = [
     "kube-apiserver",
     "kube-controller-manager",
     "kube-proxy",
+    "kubectl",
     "etcd",
 ];
 
 pub fn cache_dir() -> PathBuf {
-    if let Ok(dir) = env::var("COZY_PROXY_K8S_CACHE") {
-        return PathBuf::from(dir);
-    }
-    let home = env::var("HOME").unwrap_or_else(|_| "/root".into());
-    PathBuf::from(home).join(format!(".cache/cozy-proxy/k8s-{KUBERNETES}"))
+    crate::pinned::cache_dir("COZY_PROXY_K8S_CACHE", &format!("k8s-{KUBERNETES}"))
 }
 
 pub fn go() -> Result<PathBuf> {
@@ -95,6 +91,19 @@ fn staging_modules(go: &Path, dir: &Path) -> Result<Vec<String>> {
     Ok(modules)
 }
 
+/// Writes `dir/go.mod`: `head` (the module and its requirements), then
+/// every staging module pinned to [`STAGING`].
+pub fn pin_staging(go: &Path, dir: &Path, head: &str) -> Result<()> {
+    std::fs::write(dir.join("go.mod"), head)?;
+    let mut gomod = format!("{head}\nreplace (\n");
+    for m in staging_modules(go, dir)? {
+        gomod.push_str(&format!("\t{m} => {m} {STAGING}\n"));
+    }
+    gomod.push_str(")\n");
+    std::fs::write(dir.join("go.mod"), gomod)?;
+    Ok(())
+}
+
 /// The binaries, built if the cache lacks them; returns their directory.
 pub fn ensure() -> Result<PathBuf> {
     let cache = cache_dir();
@@ -110,16 +119,13 @@ pub fn ensure() -> Result<PathBuf> {
         "xtask: building Kubernetes {KUBERNETES} and etcd {ETCD} from their Go modules into {}",
         cache.display()
     );
-    std::fs::write(src.join("go.mod"), "module cozy-proxy-k8s\n\ngo 1.24.0\n")?;
-    let staging = staging_modules(&go, &src)?;
-    let mut gomod = format!(
-        "module cozy-proxy-k8s\n\ngo 1.24.0\n\nrequire (\n\tk8s.io/kubernetes {KUBERNETES}\n\tgo.etcd.io/etcd/server/v3 {ETCD}\n)\n\nreplace (\n"
-    );
-    for m in &staging {
-        gomod.push_str(&format!("\t{m} => {m} {STAGING}\n"));
-    }
-    gomod.push_str(")\n");
-    std::fs::write(src.join("go.mod"), gomod)?;
+    pin_staging(
+        &go,
+        &src,
+        &format!(
+            "module cozy-proxy-k8s\n\ngo 1.24.0\n\nrequire (\n\tk8s.io/kubernetes {KUBERNETES}\n\tgo.etcd.io/etcd/server/v3 {ETCD}\n)\n"
+        ),
+    )?;
     std::fs::write(
         src.join("etcd/main.go"),
         "// etcd, as its own binary's main does.\npackage main\n\nimport (\n\t\"os\"\n\n\t\"go.etcd.io/etcd/server/v3/etcdmain\"\n)\n\nfunc main() {\n\tetcdmain.Main(os.Args)\n}\n",
@@ -146,6 +152,7 @@ pub fn ensure() -> Result<PathBuf> {
             "k8s.io/kubernetes/cmd/kube-apiserver",
             "k8s.io/kubernetes/cmd/kube-controller-manager",
             "k8s.io/kubernetes/cmd/kube-proxy",
+            "k8s.io/kubernetes/cmd/kubectl",
             "./etcd",
         ],
     )?;

