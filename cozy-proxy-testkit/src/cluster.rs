@@ -608,13 +608,7 @@ fn real_api(
     // and the announcing speaker answers.
     cmd(&topo.ext(), "ip route replace 203.0.113.0/24 dev br0")?;
     cmd(&topo.ext(), "ip -6 route replace 2001:db8:203::/64 dev br0")?;
-    let kubeconfig = cp.service_account_kubeconfig(k8s::RELEASE_NAMESPACE, "cozy-proxy")?;
-    let args = vec![
-        "--kubeconfig".to_string(),
-        kubeconfig.display().to_string(),
-        "--daemonset".to_string(),
-        format!("{}/cozy-proxy", k8s::RELEASE_NAMESPACE),
-    ];
+    let args = cp.controller_args()?;
     Ok((ClusterApi { metallb, cp }, args))
 }
 

@@ -445,6 +445,19 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// cozy-proxy's source arguments as the chart runs it: the token of
+    /// its ServiceAccount (bound to exactly the chart's roles), and its
+    /// DaemonSet.
+    pub fn controller_args(&self) -> Result<Vec<String>> {
+        let kubeconfig = self.service_account_kubeconfig(RELEASE_NAMESPACE, "cozy-proxy")?;
+        Ok(vec![
+            "--kubeconfig".to_string(),
+            kubeconfig.display().to_string(),
+            "--daemonset".to_string(),
+            format!("{RELEASE_NAMESPACE}/cozy-proxy"),
+        ])
+    }
+
     /// A kubeconfig with a token of ServiceAccount `namespace/name`.
     pub fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> Result<PathBuf> {
         let token =
@@ -693,23 +706,30 @@ impl ControlPlane {
         within: Duration,
     ) -> Result<()> {
         eventually(within, || {
-            let out = self.kubectl(&[
-                "get",
-                "endpointslices",
-                "-n",
-                "default",
-                "-l",
-                &format!("kubernetes.io/service-name={service}"),
-                "-o",
-                "jsonpath={range .items[*].endpoints[*]}{.addresses[0]} {.conditions.ready}{\"\\n\"}{end}",
-            ])?;
-            if out.lines().any(|l| l.trim() == format!("{address} true")) {
+            let out = self.endpoints_of(service, "{.addresses[0]} {.conditions.ready}")?;
+            if out.iter().any(|l| l.trim() == format!("{address} true")) {
                 Ok(())
             } else {
                 bail!("no ready endpoint {address} for {service}: {out:?}")
             }
         })
         .with_context(|| self.log_tail("kube-controller-manager"))
+    }
+
+    /// One line per endpoint of `service`'s EndpointSlices: `fields`, a
+    /// jsonpath template over an endpoint.
+    pub fn endpoints_of(&self, service: &str, fields: &str) -> Result<Vec<String>> {
+        let out = self.kubectl(&[
+            "get",
+            "endpointslices",
+            "-n",
+            "default",
+            "-l",
+            &format!("kubernetes.io/service-name={service}"),
+            "-o",
+            &format!("jsonpath={{range .items[*].endpoints[*]}}{fields}{{\"\\n\"}}{{end}}"),
+        ])?;
+        Ok(out.lines().map(str::to_string).collect())
     }
 
     /// Deletes a Service and its Pods.
@@ -721,7 +741,8 @@ impl ControlPlane {
         Ok(())
     }
 
-    fn pods_of(&self, service: &str) -> Result<Vec<String>> {
+    /// The names of the test Pods selected by Service `service`.
+    pub fn pods_of(&self, service: &str) -> Result<Vec<String>> {
         let out = self.kubectl(&[
             "get",
             "pods",
@@ -736,7 +757,7 @@ impl ControlPlane {
     }
 
     /// No kubelet confirms a Pod's end here: deleted at once.
-    fn delete_pod(&self, name: &str) -> Result<()> {
+    pub fn delete_pod(&self, name: &str) -> Result<()> {
         self.kubectl(&[
             "delete",
             "pod",

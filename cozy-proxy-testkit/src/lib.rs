@@ -369,13 +369,7 @@ fn real_api(
     cp.create_node("node1")?;
     dir.put("node1", &k8s::node_yaml("node1", None))?;
     dir.put("servicecidr", &k8s::service_cidr_yaml())?;
-    let kubeconfig = cp.service_account_kubeconfig(k8s::RELEASE_NAMESPACE, "cozy-proxy")?;
-    let args = vec![
-        "--kubeconfig".to_string(),
-        kubeconfig.display().to_string(),
-        "--daemonset".to_string(),
-        format!("{}/cozy-proxy", k8s::RELEASE_NAMESPACE),
-    ];
+    let args = cp.controller_args()?;
     Ok((cp, args))
 }
 

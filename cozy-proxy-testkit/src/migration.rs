@@ -238,28 +238,9 @@ pub fn put_launcher_pods(
     pods: &[Launcher],
 ) -> Result<()> {
     let wanted: Vec<String> = pods.iter().map(|l| launcher_pod(l.node)).collect();
-    let present = cp.kubectl(&[
-        "get",
-        "pods",
-        "-n",
-        "default",
-        "-l",
-        &format!("{SELECTOR_LABEL}={service}"),
-        "-o",
-        "jsonpath={.items[*].metadata.name}",
-    ])?;
-    for name in present.split_whitespace() {
-        if !wanted.iter().any(|w| w == name) {
-            cp.kubectl(&[
-                "delete",
-                "pod",
-                name,
-                "-n",
-                "default",
-                "--grace-period=0",
-                "--force",
-                "--wait=false",
-            ])?;
+    for name in cp.pods_of(service)? {
+        if !wanted.contains(&name) {
+            cp.delete_pod(&name)?;
         }
     }
     for (l, name) in pods.iter().zip(&wanted) {
@@ -301,17 +282,10 @@ pub fn put_launcher_pods(
         .collect();
     want.sort();
     eventually(SETTLE, || {
-        let out = cp.kubectl(&[
-            "get",
-            "endpointslices",
-            "-n",
-            "default",
-            "-l",
-            &format!("kubernetes.io/service-name={service}"),
-            "-o",
-            "jsonpath={range .items[*].endpoints[*]}{.addresses[0]} {.nodeName} {.conditions.ready} {.conditions.serving} {.conditions.terminating}{\"\\n\"}{end}",
-        ])?;
-        let mut got: Vec<String> = out.lines().map(str::to_string).collect();
+        let mut got = cp.endpoints_of(
+            service,
+            "{.addresses[0]} {.nodeName} {.conditions.ready} {.conditions.serving} {.conditions.terminating}",
+        )?;
         got.sort();
         ensure!(got == want, "EndpointSlice {got:?}, expected {want:?}");
         Ok(())
