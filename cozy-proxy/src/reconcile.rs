@@ -218,6 +218,7 @@ impl<D: Datapath> Reconciler<D> {
                 pod_ip = %m.pod_ip,
                 nodes = ?m.hosts.nodes(),
                 translated_here = here,
+                why = %self.sharing.why(m.pod_ip),
                 "a pod several nodes' endpoints hold: {}",
                 if here {
                     "the kernel delivers it here; translated here"

@@ -3,7 +3,7 @@
 //! Each of them translates it, unless the kernel's route to the pod IP
 //! delivers it at the other: then it steers the LB IP there, untranslated,
 //! so that one node (the one the VM's traffic passes) holds its flows.
-use super::state::{away, shared_pods, shared_with, NodeView};
+use super::state::{away_via, shared_pods, shared_with, Elsewhere, NodeView};
 use super::PathOf;
 use crate::model::{cluster::NodeAddresses, LbChange, LbResult, Mapping};
 use std::{
@@ -20,6 +20,8 @@ pub struct SharedMapping {
     /// The nodes its endpoints name, comma-separated.
     pub nodes: String,
     pub translated_here: bool,
+    /// Why: where the kernel's route to the pod leads.
+    pub why: String,
 }
 
 /// The mappings this node shares with another node, and which of their
@@ -29,8 +31,10 @@ pub struct SharedMapping {
 pub struct Sharing {
     /// By LB IP: the mappings whose endpoints name this node and another.
     shared: BTreeMap<IpAddr, Mapping>,
-    /// Their pods delivered at another of their nodes ([`away`]).
+    /// Their pods delivered at another of their nodes ([`away_via`]).
     away: BTreeSet<IpAddr>,
+    /// Where the routes to those pods lead.
+    routes: BTreeMap<IpAddr, Elsewhere>,
 }
 
 impl Sharing {
@@ -89,7 +93,8 @@ impl Sharing {
             return (BTreeSet::new(), Vec::new());
         };
         let by_pod = shared_pods(self.shared.values(), me);
-        let now = away(&by_pod, me, addresses, paths);
+        self.routes = away_via(&by_pod, me, addresses, paths);
+        let now: BTreeSet<IpAddr> = self.routes.keys().copied().collect();
         let moved: Vec<LbChange> = (now.symmetric_difference(&self.away))
             .filter_map(|pod| by_pod.get(pod))
             .map(|m| LbChange {
@@ -111,8 +116,17 @@ impl Sharing {
                     .collect::<Vec<_>>()
                     .join(","),
                 translated_here: !self.away.contains(&m.pod_ip),
+                why: self.why(m.pod_ip),
             })
             .collect()
+    }
+
+    /// Why `pod` is translated here, or steered (for logs and metrics).
+    pub fn why(&self, pod: IpAddr) -> String {
+        match self.routes.get(&pod) {
+            Some(elsewhere) => elsewhere.to_string(),
+            None => "endpoint here; no route to the pod leads to another of its nodes".into(),
+        }
     }
 
     /// Node `me`'s view with the current decision.

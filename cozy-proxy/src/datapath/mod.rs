@@ -24,8 +24,8 @@ pub use counters::{Count, Counters, ServiceCount};
 pub use hosting::{SharedMapping, Sharing};
 pub use render::render_text;
 pub use state::{
-    away, repack, shared_pods, AllowedPort, Change, DatapathState, NextHop, NodeView, Path, PathOf,
-    Paths, RemotePods, StateDiff, NONE_AWAY,
+    away, away_via, repack, shared_pods, AllowedPort, Change, DatapathState, Elsewhere, NextHop,
+    NodeView, Path, PathOf, Paths, RemotePods, StateDiff, NONE_AWAY,
 };
 pub use sync::{Synced, PART_LBS};
 

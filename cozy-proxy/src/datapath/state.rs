@@ -249,21 +249,47 @@ pub fn away(
     addresses: &NodeAddresses,
     paths: &impl PathOf,
 ) -> BTreeSet<IpAddr> {
-    let elsewhere = |m: &Mapping, gateway: &IpAddr| {
+    away_via(shared, me, addresses, paths).into_keys().collect()
+}
+
+/// Where the kernel's route to a pod [`away`] leads: its next hop, and
+/// the node that address belongs to (none for a tunnel's far end).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Elsewhere {
+    pub via: IpAddr,
+    pub node: Option<String>,
+}
+
+impl std::fmt::Display for Elsewhere {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.node {
+            Some(node) => write!(f, "route via {} ({node})", self.via),
+            None => write!(f, "route via {} (onlink tunnel)", self.via),
+        }
+    }
+}
+
+/// [`away`], with where each pod's route leads.
+pub fn away_via(
+    shared: &BTreeMap<IpAddr, &Mapping>,
+    me: &str,
+    addresses: &NodeAddresses,
+    paths: &impl PathOf,
+) -> BTreeMap<IpAddr, Elsewhere> {
+    let node_of = |m: &Mapping, gateway: &IpAddr| {
         (m.hosts.nodes().iter())
             .filter(|n| &***n != me)
-            .filter_map(|n| addresses.get(&**n))
-            .any(|addrs| addrs.contains(gateway))
+            .find(|n| addresses.get(&***n).is_some_and(|a| a.contains(gateway)))
+            .map(|n| n.to_string())
     };
     shared
         .iter()
-        .filter(|(pod, m)| {
-            paths
-                .path_of(pod)
-                .and_then(|p| Some((p.gateway?, p.onlink)))
-                .is_some_and(|(g, onlink)| onlink || elsewhere(m, &g))
+        .filter_map(|(pod, m)| {
+            let path = paths.path_of(pod)?;
+            let via = path.gateway?;
+            let node = node_of(m, &via);
+            (path.onlink || node.is_some()).then_some((*pod, Elsewhere { via, node }))
         })
-        .map(|(pod, _)| *pod)
         .collect()
 }
 
@@ -826,6 +852,22 @@ mod tests {
         // Any other node: steered to the first named, whatever its path.
         assert_eq!(held("n3", local), Some(n1));
         assert_eq!(held("n3", via("198.51.100.3")), Some(n1));
+        // Why, as logs and metrics say it: the next hop and its node.
+        let why = |me: &str, to_pod: Path| {
+            let paths = BTreeMap::from([(pod, to_pod)]);
+            let shared = shared_pods(&plan.mappings, me);
+            let routes = away_via(&shared, me, &addresses, &paths);
+            routes.get(&pod).map(ToString::to_string)
+        };
+        assert_eq!(
+            why("n1", via("198.51.100.3")).as_deref(),
+            Some("route via 198.51.100.3 (n2)")
+        );
+        assert_eq!(
+            why("n2", tunnel).as_deref(),
+            Some("route via 192.0.2.64 (onlink tunnel)")
+        );
+        assert_eq!(why("n2", via("192.0.2.193")), None);
     }
 
     /// A remote mapping's LB IP goes along the path to its pod where that

@@ -214,7 +214,8 @@ impl Metrics {
             "mapping_on_several_nodes",
             "1 per mapping whose pod IP several nodes' endpoints hold (a VM migrating), this \
              node among them: the nodes named, and whether this node translates it (the kernel \
-             delivers the pod here) or steers its LB IP to another of them (the route leads there)",
+             delivers the pod here) or steers its LB IP to another of them (the route leads there), \
+             and why (where the route to the pod leads)",
             m.shared.clone(),
         );
         registry.register_collector(Box::new(DatapathCounters(m.datapath_counters.clone())));
@@ -264,6 +265,7 @@ impl Metrics {
                     ("lb_ip", &lb),
                     ("nodes", &m.nodes),
                     ("translated_here", here),
+                    ("why", &m.why),
                 ]))
                 .set(1);
         }
