@@ -83,10 +83,9 @@ impl Vm {
                 )?;
             }
         }
-        vm.attach(1)?;
-        for fam in [Fam::V4, Fam::V6] {
-            cmd(&c.topo.node(1), &vm.route_here(fam))?;
-        }
+        batch(&vm.ns, &vm.attach(1))?;
+        let here: Vec<String> = [Fam::V4, Fam::V6].map(|f| vm.route_here(f)).into();
+        batch(&c.topo.node(1), &here)?;
         Ok(vm)
     }
 
@@ -97,47 +96,58 @@ impl Vm {
             ClusterShape::Bridge => "cni0",
             _ => PORT,
         };
-        format!("ip route replace {} dev {dev}", vm_ip(fam))
+        format!("route replace {} dev {dev}", vm_ip(fam))
     }
 
     /// The VM's side of the move: its interface toward node `k` up with
-    /// the routes through it.
-    fn attach(&self, k: usize) -> Result<()> {
+    /// the routes through it (as `ip -batch` lines; the family follows
+    /// from the addresses).
+    fn attach(&self, k: usize) -> Vec<String> {
         let (g4, g6) = gateways(k);
         let dev = eth(k);
-        cmd(&self.ns, &format!("ip link set {dev} up"))?;
-        cmd(&self.ns, &format!("ip route replace {g4} dev {dev}"))?;
-        cmd(
-            &self.ns,
-            &format!("ip route replace default via {g4} dev {dev}"),
-        )?;
-        cmd(&self.ns, &format!("ip -6 route replace {g6} dev {dev}"))?;
-        cmd(
-            &self.ns,
-            &format!("ip -6 route replace default via {g6} dev {dev}"),
-        )
+        vec![
+            format!("link set {dev} up"),
+            format!("route replace {g4} dev {dev}"),
+            format!("route replace default via {g4} dev {dev}"),
+            format!("route replace {g6} dev {dev}"),
+            format!("route replace default via {g6} dev {dev}"),
+        ]
     }
 
     /// Live migration's switch-over to node `k`: the VM resumes there (its
     /// interface toward `k` up, the other down), and the network delivers
     /// its IP at `k` (the node routes it into the VM's port, the other node
-    /// routes it to `k`).
+    /// routes it to `k`). One `ip -batch` per namespace, so that the
+    /// network follows the VM within milliseconds, as a real network
+    /// follows its gratuitous announcement.
     pub fn move_to(&mut self, c: &Cluster, k: usize) -> Result<()> {
         let from = self.on;
-        self.attach(k)?;
-        cmd(&self.ns, &format!("ip link set {} down", eth(from)))?;
+        let mut vm = self.attach(k);
+        vm.push(format!("link set {} down", eth(from)));
+        let (mut here, mut there) = (Vec::new(), Vec::new());
         for fam in [Fam::V4, Fam::V6] {
-            let ip = vm_ip(fam);
-            cmd(&c.topo.node(k), &self.route_here(fam))?;
+            here.push(self.route_here(fam));
             let net = crate::cluster::ClusterNet { fam };
-            cmd(
-                &c.topo.node(from),
-                &format!("ip route replace {ip} via {}", net.node(k)),
-            )?;
+            there.push(format!("route replace {} via {}", vm_ip(fam), net.node(k)));
         }
+        batch(&self.ns, &vm)?;
+        batch(&c.topo.node(k), &here)?;
+        batch(&c.topo.node(from), &there)?;
         self.on = k;
         Ok(())
     }
+}
+
+/// `ip -batch` of `lines` in namespace `ns`.
+fn batch(ns: &str, lines: &[String]) -> Result<()> {
+    let input = lines.join("\n") + "\n";
+    let out = crate::sh::feed_in(ns, &["ip", "-batch", "-"], input.as_bytes(), 5)?;
+    ensure!(
+        out.status.success(),
+        "ip -batch in {ns}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
 }
 
 impl Drop for Vm {
