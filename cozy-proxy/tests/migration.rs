@@ -29,7 +29,7 @@ use cozy_proxy_testkit::{
     metallb::MetalLb,
     migration::{launchers_slice, put_launcher_pods, vm_ip, Launcher, Vm},
     net::Fam,
-    sh::ok,
+    sh::{ok, ok_in},
     topology::cmd,
     traffic::{eventually, tcp_request, Server, SETTLE},
     Backend,
@@ -152,6 +152,36 @@ fn check(c: &Cluster, vm: &Vm, filtered: bool) -> Result<()> {
         false => {
             eventually(SETTLE, || tcp_request(&ext, lb, UNLISTED)).context("any port passes")?;
         }
+    }
+    Ok(())
+}
+
+/// Each node's word on a mapping both nodes' endpoints hold (the metric
+/// `cozy_proxy_mapping_on_several_nodes`): node `translating` translates
+/// it, the other steers it there, saying the route leads there.
+fn decided(c: &Cluster, translating: usize) -> Result<()> {
+    for k in 1..=2 {
+        let metrics = ok_in(
+            &c.topo.node(k),
+            &[
+                "curl",
+                "-sS",
+                "--max-time",
+                "2",
+                "http://127.0.0.1:9402/metrics",
+            ],
+        )?;
+        let line = (metrics.lines())
+            .find(|l| l.starts_with("cozy_proxy_mapping_on_several_nodes{"))
+            .with_context(|| format!("node{k}: no mapping on several nodes"))?;
+        let want = match k == translating {
+            true => "translated_here=\"true\"".to_string(),
+            false => format!(
+                "translated_here=\"false\",why=\"route via {} (node{translating})\"",
+                c.net.node(translating)
+            ),
+        };
+        ensure!(line.contains(&want), "node{k}: {line}, expected {want}");
     }
     Ok(())
 }
@@ -280,6 +310,9 @@ fn migrate(c: &mut Cluster, filtered: bool, original: bool) -> Result<String> {
             return Ok(());
         }
         c.settle().with_context(|| format!("{name}: datapaths"))?;
+        if name.starts_with("W1") || name == "W2" || name == "W3" {
+            eventually(SETTLE, || decided(c, vm.on)).with_context(|| name.to_string())?;
+        }
         check(c, vm, filtered).with_context(|| name.to_string())?;
         // Traffic in the window beyond the checks.
         std::thread::sleep(Duration::from_millis(500));
