@@ -106,7 +106,9 @@ impl<D: Datapath> Reconciler<D> {
                 // Not held through the sync, the controller's peak (4.8
                 // MiB at 50 000 Services): the plan holds what it needs.
                 drop(snapshot);
-                self.sharing = Sharing::of(self.plan.results(), self.node.name.as_deref());
+                let previous = std::mem::take(&mut self.sharing);
+                self.sharing =
+                    Sharing::of(self.plan.results(), self.node.name.as_deref()).carrying(previous);
                 self.decide_sharing();
                 let (new, gone) = self.report(self.plan.warnings().cloned().collect());
                 (self.datapath.sync(self.planned_of_plan())?, new, gone)

@@ -50,6 +50,15 @@ impl Sharing {
         s
     }
 
+    /// The same, keeping `previous`'s decision: the next
+    /// [`Sharing::decide`] reports only what moved since it (a full round
+    /// rebuilds the shared mappings, not where their pods are).
+    pub fn carrying(mut self, previous: Sharing) -> Self {
+        self.away = previous.away;
+        self.routes = previous.routes;
+        self
+    }
+
     /// Follows the plan's `changes`.
     pub fn follow_changes(&mut self, changes: &[LbChange], me: Option<&str>) {
         if let Some(me) = me {
@@ -135,5 +144,62 @@ impl Sharing {
             away: &self.away,
             ..me
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datapath::Path;
+    use crate::model::{Hosts, Mode, ServiceRef};
+    use std::sync::Arc;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("test address")
+    }
+
+    /// A full round rebuilds the shared mappings: a decision that did not
+    /// change is not reported as a move again.
+    #[test]
+    fn a_full_round_reports_only_what_moved() {
+        let (lb, pod) = (ip("203.0.113.10"), ip("192.0.2.20"));
+        let m = Mapping {
+            service: ServiceRef::new("ns", "vm"),
+            lb_ip: lb,
+            pod_ip: pod,
+            mode: Arc::new(Mode::Passthrough),
+            hosts: Hosts::of(&[Arc::from("n1")], &[Arc::from("n2")]),
+            source_ranges: None,
+        };
+        let results = || [(lb, LbResult::Mapped(m.clone()))].into_iter();
+        let addresses: NodeAddresses = (1..=2)
+            .map(|k| (format!("n{k}"), vec![ip(&format!("198.51.100.{}", 1 + k))]))
+            .collect();
+        // n2's route to the pod leads to n1.
+        let paths = BTreeMap::from([(
+            pod,
+            Path {
+                oif: 2,
+                gateway: Some(ip("198.51.100.2")),
+                onlink: false,
+                entry: 2,
+                src: None,
+            },
+        )]);
+        let mut first = Sharing::of(results(), Some("n2"));
+        let (_, moved) = first.decide(Some("n2"), &addresses, &paths);
+        assert_eq!(moved.len(), 1, "the first decision is a move");
+        assert_eq!(first.why(pod), "route via 198.51.100.2 (n1)");
+        let mut rebuilt = Sharing::of(results(), Some("n2")).carrying(first);
+        let (was, moved) = rebuilt.decide(Some("n2"), &addresses, &paths);
+        assert!(moved.is_empty(), "nothing moved: {moved:?}");
+        assert_eq!(was, BTreeSet::from([pod]));
+        let mut forgetful = Sharing::of(results(), Some("n2"));
+        let (_, moved) = forgetful.decide(Some("n2"), &addresses, &paths);
+        assert_eq!(
+            moved.len(),
+            1,
+            "without the previous decision, a move again"
+        );
     }
 }
