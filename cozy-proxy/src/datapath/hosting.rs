@@ -150,9 +150,8 @@ impl Sharing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::datapath::state::migrating_vm;
     use crate::datapath::Path;
-    use crate::model::{Hosts, Mode, ServiceRef};
-    use std::sync::Arc;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("test address")
@@ -163,14 +162,7 @@ mod tests {
     #[test]
     fn a_full_round_reports_only_what_moved() {
         let (lb, pod) = (ip("203.0.113.10"), ip("192.0.2.20"));
-        let m = Mapping {
-            service: ServiceRef::new("ns", "vm"),
-            lb_ip: lb,
-            pod_ip: pod,
-            mode: Arc::new(Mode::Passthrough),
-            hosts: Hosts::of(&[Arc::from("n1")], &[Arc::from("n2")]),
-            source_ranges: None,
-        };
+        let m = migrating_vm(lb, pod);
         let results = || [(lb, LbResult::Mapped(m.clone()))].into_iter();
         let addresses: NodeAddresses = (1..=2)
             .map(|k| (format!("n{k}"), vec![ip(&format!("198.51.100.{}", 1 + k))]))

@@ -219,6 +219,22 @@ impl<'a> NodeView<'a> {
     }
 }
 
+/// A VM's mapping while it migrates: its source pod ready on n1, its
+/// target starting on n2 (for tests).
+#[cfg(test)]
+pub(crate) fn migrating_vm(lb: IpAddr, pod: IpAddr) -> Mapping {
+    use crate::model::{Mode, ServiceRef};
+    use std::sync::Arc;
+    Mapping {
+        service: ServiceRef::new("ns", "vm"),
+        lb_ip: lb,
+        pod_ip: pod,
+        mode: Arc::new(Mode::Passthrough),
+        hosts: Hosts::of(&[Arc::from("n1")], &[Arc::from("n2")]),
+        source_ranges: None,
+    }
+}
+
 /// Do `m`'s endpoints name node `me` and another node?
 pub fn shared_with(m: &Mapping, me: &str) -> bool {
     matches!(m.hosts, Hosts::Several(_)) && m.hosts.include(me)
@@ -796,19 +812,9 @@ mod tests {
     /// node, or into a tunnel); any other node steers to the first named.
     #[test]
     fn a_pod_on_two_nodes_is_translated_where_the_kernel_delivers_it() {
-        use crate::model::{Mode, ServiceRef};
-        use std::sync::Arc;
         let (lb, pod) = (ip("203.0.113.10"), ip("192.0.2.20"));
-        let m = Mapping {
-            service: ServiceRef::new("ns", "vm"),
-            lb_ip: lb,
-            pod_ip: pod,
-            mode: Arc::new(Mode::Passthrough),
-            hosts: Hosts::of(&[Arc::from("n1")], &[Arc::from("n2")]),
-            source_ranges: None,
-        };
         let plan = Plan {
-            mappings: vec![m],
+            mappings: vec![migrating_vm(lb, pod)],
             ..Default::default()
         };
         let addresses: NodeAddresses = (1..=3)
