@@ -357,9 +357,7 @@ impl ControlPlane {
 
     /// The last lines of a component's log, for an error message.
     pub fn log_tail(&self, name: &str) -> String {
-        let text = fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
+        crate::sh::tail(&self.dir.join(format!("{name}.log")), 30)
     }
 
     /// Starts the real kube-proxy in nftables mode for `node` in this

@@ -210,6 +210,29 @@ pub struct Controller {
 }
 
 impl Controller {
+    /// HTTP GET on its metrics port (/metrics, /readyz, /healthz), in its
+    /// node's namespace: status code and body.
+    pub fn http(&self, path: &str) -> Result<(u16, String)> {
+        let url = format!("http://127.0.0.1:9402{path}");
+        let out = sh::run_in(
+            &self.ns,
+            &[
+                "curl",
+                "-sS",
+                "--max-time",
+                "2",
+                "-w",
+                "\n%{http_code}",
+                &url,
+            ],
+        )?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text
+            .rsplit_once('\n')
+            .ok_or_else(|| anyhow::anyhow!("curl output: {text}"))?;
+        Ok((code.trim().parse()?, body.to_string()))
+    }
+
     pub fn start(
         ns: &str,
         node: &str,

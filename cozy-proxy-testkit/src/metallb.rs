@@ -60,13 +60,30 @@ fn configuration(addresses: &[IpAddr]) -> String {
     )
 }
 
+/// MetalLB's two programs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Controller,
+    Speaker,
+}
+
+impl Kind {
+    fn binary(self) -> &'static str {
+        match self {
+            Kind::Controller => "controller",
+            Kind::Speaker => "speaker",
+        }
+    }
+}
+
 /// The Pod object of a MetalLB component (each one reads its own, to own
 /// the objects it writes); no kubelet runs it here.
-fn component_pod(name: &str, node: Option<&str>) -> String {
+fn component_pod(kind: Kind, name: &str, node: Option<&str>) -> String {
     let node = node.map_or(String::new(), |n| format!("  nodeName: {n}\n"));
+    let image = kind.binary();
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NAMESPACE}\n\
-         spec:\n{node}  containers:\n  - {{name: {name}, image: quay.io/metallb/speaker:{METALLB}}}\n"
+         spec:\n{node}  containers:\n  - {{name: {image}, image: quay.io/metallb/{image}:{METALLB}}}\n"
     )
 }
 
@@ -99,25 +116,28 @@ impl MetalLb {
             procs: Vec::new(),
             logs,
         };
-        cp.apply(&component_pod("controller", None))?;
-        m.spawn(cp, &cp.ns, "controller", &["--pod-name", "controller"])?;
+        m.spawn(cp, &cp.ns, Kind::Controller, "controller", None)?;
         for n in nodes {
             let pod = format!("speaker-{}", n.name);
-            cp.apply(&component_pod(&pod, Some(n.name)))?;
-            m.spawn(cp, n.ns, &pod, &["--node-name", n.name, "--pod-name", &pod])?;
+            m.spawn(cp, n.ns, Kind::Speaker, &pod, Some(n.name))?;
         }
         Ok(m)
     }
 
-    /// Component `name` (`controller` or `speaker-<node>`) in `ns`, as the
-    /// admin, its metrics off.
-    fn spawn(&mut self, cp: &ControlPlane, ns: &str, name: &str, extra: &[&str]) -> Result<()> {
-        let kind = if name == "controller" {
-            "controller"
-        } else {
-            "speaker"
-        };
-        let bin = cache_dir().join("bin").join(kind).display().to_string();
+    /// Component `name` (its Pod object too) in `ns`, as the admin, its
+    /// metrics off; a speaker runs for `node`.
+    fn spawn(
+        &mut self,
+        cp: &ControlPlane,
+        ns: &str,
+        kind: Kind,
+        name: &str,
+        node: Option<&str>,
+    ) -> Result<()> {
+        cp.apply(&component_pod(kind, name, node))?;
+        let bin = (cache_dir().join("bin").join(kind.binary()))
+            .display()
+            .to_string();
         let kubeconfig = format!("KUBECONFIG={}", cp.admin.display());
         let mut args = vec![
             "env",
@@ -130,10 +150,13 @@ impl MetalLb {
             "--log-level",
             "debug",
         ];
-        if kind == "controller" {
+        args.extend(["--pod-name", name]);
+        if let Some(node) = node {
+            args.extend(["--node-name", node]);
+        }
+        if kind == Kind::Controller {
             args.extend(["--webhook-mode=disabled", "--disable-cert-rotation"]);
         }
-        args.extend_from_slice(extra);
         let log = fs::File::create(self.logs.join(format!("{name}.log")))?;
         self.procs
             .push(Proc::spawn_in(ns, &args, Stdio::null(), Stdio::from(log))?);
@@ -162,12 +185,10 @@ impl MetalLb {
     pub fn log_tails(&self) -> String {
         let mut out = String::new();
         for entry in fs::read_dir(&self.logs).into_iter().flatten().flatten() {
-            let text = fs::read_to_string(entry.path()).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
             out += &format!(
                 "--- {} ---\n{}\n",
                 entry.file_name().to_string_lossy(),
-                lines[lines.len().saturating_sub(15)..].join("\n")
+                crate::sh::tail(&entry.path(), 15)
             );
         }
         out

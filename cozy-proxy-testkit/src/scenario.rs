@@ -154,26 +154,8 @@ impl Env {
         self.tcp_reaches(self.lb(2), WEB, 3)
     }
 
-    /// HTTP GET on the controller's metrics port (/metrics, /readyz,
-    /// /healthz), in the node namespace: status code and body.
+    /// HTTP GET on the controller's metrics port ([`Controller::http`]).
     pub fn controller_http(&self, path: &str) -> Result<(u16, String)> {
-        let url = format!("http://127.0.0.1:9402{path}");
-        let out = crate::sh::run_in(
-            &self.topo.node(),
-            &[
-                "curl",
-                "-sS",
-                "--max-time",
-                "2",
-                "-w",
-                "\n%{http_code}",
-                &url,
-            ],
-        )?;
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        let (body, code) = text
-            .rsplit_once('\n')
-            .ok_or_else(|| anyhow::anyhow!("curl output: {text}"))?;
-        Ok((code.trim().parse()?, body.to_string()))
+        self.ctl.http(path)
     }
 }

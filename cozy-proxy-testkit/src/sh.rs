@@ -130,3 +130,11 @@ pub fn feed_in(ns: &str, args: &[&str], input: &[u8], timeout_s: u32) -> Result<
     }
     Ok(child.wait_with_output()?)
 }
+
+/// The last `n` lines of file `path` (empty if it cannot be read), for a
+/// failure report.
+pub fn tail(path: &std::path::Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

@@ -29,7 +29,7 @@ use cozy_proxy_testkit::{
     metallb::MetalLb,
     migration::{launchers_slice, put_launcher_pods, vm_ip, Launcher, Vm},
     net::Fam,
-    sh::{ok, ok_in},
+    sh::ok,
     topology::cmd,
     traffic::{eventually, tcp_request, Server, SETTLE},
     Backend,
@@ -161,16 +161,7 @@ fn check(c: &Cluster, vm: &Vm, filtered: bool) -> Result<()> {
 /// it, the other steers it there, saying the route leads there.
 fn decided(c: &Cluster, translating: usize) -> Result<()> {
     for k in 1..=2 {
-        let metrics = ok_in(
-            &c.topo.node(k),
-            &[
-                "curl",
-                "-sS",
-                "--max-time",
-                "2",
-                "http://127.0.0.1:9402/metrics",
-            ],
-        )?;
+        let (_, metrics) = c.ctls[k - 1].http("/metrics")?;
         let line = (metrics.lines())
             .find(|l| l.starts_with("cozy_proxy_mapping_on_several_nodes{"))
             .with_context(|| format!("node{k}: no mapping on several nodes"))?;
