@@ -2,8 +2,9 @@
 //! veths, or a bridge per node), as KubeVirt on Kube-OVN does it: the VM keeps its IP and its
 //! sockets; its interface moves from one node to the other; the network
 //! then delivers its IP at the node it runs on. The VM is one namespace
-//! with an interface toward each node (only the active one up), its
-//! address on both, so its sockets survive the move.
+//! with an interface toward each node (the one it runs through, and the
+//! target's while a migration is under way), its address on both, so its
+//! sockets survive the move.
 //!
 //! And the objects a migration writes: the EndpointSlice as the
 //! EndpointSlice controller writes it from the two virt-launcher pods'
@@ -112,6 +113,22 @@ impl Vm {
             format!("route replace {g6} dev {dev}"),
             format!("route replace default via {g6} dev {dev}"),
         ]
+    }
+
+    /// A migration target on node `k`: the VM's interface toward `k` up
+    /// (and the node's side carrying), the VM's routes still through the
+    /// node it runs on. A target pod's link is up long before the
+    /// switch-over; a link that first comes up at the switch-over loses
+    /// its first ARP or NDP request to the kernel's deferred link
+    /// activation, which stalls traffic for the 1 s retry.
+    pub fn target(&self, k: usize) -> Result<()> {
+        batch(&self.ns, &[format!("link set {} up", eth(k))])
+    }
+
+    /// The target on node `k` gone (a failed migration): its link down.
+    pub fn target_gone(&self, k: usize) -> Result<()> {
+        ensure!(k != self.on, "the VM runs through node{k}");
+        batch(&self.ns, &[format!("link set {} down", eth(k))])
     }
 
     /// Live migration's switch-over to node `k`: the VM resumes there (its

@@ -313,14 +313,17 @@ fn migrate(c: &mut Cluster, filtered: bool, original: bool) -> Result<String> {
 
     windows.push(("W1", Instant::now()));
     put_launchers(c, &[Launcher::ready(1), Launcher::starting(2)])?;
+    vm.target(2)?;
     window(c, "W1", &vm)?;
 
     windows.push(("failed", Instant::now()));
+    vm.target_gone(2)?;
     put_launchers(c, &[Launcher::ready(1)])?;
     window(c, "failed", &vm)?;
 
     windows.push(("W1 again", Instant::now()));
     put_launchers(c, &[Launcher::ready(1), Launcher::starting(2)])?;
+    vm.target(2)?;
     window(c, "W1 again", &vm)?;
 
     windows.push(("W2", Instant::now()));
