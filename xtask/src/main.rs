@@ -14,6 +14,7 @@ mod metallb;
 mod pinned;
 mod plot;
 mod render;
+mod testing;
 
 use anyhow::{bail, Context, Result};
 use std::{
@@ -81,7 +82,7 @@ fn main() -> Result<()> {
         }
         Some("test") => {
             setup(Purpose::Everything)?;
-            test(&args[1..])
+            testing::test(&args[1..])
         }
         Some("demo") => {
             setup(Purpose::Demo)?;
@@ -226,44 +227,6 @@ fn build() -> Result<()> {
     Ok(())
 }
 
-fn test(extra: &[String]) -> Result<()> {
-    run(cargo().args(["fmt", "--all", "--check"]))?;
-    run(cargo().args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
-    // The tests' output passes through and is tallied, so that the last
-    // line sums up every test binary.
-    let mut cmd = cargo();
-    cmd.args(["test", "--workspace"])
-        .args(extra)
-        .stdout(Stdio::piped());
-    eprintln!("xtask: {cmd:?}");
-    let mut child = cmd.spawn().context("cargo test")?;
-    let (mut passed, mut failed) = (0u64, 0u64);
-    if let Some(out) = child.stdout.take() {
-        use std::io::{BufRead, BufReader};
-        for line in BufReader::new(out).lines() {
-            let line = line?;
-            println!("{line}");
-            if let Some((p, f)) = tally(&line) {
-                passed += p;
-                failed += f;
-            }
-        }
-    }
-    let status = child.wait()?;
-    println!("tests: {passed} passed, {failed} failed");
-    if !status.success() {
-        bail!("cargo test failed: {status}");
-    }
-    Ok(())
-}
-
 /// A long fuzz run with a fresh seed: the TC programs through
 /// BPF_PROG_TEST_RUN for `seconds` (default 300), then the scenario-level
 /// fuzz (scenario 32) on both backends and families. Failures are kept in
@@ -309,18 +272,6 @@ fn fuzz(seconds: Option<&str>) -> Result<()> {
         .args(["--", "--nocapture", "--test-threads", "1"]);
     fuzz_env(&mut scenarios);
     run(&mut scenarios)
-}
-
-/// `(passed, failed)` from a libtest line "test result: ok. 3 passed; 0 failed; ...".
-fn tally(line: &str) -> Option<(u64, u64)> {
-    let rest = line.strip_prefix("test result: ")?;
-    let count = |word: &str| -> Option<u64> {
-        rest.split(';')
-            .find_map(|part| part.trim().strip_suffix(word))
-            .and_then(|n| n.trim().rsplit(' ').next())
-            .and_then(|n| n.parse().ok())
-    };
-    Some((count("passed")?, count("failed")?))
 }
 
 /// Runs a benchmark (release build) into target/bench/KIND.json, then
@@ -447,14 +398,4 @@ fn demo() -> Result<()> {
     run(cargo()
         .args(["run", "-q", "-p", "cozy-proxy-testkit", "--bin", "demo"])
         .env("COZY_PROXY_BIN", root().join("target/debug/cozy-proxy")))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn tally_reads_libtest_summaries() {
-        let line = "test result: ok. 80 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 98.55s";
-        assert_eq!(super::tally(line), Some((80, 2)));
-        assert_eq!(super::tally("test foo ... ok"), None);
-    }
 }

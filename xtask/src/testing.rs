@@ -1,0 +1,156 @@
+//! `cargo xtask test`: format, lint, then every test binary, tallied.
+//!
+//! The datapath scenario binaries spend most of their time waiting (for a
+//! packet that must not arrive, for a controller to settle), not on the
+//! CPU: at 2 test threads a 2-core machine is about 40 % busy. They run 4
+//! at a time; every other binary keeps libtest's default (one per core),
+//! the migration runs above all, whose loss limits assume a machine not
+//! loaded beyond that.
+use crate::{cargo, root, run};
+use anyhow::{bail, Context, Result};
+use std::process::{Command, Stdio};
+
+/// Integration tests of `cozy-proxy` that run [`WAITING_THREADS`] at a time.
+const WAITING: &[&str] = &["scenarios", "cluster"];
+const WAITING_THREADS: &str = "4";
+
+pub fn test(extra: &[String]) -> Result<()> {
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    let mut totals = Totals::default();
+    let mut failures = Vec::new();
+    for mut cmd in invocations(extra)? {
+        if let Err(e) = totals.run(&mut cmd) {
+            failures.push(format!("{e:#}"));
+        }
+    }
+    println!("tests: {} passed, {} failed", totals.passed, totals.failed);
+    if !failures.is_empty() {
+        bail!("{}", failures.join("\n"));
+    }
+    Ok(())
+}
+
+/// The `cargo test` runs: with `extra` arguments, the one the caller
+/// asked for; otherwise the whole workspace, split by [`WAITING`]. Each
+/// run goes on past a failing binary, so that one run reports every
+/// failure.
+fn invocations(extra: &[String]) -> Result<Vec<Command>> {
+    let base = || {
+        let mut cmd = cargo();
+        cmd.args(["test", "--no-fail-fast"]);
+        cmd
+    };
+    if !extra.is_empty() {
+        let mut cmd = base();
+        cmd.arg("--workspace").args(extra);
+        return Ok(vec![cmd]);
+    }
+    let mut rest = base();
+    rest.args(["--workspace", "--exclude", "cozy-proxy"]);
+    let mut ours = base();
+    ours.args(["-p", "cozy-proxy", "--lib", "--bins"]);
+    let mut waiting = base();
+    waiting.args(["-p", "cozy-proxy"]);
+    for name in integration_tests()? {
+        let cmd = if WAITING.contains(&name.as_str()) {
+            &mut waiting
+        } else {
+            &mut ours
+        };
+        cmd.args(["--test", &name]);
+    }
+    waiting.args(["--", "--test-threads", WAITING_THREADS]);
+    Ok(vec![rest, ours, waiting])
+}
+
+/// The names of `cozy-proxy/tests/*.rs`.
+fn integration_tests() -> Result<Vec<String>> {
+    let dir = root().join("cozy-proxy/tests");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            if let Some(stem) = path.file_stem().and_then(|s| s.to_str()) {
+                names.push(stem.to_string());
+            }
+        }
+    }
+    names.sort();
+    for name in WAITING {
+        if !names.iter().any(|n| n == name) {
+            bail!("cozy-proxy/tests/{name}.rs is named in WAITING but missing");
+        }
+    }
+    Ok(names)
+}
+
+/// Passed and failed tests over every `cargo test` run, read from the
+/// output as it passes through.
+#[derive(Default)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+}
+
+impl Totals {
+    fn run(&mut self, cmd: &mut Command) -> Result<()> {
+        use std::io::{BufRead, BufReader};
+        cmd.stdout(Stdio::piped());
+        eprintln!("xtask: {cmd:?}");
+        let mut child = cmd.spawn().context("cargo test")?;
+        if let Some(out) = child.stdout.take() {
+            for line in BufReader::new(out).lines() {
+                let line = line?;
+                println!("{line}");
+                if let Some((p, f)) = tally(&line) {
+                    self.passed += p;
+                    self.failed += f;
+                }
+            }
+        }
+        let status = child.wait()?;
+        if !status.success() {
+            bail!("{cmd:?} failed: {status}");
+        }
+        Ok(())
+    }
+}
+
+/// `(passed, failed)` from a libtest line "test result: ok. 3 passed; 0 failed; ...".
+fn tally(line: &str) -> Option<(u64, u64)> {
+    let rest = line.strip_prefix("test result: ")?;
+    let count = |word: &str| -> Option<u64> {
+        rest.split(';')
+            .find_map(|part| part.trim().strip_suffix(word))
+            .and_then(|n| n.trim().rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+    };
+    Some((count("passed")?, count("failed")?))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tally_reads_libtest_summaries() {
+        let line = "test result: ok. 80 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 98.55s";
+        assert_eq!(super::tally(line), Some((80, 2)));
+        assert_eq!(super::tally("test foo ... ok"), None);
+    }
+
+    #[test]
+    fn lists_the_integration_tests() {
+        let names = super::integration_tests().expect("cozy-proxy/tests");
+        for name in super::WAITING {
+            assert!(names.iter().any(|n| n == name), "{name}");
+        }
+        assert!(names.iter().any(|n| n == "migration"));
+    }
+}
