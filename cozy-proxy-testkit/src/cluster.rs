@@ -1,5 +1,5 @@
 //! A two-node cluster in network namespaces (scenarios 21-28 of
-//! ../shared/reference/scenarios.md):
+//! cozy-proxy/tests/cases/README.md):
 //!
 //! ```text
 //!   far ── (MTU 1400 on ext's side) ── ext ═══ br0 ═══ node1 ── pod1 pod2 pod3

@@ -1,4 +1,4 @@
-//! The vocabulary the scenarios of ../shared/reference/scenarios.md are
+//! The vocabulary the scenarios of cozy-proxy/tests/cases/README.md are
 //! written in: Services put in place, servers in pods, and checks of what
 //! reaches whom. The scenarios themselves are in cozy-proxy/tests/cases.
 use crate::{

@@ -1,4 +1,4 @@
-//! The scenario topology (../shared/reference/scenarios.md): namespaces
+//! The scenario topology (cozy-proxy/tests/cases/README.md): namespaces
 //! `ext`, `node`, `pod1`..`pod3`, created per test with unique names and
 //! removed when dropped; the node wires its pods in one of the [`Shape`]s
 //! the common CNIs build.
@@ -18,7 +18,7 @@ pub fn unique_prefix(kind: &str) -> String {
 pub const POD_COUNT: usize = 3;
 
 /// How a node reaches its pods, as the common CNIs wire it (the node
-/// shapes of ../shared/reference/scenarios.md).
+/// shapes of cozy-proxy/tests/cases/README.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shape {
     /// One veth per pod, the node side the pod's gateway, a /32 and /128

@@ -1,5 +1,5 @@
-//! The scenarios of ../shared/reference/scenarios.md, written once for every
-//! backend and family. Each takes a fresh [`cozy_proxy_testkit::Env`].
+//! The scenarios listed in README.md here, written once for every backend
+//! and family. Each takes a fresh [`cozy_proxy_testkit::Env`].
 pub mod bad_input;
 pub mod changes;
 pub mod filter;
