@@ -19,6 +19,7 @@ pub mod net;
 pub mod scenario;
 pub mod sh;
 pub mod standin;
+pub mod suite;
 pub mod topology;
 pub mod traffic;
 

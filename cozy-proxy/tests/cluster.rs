@@ -1,4 +1,4 @@
-//! The cluster scenarios (21-28 of ../shared/reference/scenarios.md) on two
+//! The cluster scenarios (21-28 of tests/cases/README.md) on two
 //! nodes in network namespaces, one real `cozy-proxy` per node, for both
 //! backends and both families, on routed nodes, bridged nodes and a VXLAN
 //! overlay. Needs root.
@@ -23,95 +23,70 @@ fn run(
     }
 }
 
-macro_rules! suite {
-    ($backend:expr, $shape:expr) => {
-        suite!(@some $backend, $shape;
-            s21_node_probes_the_pod, s22_pods_reach_a_mapped_pod_by_its_ip,
-            s23_pods_reach_a_mapped_pod_by_its_lb_ip, s24_a_mapped_pods_destinations,
-            s25_vm_to_vm, s26_entering_at_the_other_node, s27_icmp_errors_and_path_mtu,
-            s28_endpoint_moves_across_nodes);
-    };
-    // Scenarios `$name` for both families.
-    (@some $backend:expr, $shape:expr; $($name:ident),*) => {
-        suite!(@family v4, $backend, $shape, Fam::V4; $($name),*);
-        suite!(@family v6, $backend, $shape, Fam::V6; $($name),*);
-    };
-    (@family $fam_mod:ident, $backend:expr, $shape:expr, $fam:expr; $($name:ident),*) => {
-        mod $fam_mod {
-            use crate::{cases as cluster, run, Backend, ClusterShape, Fam};
-            suite!(@tests $backend, $shape, $fam; $($name),*);
-        }
-    };
-    // The suite for each datapath (nft, eBPF, the eBPF fast path) on
-    // nodes of one shape.
-    (@datapaths $shape:expr) => {
-        suite!(@datapaths $shape;
-            s21_node_probes_the_pod, s22_pods_reach_a_mapped_pod_by_its_ip,
-            s23_pods_reach_a_mapped_pod_by_its_lb_ip, s24_a_mapped_pods_destinations,
-            s25_vm_to_vm, s26_entering_at_the_other_node, s27_icmp_errors_and_path_mtu,
-            s28_endpoint_moves_across_nodes);
-    };
-    (@datapaths $shape:expr; $($name:ident),*) => {
-        mod nft {
-            suite!(@some Backend::Nft, $shape; $($name),*);
-        }
-        mod ebpf {
-            suite!(@some Backend::Ebpf, $shape; $($name),*);
-        }
-        mod ebpf_fast {
-            suite!(@some Backend::EbpfFast, $shape; $($name),*);
-        }
-    };
-    (@tests $backend:expr, $shape:expr, $fam:expr; $($name:ident),*) => {
-        $(
-            #[test]
-            fn $name() {
-                run($backend, $shape, $fam, cluster::$name);
-            }
-        )*
+/// Every cluster scenario, for one runner's arguments.
+macro_rules! every_scenario {
+    ($($head:tt)*) => {
+        cozy_proxy_testkit::datapath_suite!($($head)*;
+            cases::s21_node_probes_the_pod, cases::s22_pods_reach_a_mapped_pod_by_its_ip,
+            cases::s23_pods_reach_a_mapped_pod_by_its_lb_ip, cases::s24_a_mapped_pods_destinations,
+            cases::s25_vm_to_vm, cases::s26_entering_at_the_other_node,
+            cases::s27_icmp_errors_and_path_mtu, cases::s28_endpoint_moves_across_nodes);
     };
 }
 
 mod nft {
-    suite!(Backend::Nft, ClusterShape::Routed);
+    use super::*;
+    every_scenario!(run(Backend::Nft, ClusterShape::Routed));
 }
 
 mod ebpf {
-    suite!(Backend::Ebpf, ClusterShape::Routed);
+    use super::*;
+    every_scenario!(run(Backend::Ebpf, ClusterShape::Routed));
 }
 
 mod ebpf_fast {
-    suite!(Backend::EbpfFast, ClusterShape::Routed);
+    use super::*;
+    every_scenario!(run(Backend::EbpfFast, ClusterShape::Routed));
 }
 
 /// A bridge per node, the nodes routing each other's pod networks (Flannel
 /// host-gw, kindnet).
 mod bridge {
-    suite!(@datapaths ClusterShape::Bridge);
+    use super::*;
+    every_scenario!(@datapaths run(ClusterShape::Bridge));
 }
 
 /// A bridge per node, the pod networks joined by VXLAN (Flannel VXLAN).
 mod overlay {
-    suite!(@datapaths ClusterShape::Overlay);
+    use super::*;
+    every_scenario!(@datapaths run(ClusterShape::Overlay));
 }
 
 /// Kube-OVN's shape: one pod segment behind a router, each node's `ovn0`
 /// on the join network.
 mod gateway {
+    use super::*;
     mod nft {
-        suite!(Backend::Nft, ClusterShape::Gateway);
+        use super::*;
+        every_scenario!(run(Backend::Nft, ClusterShape::Gateway));
+    }
+    /// All but 23 (below) for eBPF.
+    macro_rules! all_but_23 {
+        ($($head:tt)*) => {
+            cozy_proxy_testkit::datapath_suite!($($head)*;
+                cases::s21_node_probes_the_pod, cases::s22_pods_reach_a_mapped_pod_by_its_ip,
+                cases::s24_a_mapped_pods_destinations, cases::s25_vm_to_vm,
+                cases::s26_entering_at_the_other_node, cases::s27_icmp_errors_and_path_mtu,
+                cases::s28_endpoint_moves_across_nodes);
+        };
     }
     mod ebpf {
-        suite!(@some Backend::Ebpf, ClusterShape::Gateway;
-            s21_node_probes_the_pod, s22_pods_reach_a_mapped_pod_by_its_ip,
-            s24_a_mapped_pods_destinations, s25_vm_to_vm, s26_entering_at_the_other_node,
-            s27_icmp_errors_and_path_mtu, s28_endpoint_moves_across_nodes);
+        use super::*;
+        all_but_23!(run(Backend::Ebpf, ClusterShape::Gateway));
     }
     mod ebpf_fast {
-        suite!(@some Backend::EbpfFast, ClusterShape::Gateway;
-            s21_node_probes_the_pod, s22_pods_reach_a_mapped_pod_by_its_ip,
-            s24_a_mapped_pods_destinations, s25_vm_to_vm, s26_entering_at_the_other_node,
-            s27_icmp_errors_and_path_mtu, s28_endpoint_moves_across_nodes);
+        use super::*;
+        all_but_23!(run(Backend::EbpfFast, ClusterShape::Gateway));
     }
 
     /// Scenario 23 on this shape with eBPF, an open defect (docs/traffic.md,
@@ -120,7 +95,7 @@ mod gateway {
     /// from the pod IP. `auto` takes nftables on Kube-OVN's nodes. Run with
     /// `--ignored` to see it fail.
     mod open {
-        use crate::{cases as cluster, run, Backend, ClusterShape, Fam};
+        use super::*;
         #[test]
         #[ignore = "open: eBPF and in-cluster clients of an LB IP on Kube-OVN's shape"]
         fn ebpf_v4_s23() {
@@ -128,7 +103,7 @@ mod gateway {
                 Backend::Ebpf,
                 ClusterShape::Gateway,
                 Fam::V4,
-                cluster::s23_pods_reach_a_mapped_pod_by_its_lb_ip,
+                cases::s23_pods_reach_a_mapped_pod_by_its_lb_ip,
             );
         }
     }

@@ -1,4 +1,4 @@
-//! The datapath scenario suite (../shared/reference/scenarios.md, 1-20 and
+//! The datapath scenario suite (tests/cases/README.md, 1-20 and
 //! 29-31, and 32: fuzzed frames; 21-28 are in cluster.rs): real
 //! packets through the real kernel in network namespaces, with the real
 //! `cozy-proxy` binary as controller. One list of scenarios; each backend
@@ -8,6 +8,7 @@
 mod cases;
 use cozy_proxy_testkit as harness;
 
+use cases::*;
 use harness::{net::Fam, topology::Shape, Backend, Env, SourceKind};
 
 fn run(
@@ -27,84 +28,61 @@ fn run(
     }
 }
 
-/// Declares one test per scenario and family for a backend, a source and
-/// a node shape.
-macro_rules! suite {
-    ($backend:expr, $source:expr, $shape:expr) => {
-        suite!(@family v4, $backend, $source, $shape, Fam::V4);
-        suite!(@family v6, $backend, $source, $shape, Fam::V6);
-    };
-    (@family $fam_mod:ident, $backend:expr, $source:expr, $shape:expr, $fam:expr) => {
-        mod $fam_mod {
-            use crate::{cases::*, run, Backend, Fam, Shape, SourceKind};
-            suite!(@tests $backend, $source, $shape, $fam;
-                passthrough::s01_ping, passthrough::s02_any_port, passthrough::s03_other_protocol,
-                passthrough::s04_egress_source, passthrough::s05_unmanaged_pod,
-                passthrough::s06_conntrack_one_entry,
-                filter::s07_listed_ports_pass, filter::s08_unlisted_ports_dropped,
-                filter::s09_icmp_needs_allow, filter::s10_replies_to_own_flows,
-                filter::s11_icmp_errors_reach_pod,
-                changes::s12_mode_change, changes::s13_endpoint_moves,
-                changes::s14_removal_restores_plain, changes::s15_no_ready_endpoint,
-                changes::s16_restart_loses_nothing,
-                bad_input::s17_invalid_annotation, bad_input::s18_several_endpoints,
-                bad_input::s19_conflicts, bad_input::s20_hostname_and_invalid_ip,
-                security::s29_forged_sources_open_nothing, security::s30_source_ranges,
-                security::s31_fail_closed_and_neighbour_discovery,
-                fuzzed::s32_fuzzed_frames);
-        }
-    };
-    // The suite for each datapath (nft, eBPF, the eBPF fast path) on a
-    // node of one shape.
-    (@datapaths $shape:expr) => {
-        mod nft {
-            suite!(Backend::Nft, SourceKind::Manifests, $shape);
-        }
-        mod ebpf {
-            suite!(Backend::Ebpf, SourceKind::Manifests, $shape);
-        }
-        mod ebpf_fast {
-            suite!(Backend::EbpfFast, SourceKind::Manifests, $shape);
-        }
-    };
-    (@tests $backend:expr, $source:expr, $shape:expr, $fam:expr; $($module:ident :: $name:ident),*) => {
-        $(
-            #[test]
-            fn $name() {
-                run($backend, $source, $shape, $fam, $module::$name);
-            }
-        )*
+/// Every scenario of the list, for one runner's arguments.
+macro_rules! every_scenario {
+    ($($head:tt)*) => {
+        harness::datapath_suite!($($head)*;
+            passthrough::s01_ping, passthrough::s02_any_port, passthrough::s03_other_protocol,
+            passthrough::s04_egress_source, passthrough::s05_unmanaged_pod,
+            passthrough::s06_conntrack_one_entry,
+            filter::s07_listed_ports_pass, filter::s08_unlisted_ports_dropped,
+            filter::s09_icmp_needs_allow, filter::s10_replies_to_own_flows,
+            filter::s11_icmp_errors_reach_pod,
+            changes::s12_mode_change, changes::s13_endpoint_moves,
+            changes::s14_removal_restores_plain, changes::s15_no_ready_endpoint,
+            changes::s16_restart_loses_nothing,
+            bad_input::s17_invalid_annotation, bad_input::s18_several_endpoints,
+            bad_input::s19_conflicts, bad_input::s20_hostname_and_invalid_ip,
+            security::s29_forged_sources_open_nothing, security::s30_source_ranges,
+            security::s31_fail_closed_and_neighbour_discovery,
+            fuzzed::s32_fuzzed_frames);
     };
 }
 
 mod nft {
-    suite!(Backend::Nft, SourceKind::Manifests, Shape::Routed);
+    use super::*;
+    every_scenario!(run(Backend::Nft, SourceKind::Manifests, Shape::Routed));
 }
 
 mod ebpf {
-    suite!(Backend::Ebpf, SourceKind::Manifests, Shape::Routed);
+    use super::*;
+    every_scenario!(run(Backend::Ebpf, SourceKind::Manifests, Shape::Routed));
 }
 
 /// The eBPF backend with its fast path on: the same scenarios, the same
 /// outcomes (LB traffic from and to the outside then skips the stack).
 mod ebpf_fast {
-    suite!(Backend::EbpfFast, SourceKind::Manifests, Shape::Routed);
+    use super::*;
+    every_scenario!(run(Backend::EbpfFast, SourceKind::Manifests, Shape::Routed));
 }
 
 /// The same scenarios through the Kubernetes source: the real kube-rs
 /// client against the API stand-in.
 mod kube_nft {
-    suite!(Backend::Nft, SourceKind::Kube, Shape::Routed);
+    use super::*;
+    every_scenario!(run(Backend::Nft, SourceKind::Kube, Shape::Routed));
 }
 
 /// Pods as ports of a Linux bridge that holds their gateway, br_netfilter
 /// on (the bridge plugin, Flannel, kindnet).
 mod bridge {
-    suite!(@datapaths Shape::Bridge);
+    use super::*;
+    every_scenario!(@datapaths run(SourceKind::Manifests, Shape::Bridge));
 }
 
 /// Kube-OVN's shape: the pods behind a router the node reaches through
 /// its `ovn0` on a join network.
 mod gateway {
-    suite!(@datapaths Shape::Gateway);
+    use super::*;
+    every_scenario!(@datapaths run(SourceKind::Manifests, Shape::Gateway));
 }
