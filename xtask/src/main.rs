@@ -5,6 +5,8 @@
 //! - build: the release binary, with the eBPF object built and embedded.
 //! - test: setup, then format, lint and every test (unit, property, nft
 //!   ruleset, eBPF load, the datapath scenario suite).
+//! - test --unit: the rootless tier, without setup: the unit and property
+//!   tests of every crate (no namespace, no kernel state, no root).
 //! - fuzz [SECONDS]: a long fuzz run of the packet paths with a fresh seed.
 //! - demo: setup, then the local demo (network namespaces as node, pod and
 //!   outside client, with real traffic).
@@ -80,6 +82,7 @@ fn main() -> Result<()> {
             setup(Purpose::Everything)?;
             build()
         }
+        Some("test") if args.get(1).is_some_and(|a| a == "--unit") => testing::unit(),
         Some("test") => {
             setup(Purpose::Everything)?;
             testing::test(&args[1..])
@@ -98,7 +101,7 @@ fn main() -> Result<()> {
             fuzz(args.get(1).map(String::as_str))
         }
         _ => {
-            eprintln!("usage: cargo xtask <setup|build|test [cargo test args]|demo|image [TAG]|bench control-plane|datapath|per-packet|render|fuzz [SECONDS]>");
+            eprintln!("usage: cargo xtask <setup|build|test [--unit | cargo test args]|demo|image [TAG]|bench control-plane|datapath|per-packet|render|fuzz [SECONDS]>");
             std::process::exit(2);
         }
     }

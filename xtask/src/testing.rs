@@ -38,6 +38,24 @@ pub fn test(extra: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The rootless tier: every crate's unit and property tests (the model,
+/// the plan, the nft encoder and decoder, the sync layer over the fake
+/// kernel, the controller over the fake API), but no integration test and
+/// no unit test of a module's `kernel_tests`. It needs no setup and no
+/// root: it builds without the eBPF object (no eBPF toolchain), into
+/// target/unit so that the full build's artefacts stay as they are.
+pub fn unit() -> Result<()> {
+    let mut totals = Totals::default();
+    let mut cmd = cargo();
+    cmd.args(["test", "--workspace", "--lib", "--bins"])
+        .args(["--", "--skip", "kernel_tests"])
+        .env("COZY_PROXY_BUILD_EBPF", "0")
+        .env("CARGO_TARGET_DIR", root().join("target/unit"));
+    let ran = totals.run(&mut cmd);
+    println!("tests: {} passed, {} failed", totals.passed, totals.failed);
+    ran
+}
+
 /// The `cargo test` runs: with `extra` arguments, the one the caller
 /// asked for; otherwise the whole workspace, split by [`WAITING`]. Each
 /// run goes on past a failing binary, so that one run reports every

@@ -222,8 +222,10 @@ pub fn read_per_cpu<V: Pod>(
     }
 }
 
+/// Against maps of the kernel's: they need root (CAP_BPF), so the
+/// rootless tier (`cargo xtask test --unit`) skips every `kernel_tests`.
 #[cfg(test)]
-mod tests {
+mod kernel_tests {
     use super::*;
     use aya::maps::{HashMap, Map, PerCpuArray};
     use std::os::fd::{FromRawFd, OwnedFd};
