@@ -38,8 +38,9 @@ pub const TC_HANDLE: u32 = 1;
 
 pub struct OtherAgent {
     ebpf: Ebpf,
-    /// tcx links held (dropping one detaches it).
-    links: Vec<FdLink>,
+    /// tcx links held (dropping one detaches it), with their namespace,
+    /// interface and hook.
+    links: Vec<(FdLink, String, String, TcAttachType)>,
     /// tc filters added: (namespace, interface, hook).
     filters: Vec<(String, String, &'static str)>,
 }
@@ -122,7 +123,9 @@ impl OtherAgent {
                 std::mem::forget(link);
                 self.filters.push((ns.into(), dev.into(), hook_name));
             }
-            _ => self.links.push(FdLink::try_from(link)?),
+            _ => self
+                .links
+                .push((FdLink::try_from(link)?, ns.into(), dev.into(), attach_type)),
         }
         Ok(())
     }
@@ -153,9 +156,23 @@ impl OtherAgent {
     }
 
     /// Detaches everything it attached (an agent going away, or the first
-    /// half of its restart).
+    /// half of its restart), and returns once the kernel has let go of
+    /// every tcx link: a process another thread is just forking holds a
+    /// copy of the link's descriptor until it execs, and until then the
+    /// link stays attached (attaching the program there again would fail
+    /// with EEXIST).
     pub fn detach_all(&mut self) -> Result<()> {
-        self.links.clear();
+        let id = self.program_id()?;
+        for (link, ns, dev, hook) in std::mem::take(&mut self.links) {
+            drop(link);
+            crate::traffic::eventually(std::time::Duration::from_secs(2), || {
+                let chain = OtherAgent::tcx_chain(&ns, &dev, hook)?;
+                if chain.contains(&id) {
+                    bail!("the other agent's program is still on {dev} in {ns}: {chain:?}");
+                }
+                Ok(())
+            })?;
+        }
         for (ns, dev, hook) in std::mem::take(&mut self.filters) {
             crate::sh::ok_in(
                 &ns,
