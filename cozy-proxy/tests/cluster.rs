@@ -23,14 +23,23 @@ fn run(
     }
 }
 
+/// The cluster scenarios but 23, and those named in `[..]`, for one
+/// runner's arguments.
+macro_rules! scenarios_and {
+    ([$($extra:ident),*] $($head:tt)*) => {
+        cozy_proxy_testkit::datapath_suite!($($head)*;
+            $(cases::$extra,)*
+            cases::s21_node_probes_the_pod, cases::s22_pods_reach_a_mapped_pod_by_its_ip,
+            cases::s24_a_mapped_pods_destinations, cases::s25_vm_to_vm,
+            cases::s26_entering_at_the_other_node, cases::s27_icmp_errors_and_path_mtu,
+            cases::s28_endpoint_moves_across_nodes);
+    };
+}
+
 /// Every cluster scenario, for one runner's arguments.
 macro_rules! every_scenario {
     ($($head:tt)*) => {
-        cozy_proxy_testkit::datapath_suite!($($head)*;
-            cases::s21_node_probes_the_pod, cases::s22_pods_reach_a_mapped_pod_by_its_ip,
-            cases::s23_pods_reach_a_mapped_pod_by_its_lb_ip, cases::s24_a_mapped_pods_destinations,
-            cases::s25_vm_to_vm, cases::s26_entering_at_the_other_node,
-            cases::s27_icmp_errors_and_path_mtu, cases::s28_endpoint_moves_across_nodes);
+        scenarios_and!([s23_pods_reach_a_mapped_pod_by_its_lb_ip] $($head)*);
     };
 }
 
@@ -70,23 +79,14 @@ mod gateway {
         use super::*;
         every_scenario!(run(Backend::Nft, ClusterShape::Gateway));
     }
-    /// All but 23 (below) for eBPF.
-    macro_rules! all_but_23 {
-        ($($head:tt)*) => {
-            cozy_proxy_testkit::datapath_suite!($($head)*;
-                cases::s21_node_probes_the_pod, cases::s22_pods_reach_a_mapped_pod_by_its_ip,
-                cases::s24_a_mapped_pods_destinations, cases::s25_vm_to_vm,
-                cases::s26_entering_at_the_other_node, cases::s27_icmp_errors_and_path_mtu,
-                cases::s28_endpoint_moves_across_nodes);
-        };
-    }
+    // eBPF: all but 23 (below).
     mod ebpf {
         use super::*;
-        all_but_23!(run(Backend::Ebpf, ClusterShape::Gateway));
+        scenarios_and!([] run(Backend::Ebpf, ClusterShape::Gateway));
     }
     mod ebpf_fast {
         use super::*;
-        all_but_23!(run(Backend::EbpfFast, ClusterShape::Gateway));
+        scenarios_and!([] run(Backend::EbpfFast, ClusterShape::Gateway));
     }
 
     /// Scenario 23 on this shape with eBPF, an open defect (docs/traffic.md,
