@@ -118,9 +118,8 @@ impl Vm {
     /// A migration target on node `k`: the VM's interface toward `k` up
     /// (and the node's side carrying), the VM's routes still through the
     /// node it runs on. A target pod's link is up long before the
-    /// switch-over; a link that first comes up at the switch-over loses
-    /// its first ARP or NDP request to the kernel's deferred link
-    /// activation, which stalls traffic for the 1 s retry.
+    /// switch-over, so the switch-over ([`Vm::move_to`]) only moves routes
+    /// and takes the source's link down.
     pub fn target(&self, k: usize) -> Result<()> {
         batch(&self.ns, &[format!("link set {} up", eth(k))])
     }

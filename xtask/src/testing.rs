@@ -3,9 +3,9 @@
 //! The datapath scenario binaries spend most of their time waiting (for a
 //! packet that must not arrive, for a controller to settle), not on the
 //! CPU: at 4 test threads they keep 1.4-1.6 of 2 cores busy and finish
-//! 1.4-1.7 times sooner than at 2. They run 4 at a time; every other binary keeps libtest's default (one per core),
-//! the migration runs above all, whose loss limits assume a machine not
-//! loaded beyond that.
+//! 1.4-1.7 times sooner than at 2. They run 4 at a time; every other
+//! binary keeps libtest's default (one per core), the migration runs
+//! above all, whose loss limits assume a machine not loaded beyond that.
 use crate::{cargo, root, run};
 use anyhow::{bail, Context, Result};
 use std::process::{Command, Stdio};
