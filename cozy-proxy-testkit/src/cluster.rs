@@ -757,6 +757,13 @@ impl Cluster {
 
     /// Node `k`'s datapath, read back by `cozy-proxy dump`.
     pub fn dump(&self, k: usize) -> Result<DatapathState> {
+        let v = self.dump_json(k)?;
+        Ok(serde_json::from_value(v["state"].clone())?)
+    }
+
+    /// Node `k`'s `cozy-proxy dump -o json`, as it prints it (the
+    /// controller asked at its default health address).
+    pub fn dump_json(&self, k: usize) -> Result<serde_json::Value> {
         let out = ok_in(
             &self.topo.node(k),
             &[
@@ -770,8 +777,7 @@ impl Cluster {
                 &self.ctls[k - 1].pin_dir.display().to_string(),
             ],
         )?;
-        let v: serde_json::Value = serde_json::from_str(&out).context("dump output")?;
-        Ok(serde_json::from_value(v["state"].clone())?)
+        serde_json::from_str(&out).context("dump output")
     }
 
     /// Waits until both nodes hold what the manifests ask of each.

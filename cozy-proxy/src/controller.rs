@@ -98,6 +98,7 @@ where
                     m.observe_plan(&report.summary, report.sync.elements);
                     m.observe_overflow(&report.sync.overflow);
                     m.observe_shared(&report.shared);
+                    telemetry.set_shared(&report.shared);
                     on_warnings(&report.new_warnings);
                     telemetry.set_ready();
                 }

@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use cozy_proxy::{
     app::{self, EbpfArgs, RunArgs},
     backend,
-    datapath::{BackendKind, Dump},
+    datapath::{placements, BackendKind, ControllerWord, Dump},
 };
 use std::io::IsTerminal;
 
@@ -33,6 +33,11 @@ enum Command {
         backend: BackendKind,
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
         output: Output,
+        /// The running controller's health or metrics address (`run
+        /// --health-addr`), asked why it steers the mappings several nodes
+        /// hold ("" not to ask).
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9403")]
+        controller: String,
         #[command(flatten)]
         ebpf: EbpfArgs,
     },
@@ -91,10 +96,19 @@ async fn run_cli() -> Result<()> {
         Command::Dump {
             backend,
             output,
+            controller,
             ebpf,
         } => {
             let cfg = ebpf.config();
             let mut dump = backend::installed(backend, &cfg)?.dump()?;
+            let word = match controller.as_str() {
+                "" => ControllerWord::NotAsked,
+                addr => match cozy_proxy::telemetry::read_hosting(addr) {
+                    Ok(shared) => ControllerWord::Shared(shared),
+                    Err(e) => ControllerWord::Silent(e.to_string()),
+                },
+            };
+            dump.placement = placements(&dump.state, &word);
             if let Some(why) = backend::ebpf_unserved(&cfg.ebpf) {
                 if let Some(details) = dump.details.as_object_mut() {
                     details.insert("ebpf_unserved".into(), why.into());

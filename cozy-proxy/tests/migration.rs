@@ -156,10 +156,12 @@ fn check(c: &Cluster, vm: &Vm, filtered: bool) -> Result<()> {
     Ok(())
 }
 
-/// Each node's word on a mapping both nodes' endpoints hold (the metric
-/// `cozy_proxy_mapping_on_several_nodes`): node `translating` translates
-/// it, the other steers it there, saying the route leads there.
-fn decided(c: &Cluster, translating: usize) -> Result<()> {
+/// Each node's word on mapping `lb`, which both nodes' endpoints hold,
+/// in the metric `cozy_proxy_mapping_on_several_nodes` and in `cozy-proxy
+/// dump`: node `translating` translates it, the other steers it there,
+/// saying the route leads there.
+fn decided(c: &Cluster, lb: IpAddr, translating: usize) -> Result<()> {
+    let via = c.net.node(translating);
     for k in 1..=2 {
         let (_, metrics) = c.ctls[k - 1].http("/metrics")?;
         let line = (metrics.lines())
@@ -167,12 +169,31 @@ fn decided(c: &Cluster, translating: usize) -> Result<()> {
             .with_context(|| format!("node{k}: no mapping on several nodes"))?;
         let want = match k == translating {
             true => "translated_here=\"true\"".to_string(),
-            false => format!(
-                "translated_here=\"false\",why=\"route via {} (node{translating})\"",
-                c.net.node(translating)
-            ),
+            false => {
+                format!("translated_here=\"false\",why=\"route via {via} (node{translating})\"")
+            }
         };
         ensure!(line.contains(&want), "node{k}: {line}, expected {want}");
+        let dump = c.dump_json(k)?;
+        let placed = (dump["placement"].as_array().into_iter().flatten())
+            .find(|p| p["lb_ip"] == lb.to_string())
+            .with_context(|| format!("node{k}: dump places no {lb}: {dump}"))?;
+        let (here, why) = match k == translating {
+            true => (
+                "translated".to_string(),
+                "endpoint here; no route to the pod leads to another of its nodes".to_string(),
+            ),
+            false => (
+                format!("steered via {via}"),
+                format!("route via {via} (node{translating})"),
+            ),
+        };
+        ensure!(
+            placed["here"] == here.as_str()
+                && placed["why"] == why.as_str()
+                && placed["nodes"] == "node1,node2",
+            "node{k}: dump says {placed}, expected here {here:?}, why {why:?}"
+        );
     }
     Ok(())
 }
@@ -302,7 +323,7 @@ fn migrate(c: &mut Cluster, filtered: bool, original: bool) -> Result<String> {
         }
         c.settle().with_context(|| format!("{name}: datapaths"))?;
         if name.starts_with("W1") || name == "W2" || name == "W3" {
-            eventually(SETTLE, || decided(c, vm.on)).with_context(|| name.to_string())?;
+            eventually(SETTLE, || decided(c, lb, vm.on)).with_context(|| name.to_string())?;
         }
         check(c, vm, filtered).with_context(|| name.to_string())?;
         // Traffic in the window beyond the checks.

@@ -193,6 +193,7 @@ impl Kernel for FakeKernel {
             state: w.kernel.clone(),
             counters: Default::default(),
             details: serde_json::Value::Null,
+            placement: Vec::new(),
         })
     }
 

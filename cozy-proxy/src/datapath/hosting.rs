@@ -6,6 +6,7 @@
 use super::state::{away_via, shared_pods, shared_with, Elsewhere, NodeView};
 use super::PathOf;
 use crate::model::{cluster::NodeAddresses, LbChange, LbResult, Mapping};
+use serde::{Deserialize, Serialize};
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -14,7 +15,7 @@ use std::{
 /// A mapping several nodes' endpoints hold, this node among them, and
 /// whether this node translates it: where the kernel's route to its pod
 /// does not lead to another of those nodes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SharedMapping {
     pub lb_ip: IpAddr,
     /// The nodes its endpoints name, comma-separated.

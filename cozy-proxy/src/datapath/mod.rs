@@ -13,6 +13,7 @@ mod capacity;
 mod counters;
 pub mod fake;
 mod hosting;
+mod placement;
 mod render;
 mod state;
 mod sync;
@@ -22,6 +23,7 @@ pub use builder::StateBuilder;
 pub use capacity::{Capacity, Entries, Overflow, Table};
 pub use counters::{Count, Counters, ServiceCount};
 pub use hosting::{SharedMapping, Sharing};
+pub use placement::{placements, ControllerWord, Placement};
 pub use render::render_text;
 pub use state::{
     away, away_via, repack, shared_pods, AllowedPort, Change, DatapathState, Elsewhere, NextHop,
@@ -80,6 +82,8 @@ pub struct Dump {
     /// Backend-specific detail for people: chains and rule counters, TC
     /// attachments, routes. Not a contract: nothing reads it back.
     pub details: serde_json::Value,
+    /// What this node does with each LB IP, and why ([`placements`]).
+    pub placement: Vec<Placement>,
 }
 
 /// What a backend's [`Kernel::apply`] did.

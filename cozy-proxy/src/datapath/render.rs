@@ -46,6 +46,18 @@ pub fn render_text(dump: &Dump) -> String {
     for lb in &s.unmapped_lbs {
         let _ = writeln!(out, "  {lb}");
     }
+    if !dump.placement.is_empty() {
+        let _ = writeln!(
+            out,
+            "placement (what this node does with each LB IP, and why):"
+        );
+        let keys = ["lb_ip", "pod_ip", "here", "nodes", "why"].map(String::from);
+        let keys: Vec<&String> = keys.iter().collect();
+        let rows: Vec<Value> = (dump.placement.iter())
+            .filter_map(|p| serde_json::to_value(p).ok())
+            .collect();
+        table(&mut out, "  ", &keys, &rows);
+    }
     if !dump.details.is_null() {
         let _ = writeln!(out, "details:");
         details(&mut out, 1, &dump.details);
@@ -188,6 +200,7 @@ mod tests {
             installed: true,
             state: DatapathState::default(),
             counters: Counters::default(),
+            placement: Vec::new(),
             details: json!({ "tables": [{
                 "table": "ip cozy_proxy",
                 "chains": [{ "name": "egress_snat", "priority": -300, "rules": [
@@ -215,5 +228,33 @@ mod tests {
 "
         );
         assert!(!text.contains('{'), "{text}");
+    }
+
+    /// Each LB IP's placement reads as one row of a table.
+    #[test]
+    fn placement_reads_as_a_table() {
+        let dump = Dump {
+            backend: BackendKind::Ebpf,
+            installed: true,
+            state: DatapathState::default(),
+            counters: Counters::default(),
+            placement: vec![super::super::Placement {
+                lb_ip: "203.0.113.12".parse().expect("address"),
+                pod_ip: Some("192.0.2.12".parse().expect("address")),
+                here: "steered via 198.51.100.3".into(),
+                nodes: Some("node1,node2".into()),
+                why: "route via 198.51.100.3 (node2)".into(),
+            }],
+            details: Value::Null,
+        };
+        let text = render_text(&dump);
+        let table = &text[text.find("placement").expect("placement")..];
+        assert_eq!(
+            table,
+            "placement (what this node does with each LB IP, and why):
+  lb_ip         pod_ip      here                      nodes        why
+  203.0.113.12  192.0.2.12  steered via 198.51.100.3  node1,node2  route via 198.51.100.3 (node2)
+"
+        );
     }
 }

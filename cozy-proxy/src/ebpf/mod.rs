@@ -693,6 +693,7 @@ impl Kernel for EbpfKernel {
                 state: DatapathState::default(),
                 counters: Counters::default(),
                 details: json!({}),
+                placement: Vec::new(),
             });
         };
         let pin_dir = &self.cfg.pin_dir;
@@ -732,6 +733,7 @@ impl Kernel for EbpfKernel {
                 "chains": chains,
                 "routes": routes,
             }),
+            placement: Vec::new(),
         })
     }
 

@@ -295,6 +295,7 @@ impl Kernel for NftKernel {
             state,
             counters: Default::default(),
             details: json!({ "tables": tables }),
+            placement: Vec::new(),
         })
     }
 

@@ -1,4 +1,5 @@
-//! A minimal HTTP/1.1 server for `/metrics`, `/healthz` and `/readyz`:
+//! A minimal HTTP/1.1 server for `/metrics`, `/healthz`, `/readyz` and
+//! `/hosting`:
 //! one request per connection, no dependencies beyond tokio. It sits on
 //! the node's network: a request head is bounded (4 KiB), a connection
 //! gets [`CONNECTION_DEADLINE`] for its whole exchange, and at most
@@ -25,7 +26,7 @@ pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(5);
 pub async fn serve(listener: TcpListener, telemetry: Telemetry) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     if let Ok(addr) = listener.local_addr() {
-        info!(%addr, "serving /metrics, /healthz, /readyz");
+        info!(%addr, "serving /metrics, /healthz, /readyz, /hosting");
     }
     // Accept errors (EMFILE, ENOBUFS) persist until something frees up:
     // back off instead of spinning on them.
@@ -88,6 +89,7 @@ async fn answer(mut stream: TcpStream, telemetry: &Telemetry) -> std::io::Result
                 format!("the reconcile loop has not turned for {age:?}\n"),
             ),
         },
+        "/hosting" => ("200 OK", telemetry.shared_json()),
         "/readyz" if telemetry.is_ready() => ("200 OK", "ready\n".to_string()),
         "/readyz" => (
             "503 Service Unavailable",
@@ -95,10 +97,10 @@ async fn answer(mut stream: TcpStream, telemetry: &Telemetry) -> std::io::Result
         ),
         _ => ("404 Not Found", "not found\n".to_string()),
     };
-    let content_type = if path == "/metrics" {
-        "application/openmetrics-text; version=1.0.0; charset=utf-8"
-    } else {
-        "text/plain; charset=utf-8"
+    let content_type = match path {
+        "/metrics" => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        "/hosting" => "application/json",
+        _ => "text/plain; charset=utf-8",
     };
     let response = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

@@ -1,16 +1,20 @@
-//! What the controller tells the outside: Prometheus metrics and health
-//! endpoints (`/metrics`, `/healthz`, `/readyz`).
+//! What the controller tells the outside: Prometheus metrics, health
+//! endpoints (`/metrics`, `/healthz`, `/readyz`) and its word on the
+//! mappings several nodes hold (`/hosting`, read by `cozy-proxy dump`).
+mod client;
 mod http;
 mod metrics;
 pub mod repeats;
 
+pub use client::read_hosting;
 pub use http::serve;
 pub use metrics::Metrics;
 
+use crate::datapath::SharedMapping;
 use std::{
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc,
+        Arc, Mutex,
     },
     time::{Duration, Instant},
 };
@@ -31,6 +35,9 @@ pub struct Telemetry {
     /// the loop has not started its turns: it waits for the first lists,
     /// which is not being wedged).
     heartbeat: Arc<AtomicU64>,
+    /// The mappings this node shares with others, as last decided (a
+    /// handful: the VMs migrating now).
+    shared: Arc<Mutex<Vec<SharedMapping>>>,
 }
 
 impl Default for Telemetry {
@@ -40,6 +47,7 @@ impl Default for Telemetry {
             ready: Arc::default(),
             origin: Instant::now(),
             heartbeat: Arc::default(),
+            shared: Arc::default(),
         }
     }
 }
@@ -75,6 +83,18 @@ impl Telemetry {
 
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
+    }
+
+    /// The mappings shared with other nodes, as the last round decided.
+    pub fn set_shared(&self, shared: &[SharedMapping]) {
+        let mut held = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        shared.clone_into(&mut held);
+    }
+
+    /// `/hosting`: the shared mappings as JSON.
+    pub fn shared_json(&self) -> String {
+        let held = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        serde_json::to_string(&*held).unwrap_or_else(|_| "[]".into())
     }
 }
 
