@@ -5,8 +5,8 @@
 //! the security settings the chart's DaemonSet asks for (read from the real
 //! `helm template` output): the capabilities, a read-only root, no
 //! privilege escalation, the host's network (runc starts in the test node's
-//! namespace and gets no network namespace of its own), the bpffs mount,
-//! and a seccomp profile.
+//! namespace and gets no network namespace of its own), the pin directory's
+//! mount, and a seccomp profile.
 use crate::sh::ok;
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -128,8 +128,8 @@ pub struct Security {
     pub seccomp: (String, Option<String>),
     /// The container's arguments (after the image's entrypoint).
     pub args: Vec<String>,
-    /// Where the chart mounts the host's bpffs, if it does.
-    pub bpffs_mount: Option<String>,
+    /// Where the chart mounts the host's pin directory, if it does.
+    pub pins_mount: Option<String>,
 }
 
 /// The security settings of the chart's DaemonSet's main container as the
@@ -174,11 +174,11 @@ pub fn chart_container_security(backend: &str, name: &str) -> Result<Security> {
         bail!("the chart does not drop ALL capabilities");
     }
     let seccomp = sc.seccomp_profile.clone().context("seccompProfile")?;
-    let bpffs_mount = container
+    let pins_mount = container
         .volume_mounts
         .iter()
         .flatten()
-        .find(|m| m.name == "bpffs")
+        .find(|m| m.name == "bpf-pins")
         .map(|m| m.mount_path.clone());
     Ok(Security {
         capabilities: caps
@@ -192,7 +192,7 @@ pub fn chart_container_security(backend: &str, name: &str) -> Result<Security> {
         privileged: sc.privileged == Some(true),
         seccomp: (seccomp.type_, seccomp.localhost_profile),
         args: container.args.clone().unwrap_or_default(),
-        bpffs_mount,
+        pins_mount,
     })
 }
 
@@ -206,8 +206,9 @@ pub struct Bind {
 
 /// The OCI runtime configuration of the container: `args` as the process
 /// (args[0] is the image's `/cozy-proxy`), `security` applied, `seccomp`
-/// as the runtime-spec profile (`None`: Unconfined), the host's bpffs
-/// (`host_bpffs`) at the chart's mount path, `binds` at their own paths.
+/// as the runtime-spec profile (`None`: Unconfined), the host's pin
+/// directory (`host_pins`) at the chart's mount path, `binds` at their own
+/// paths.
 /// Namespaces: pid, ipc, uts, mount of its own; the network namespace
 /// `netns` joined (the pod runs with hostNetwork: the node's; `None`: the
 /// host's). No rlimits (the sandbox refuses to set them).
@@ -216,7 +217,7 @@ pub fn config(
     args: &[String],
     security: &Security,
     seccomp: Option<&Value>,
-    host_bpffs: Option<&Path>,
+    host_pins: Option<&Path>,
     binds: &[Bind],
 ) -> Result<Value> {
     if security.privileged {
@@ -232,10 +233,9 @@ pub fn config(
         json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
                "options": ["nosuid", "nodev", "size=16m"]}),
     ];
-    if let (Some(host), Some(at)) = (host_bpffs, &security.bpffs_mount) {
-        // mountPropagation: HostToContainer.
+    if let (Some(host), Some(at)) = (host_pins, &security.pins_mount) {
         mounts.push(json!({"destination": at, "type": "bind",
-            "source": host.display().to_string(), "options": ["rbind", "rslave"]}));
+            "source": host.display().to_string(), "options": ["rbind"]}));
     }
     for b in binds {
         let mut options = vec!["rbind"];
@@ -360,7 +360,8 @@ pub struct Container {
     pub security: Security,
     /// Runtime-spec seccomp profile; `None` for Unconfined.
     pub seccomp: Option<Value>,
-    pub host_bpffs: Option<PathBuf>,
+    /// The host's pin directory (a hostPath `DirectoryOrCreate`).
+    pub host_pins: Option<PathBuf>,
     pub binds: Vec<Bind>,
 }
 
@@ -370,9 +371,9 @@ impl Container {
     /// to run it in the foreground, from the host (runc forwards signals;
     /// its exit status is the process's).
     pub fn command(&self, ns: Option<&str>, args: &[&str]) -> Result<Vec<String>> {
-        // The host's bpffs is at the chart's mount path inside.
+        // The host's pin directory is at the chart's mount path inside.
         let inside = |a: &str| -> String {
-            match (&self.host_bpffs, &self.security.bpffs_mount) {
+            match (&self.host_pins, &self.security.pins_mount) {
                 (Some(host), Some(at)) => match Path::new(a).strip_prefix(host) {
                     Ok(rest) => Path::new(at).join(rest).display().to_string(),
                     Err(_) => a.to_string(),
@@ -388,7 +389,7 @@ impl Container {
             &process,
             &self.security,
             self.seccomp.as_ref(),
-            self.host_bpffs.as_deref(),
+            self.host_pins.as_deref(),
             &self.binds,
         )?;
         fs::write(
@@ -508,7 +509,7 @@ pub fn container(
     bundle: &Path,
     id: &str,
     seccomp: Option<SeccompChoice>,
-    host_bpffs: &Path,
+    host_pins: &Path,
     binds: Vec<Bind>,
 ) -> Result<Container> {
     let security = chart_security(backend)?;
@@ -522,7 +523,7 @@ pub fn container(
         id: id.to_string(),
         seccomp: choice.profile(&security.capabilities)?,
         security,
-        host_bpffs: Some(host_bpffs.to_path_buf()),
+        host_pins: Some(host_pins.to_path_buf()),
         binds,
     })
 }

@@ -469,10 +469,19 @@ impl Env {
             Some(dir) => dir,
             None => test_bpffs()?,
         };
-        let pin_dir = match backend {
-            Backend::Ebpf | Backend::EbpfFast => bpffs.join(&topo.prefix),
-            Backend::Nft => std::env::temp_dir().join(format!("{}-unused-pins", topo.prefix)),
+        // A container's pin directory is mounted whatever its backend (the
+        // chart's hostPath, created when missing).
+        let pin_dir = match (backend, &container) {
+            (Backend::Ebpf | Backend::EbpfFast, _) | (Backend::Nft, Some(_)) => {
+                bpffs.join(&topo.prefix)
+            }
+            (Backend::Nft, None) => {
+                std::env::temp_dir().join(format!("{}-unused-pins", topo.prefix))
+            }
         };
+        if container.is_some() {
+            fs::create_dir_all(&pin_dir)?;
+        }
         let (standin, api, source_args) = match source {
             SourceKind::Manifests => (
                 None,
@@ -504,7 +513,7 @@ impl Env {
                     &std::env::temp_dir().join(format!("{}-bundle", topo.prefix)),
                     &topo.prefix,
                     request.seccomp,
-                    &bpffs,
+                    &pin_dir,
                     vec![image::Bind {
                         source: dir.path.clone(),
                         destination: dir.path.clone(),
@@ -536,6 +545,37 @@ impl Env {
 
     pub fn fam(&self) -> Fam {
         self.net.fam
+    }
+
+    /// The node's pod replaced by one running `backend` under the chart's
+    /// settings for it, as helm switches a node's backend: the old pod
+    /// stops and leaves its datapath (a rolling update), the new one starts
+    /// with the same pin directory mounted.
+    pub fn switch_container_to(&mut self, backend: Backend) -> Result<()> {
+        let old = (self.ctl.container.clone()).context("the controller is not a container")?;
+        self.ctl.stop()?;
+        old.discard();
+        let bundle = old.bundle.with_file_name(format!(
+            "{}-{}",
+            old.bundle
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default(),
+            backend.arg()
+        ));
+        let host_pins = old.host_pins.clone().context("no pin directory mounted")?;
+        let new = image::container(
+            backend.arg(),
+            &bundle,
+            &format!("{}-{}", old.id, backend.arg()),
+            None,
+            &host_pins,
+            old.binds.clone(),
+        )?;
+        self.ctl.container = Some(new);
+        self.ctl.backend = backend;
+        self.backend = backend;
+        self.ctl.spawn()
     }
 
     /// A scratch file for this scenario.

@@ -167,10 +167,11 @@ pub fn installed(kind: BackendKind, cfg: &BackendConfig) -> Result<Installed, Ba
 pub fn installed_kinds(cfg: &BackendConfig) -> Vec<BackendKind> {
     BackendKind::ALL
         .into_iter()
-        .filter(|k| {
-            installed(*k, cfg)
+        .filter(|k| match k {
+            BackendKind::Ebpf => crate::ebpf::is_installed(&cfg.ebpf),
+            BackendKind::Nft => installed(*k, cfg)
                 .and_then(|i| i.dump())
-                .is_ok_and(|d| d.installed)
+                .is_ok_and(|d| d.installed),
         })
         .collect()
 }
@@ -190,7 +191,11 @@ impl Installed {
 /// every backend does.
 pub fn remove(kinds: &[BackendKind], cfg: &BackendConfig) -> Result<(), BackendError> {
     for kind in kinds {
-        installed(*kind, cfg)?.cleanup()?;
+        match kind {
+            // Without opening its maps: the nft pod may not call bpf(2).
+            BackendKind::Ebpf => crate::ebpf::remove_installed(&cfg.ebpf)?,
+            BackendKind::Nft => installed(*kind, cfg)?.cleanup()?,
+        }
         info!(backend = %kind, "removed the datapath");
     }
     if BackendKind::ALL.iter().all(|k| kinds.contains(k)) {

@@ -64,20 +64,10 @@ fn helm_lint_passes_for_each_backend() {
 
 #[test]
 fn the_daemonset_asks_for_what_each_backend_needs_and_no_more() {
-    for (backend, caps, bpffs, seccomp) in [
-        ("nft", vec!["NET_ADMIN"], false, "RuntimeDefault"),
-        (
-            "ebpf",
-            vec!["NET_ADMIN", "BPF", "PERFMON"],
-            true,
-            "Localhost",
-        ),
-        (
-            "auto",
-            vec!["NET_ADMIN", "BPF", "PERFMON"],
-            true,
-            "Localhost",
-        ),
+    for (backend, caps, seccomp) in [
+        ("nft", vec!["NET_ADMIN"], "RuntimeDefault"),
+        ("ebpf", vec!["NET_ADMIN", "BPF", "PERFMON"], "Localhost"),
+        ("auto", vec!["NET_ADMIN", "BPF", "PERFMON"], "Localhost"),
     ] {
         let docs = render(&[&format!("backend={backend}")]);
         let ds = find(&docs, "DaemonSet");
@@ -109,12 +99,22 @@ fn the_daemonset_asks_for_what_each_backend_needs_and_no_more() {
         } else {
             assert!(init.is_null(), "{backend}: init container {init:?}");
         }
+        // Every backend mounts the pin directory alone (the nft pod retires
+        // an eBPF datapath a switch left), never the host's whole bpffs.
         let mounts = serde_yaml::to_string(&c["volumeMounts"]).unwrap_or_default();
-        assert_eq!(
-            mounts.contains("/sys/fs/bpf"),
-            bpffs,
-            "{backend} bpffs mount: {mounts}"
+        assert!(
+            mounts.contains("mountPath: /bpf-pins"),
+            "{backend}: {mounts}"
         );
+        let host_paths: Vec<&str> = (pod["volumes"].as_sequence().into_iter().flatten())
+            .filter_map(|v| v["hostPath"]["path"].as_str())
+            .collect();
+        let mut want = vec!["/sys/fs/bpf/cozy-proxy"];
+        if seccomp == "Localhost" {
+            want.push("/var/lib/kubelet/seccomp");
+        }
+        assert_eq!(host_paths, want, "{backend}");
+        assert!(strings(&c["args"]).contains(&"--bpf-pin-dir=/bpf-pins".to_string()));
         assert!(strings(&c["args"]).contains(&format!("--backend={backend}")));
         assert_eq!(pod["hostNetwork"].as_bool(), Some(true));
         assert_eq!(
@@ -208,6 +208,11 @@ fn values_show_up_where_they_belong() {
     assert!(c["image"].as_str().is_some_and(|i| i.ends_with(":v9")));
     assert_eq!(c["ports"][0]["containerPort"].as_i64(), Some(9555));
     find(&docs, "ServiceMonitor");
+    // nft on a node without a bpffs: nothing of the host's bpffs mounted.
+    let docs = render(&["backend=nft", "mountBpfPinDir=false"]);
+    let pod = &find(&docs, "DaemonSet")["spec"]["template"]["spec"];
+    assert!(pod["volumes"].is_null(), "{:?}", pod["volumes"]);
+    assert!(pod["containers"][0]["volumeMounts"].is_null());
     assert!(!render(&[])
         .iter()
         .any(|d| d["kind"].as_str() == Some("ServiceMonitor")));

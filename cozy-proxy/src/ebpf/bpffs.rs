@@ -1,6 +1,6 @@
 //! The pin directory must live on a bpffs: pinned maps and links outlive
-//! the process only there (a restart adopts them). Where its parent is not
-//! one (a node without /sys/fs/bpf mounted, or a container given a plain
+//! the process only there (a restart adopts them). Where neither it nor its
+//! parent is one (a node without /sys/fs/bpf mounted, or a container given a plain
 //! directory), one is mounted as Cilium does; where that is not allowed
 //! (a container has no CAP_SYS_ADMIN), the error says what to do.
 use super::EbpfError;
@@ -41,9 +41,14 @@ fn mount_bpffs(path: &Path) -> Result<(), std::io::Error> {
     Ok(())
 }
 
-/// Makes sure `pin_dir`'s parent is a bpffs (mounting one if it is not
-/// and we may), so that what is pinned survives a restart.
+/// Makes sure `pin_dir` is on a bpffs: itself (a directory of the host's
+/// bpffs mounted in, as the chart mounts it), or its parent (mounting one
+/// there if it is not and we may), so that what is pinned survives a
+/// restart.
 pub fn ensure(pin_dir: &Path) -> Result<(), EbpfError> {
+    if pin_dir.is_dir() && is_bpffs(pin_dir).map_err(super::io(pin_dir))? {
+        return Ok(());
+    }
     let parent = pin_dir.parent().unwrap_or(Path::new("/"));
     std::fs::create_dir_all(parent).map_err(super::io(parent))?;
     if is_bpffs(parent).map_err(super::io(parent))? {
@@ -55,7 +60,7 @@ pub fn ensure(pin_dir: &Path) -> Result<(), EbpfError> {
             Ok(())
         }
         Err(source) => Err(EbpfError::NoBpffs {
-            path: parent.to_path_buf(),
+            path: pin_dir.to_path_buf(),
             source,
         }),
     }

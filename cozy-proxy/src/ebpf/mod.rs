@@ -60,10 +60,10 @@ pub enum EbpfError {
     #[error("map {map} is full")]
     Full { map: &'static str },
     #[error(
-        "{path} is not a bpffs and mounting one failed ({source}): the pinned maps and links \
+        "{path} is not on a bpffs and mounting one failed ({source}): the pinned maps and links \
          must outlive the process; mount one on the node (`mount -t bpf bpf /sys/fs/bpf`; \
-         systemd's sys-fs-bpf.mount does at boot) and into the container (the chart mounts the \
-         host's /sys/fs/bpf)"
+         systemd's sys-fs-bpf.mount does at boot) and the pin directory into the container \
+         (the chart mounts the host's `bpfPinDir` at /bpf-pins)"
     )]
     NoBpffs {
         path: PathBuf,
@@ -746,21 +746,39 @@ impl Kernel for EbpfKernel {
     fn cleanup(&mut self) -> Result<(), EbpfError> {
         self.maps = None;
         self.programs = None;
-        let pin_dir = &self.cfg.pin_dir;
-        links::detach_all(pin_dir);
-        // Legacy attachments (tc filters) are not pinned: deleted from
-        // every interface at their fixed place.
-        for link in route::links(&self.rtnl)? {
-            links::delete_tc_filters(&link.name);
-        }
-        chain::set_behind(0);
-        for name in names::ALL {
-            let _ = fs::remove_file(pin_dir.join(name));
-        }
-        let _ = fs::remove_dir(links::links_dir(pin_dir));
-        let _ = fs::remove_dir(pin_dir);
-        Ok(())
+        remove_installed(&self.cfg)
     }
+}
+
+/// Is anything of the eBPF backend pinned under `cfg`'s pin directory?
+/// Read from the directory alone, as [`remove_installed`] works.
+pub fn is_installed(cfg: &EbpfConfig) -> bool {
+    let pin_dir = &cfg.pin_dir;
+    !links::pinned(pin_dir).is_empty() || names::ALL.iter().any(|n| pin_dir.join(n).exists())
+}
+
+/// Removes what the eBPF backend installed: its pins (a link goes with
+/// its last pin, its program with the link; a map with its last pin) and
+/// the legacy tc filters. Files and netlink only, no bpf(2): a process
+/// without CAP_BPF, whose seccomp profile refuses bpf(2) (the chart's nft
+/// pod), retires an eBPF datapath too. The pin directory stays where it is
+/// a mount point (the chart mounts it into the pod).
+pub fn remove_installed(cfg: &EbpfConfig) -> Result<(), EbpfError> {
+    let pin_dir = &cfg.pin_dir;
+    links::detach_all(pin_dir);
+    // Legacy attachments (tc filters) are not pinned: deleted from
+    // every interface at their fixed place.
+    let rtnl = NlSocket::open(libc::NETLINK_ROUTE)?;
+    for link in route::links(&rtnl)? {
+        links::delete_tc_filters(&link.name);
+    }
+    chain::set_behind(0);
+    for name in names::ALL {
+        let _ = fs::remove_file(pin_dir.join(name));
+    }
+    let _ = fs::remove_dir(links::links_dir(pin_dir));
+    let _ = fs::remove_dir(pin_dir);
+    Ok(())
 }
 
 /// Loads every program of the embedded object into the kernel (and unloads
