@@ -10,7 +10,7 @@ use crate::ebpf::{EbpfConfig, EbpfError, EbpfKernel};
 use crate::nft::{NftError, NftKernel};
 use crate::steer::Steering;
 use std::{collections::BTreeSet, net::IpAddr};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 /// What the operator asks for (`--backend`, or the node label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -67,6 +67,9 @@ pub struct NodeDatapath {
     cfg: BackendConfig,
     /// The other backend, removed after our first successful sync.
     retire: Option<BackendKind>,
+    /// Ours stands by while the other backend's state serves (a switch):
+    /// woken after the first sync, right before that state is removed.
+    standing_by: bool,
 }
 
 /// The backend this process runs, and why `auto` did not take eBPF (for
@@ -136,6 +139,7 @@ impl NodeDatapath {
             running,
             cfg,
             retire: BackendKind::ALL.into_iter().find(|k| *k != kind),
+            standing_by: false,
         })
     }
 }
@@ -163,16 +167,20 @@ pub fn installed(kind: BackendKind, cfg: &BackendConfig) -> Result<Installed, Ba
     }))
 }
 
+/// Is backend `kind`'s state installed on this node?
+pub fn is_installed(kind: BackendKind, cfg: &BackendConfig) -> bool {
+    match kind {
+        BackendKind::Ebpf => crate::ebpf::is_installed(&cfg.ebpf),
+        BackendKind::Nft => installed(kind, cfg)
+            .and_then(|i| i.dump())
+            .is_ok_and(|d| d.installed),
+    }
+}
+
 /// The backends whose state is installed on this node.
 pub fn installed_kinds(cfg: &BackendConfig) -> Vec<BackendKind> {
-    BackendKind::ALL
-        .into_iter()
-        .filter(|k| match k {
-            BackendKind::Ebpf => crate::ebpf::is_installed(&cfg.ebpf),
-            BackendKind::Nft => installed(*k, cfg)
-                .and_then(|i| i.dump())
-                .is_ok_and(|d| d.installed),
-        })
+    (BackendKind::ALL.into_iter())
+        .filter(|k| is_installed(*k, cfg))
         .collect()
 }
 
@@ -217,12 +225,14 @@ impl Datapath for NodeDatapath {
     }
 
     fn sync(&mut self, desired: DatapathState) -> Result<SyncReport, BackendError> {
+        self.stand_by_for_switch()?;
         let report = running!(&mut self.running, d => d.sync(desired))?;
         self.retire_other();
         Ok(report)
     }
 
     fn sync_change(&mut self, change: &StateDiff) -> Result<Option<SyncReport>, BackendError> {
+        self.stand_by_for_switch()?;
         let report = running!(&mut self.running, d => d.sync_change(change))?;
         self.retire_other();
         Ok(report)
@@ -261,8 +271,47 @@ impl Datapath for NodeDatapath {
 }
 
 impl NodeDatapath {
-    /// After the first successful sync: the other backend's state goes.
+    /// Before the first sync, where the other backend's state is installed
+    /// (a switch): ours is filled but stands by, passing every packet, so
+    /// the two act on the same packets only for the instant of the switch
+    /// ([`NodeDatapath::retire_other`]): each drops what the other
+    /// translated (the source guard, the port filter's conntrack).
+    fn stand_by_for_switch(&mut self) -> Result<(), BackendError> {
+        let other_installed = (self.retire).is_some_and(|k| is_installed(k, &self.cfg));
+        if self.standing_by || !other_installed {
+            return Ok(());
+        }
+        match &mut self.running {
+            Running::Nft(d) => d.kernel_mut().stand_by(),
+            Running::Ebpf(d) => d.kernel_mut().stand_by()?,
+        }
+        self.standing_by = true;
+        info!("standing by until the first sync; the other backend's datapath serves until then");
+        Ok(())
+    }
+
+    /// After the first successful sync: ours wakes (one transaction or
+    /// one map write), then the other backend's state goes. In that order:
+    /// for the instant both act, each drops some of what the other
+    /// translated, which TCP retransmits; the other way round, the instant
+    /// neither acts would send the pods' packets out untranslated (the
+    /// CNI's masquerade), and the far end would reset their connections.
+    /// Waking is tried again after every sync until it succeeds; the other
+    /// backend goes only once ours serves.
     fn retire_other(&mut self) {
+        if self.standing_by {
+            let woken = match &mut self.running {
+                Running::Nft(d) => d.kernel_mut().wake().map_err(BackendError::from),
+                Running::Ebpf(d) => d.kernel_mut().wake().map_err(BackendError::from),
+            };
+            match woken {
+                Ok(()) => self.standing_by = false,
+                Err(e) => {
+                    error!(error = %e, "waking our datapath failed; retried after the next sync");
+                    return;
+                }
+            }
+        }
         if let Some(other) = self.retire.take() {
             if let Err(e) = remove(&[other], &self.cfg) {
                 warn!(backend = %other, error = %e, "removing the other backend's datapath failed");

@@ -78,6 +78,12 @@ impl<K: Kernel> Synced<K> {
         &self.kernel
     }
 
+    /// The kernel, for what lies outside the state the sync keeps (a
+    /// backend switch's standby and wake).
+    pub fn kernel_mut(&mut self) -> &mut K {
+        &mut self.kernel
+    }
+
     /// What the kernel holds, taken out of `known` (which becomes
     /// [`Known::Unread`] until a sync succeeds); `None`: to be read.
     /// `planned_copy`: the kernel holds `planned` itself, and `planned` is

@@ -198,6 +198,10 @@ pub struct Maps {
     /// most of an incremental round.
     stale_flows: BTreeSet<IpKey>,
     prefilter_written: bool,
+    /// The programs stand by (a backend switch: the other backend still
+    /// serves): the prefilter is kept empty, so they pass every packet
+    /// untouched, until [`Maps::wake`] writes it.
+    standby: bool,
 }
 
 impl Maps {
@@ -221,7 +225,29 @@ impl Maps {
             counted: Default::default(),
             stale_flows: BTreeSet::new(),
             prefilter_written: false,
+            standby: false,
         })
+    }
+
+    /// From now until [`Maps::wake`], the programs pass every packet
+    /// untouched: the prefilter says no address is ours.
+    pub fn stand_by(&mut self) -> Result<(), EbpfError> {
+        self.standby = true;
+        self.write_prefilter(&AddrBits::of([]), &BTreeSet::new())
+    }
+
+    /// The programs act on the maps again: the prefilter is written whole,
+    /// in one update.
+    pub fn wake(&mut self) -> Result<(), EbpfError> {
+        if !self.standby {
+            return Ok(());
+        }
+        let bits = self.addr_bits()?;
+        let cidrs = self.trie_cidrs()?;
+        self.standby = false;
+        self.write_prefilter(&bits, &cidrs)?;
+        self.in_addrs = Some(bits);
+        Ok(())
     }
 
     fn entries(&self) -> Result<Vec<(IpKey, AddrInfo)>, EbpfError> {
@@ -569,9 +595,11 @@ impl Maps {
         // Zeroed where it lives (400 KiB: not built on the stack first).
         // SAFETY: `Prefilter` is integers only; all zeroes is a value.
         let mut bits = unsafe { Box::<Prefilter>::new_zeroed().assume_init() };
-        addr_bits.write_into(&mut bits);
-        for c in cluster {
-            mark_cluster(&mut bits, c);
+        if !self.standby {
+            addr_bits.write_into(&mut bits);
+            for c in cluster {
+                mark_cluster(&mut bits, c);
+            }
         }
         self.prefilter
             .set(0, bits.as_ref(), 0)

@@ -478,6 +478,24 @@ impl EbpfKernel {
         }
     }
 
+    /// A backend switch: the programs stay attached but pass every packet
+    /// untouched (while the other backend still serves) until
+    /// [`EbpfKernel::wake`]; the syncs in between fill the maps.
+    pub fn stand_by(&mut self) -> Result<(), EbpfError> {
+        match self.maps.as_mut() {
+            Some(m) => m.stand_by(),
+            None => Err(self.no_pins()),
+        }
+    }
+
+    /// The programs act on the maps: one write of the prefilter.
+    pub fn wake(&mut self) -> Result<(), EbpfError> {
+        match self.maps.as_mut() {
+            Some(m) => m.wake(),
+            None => Ok(()),
+        }
+    }
+
     /// Turns the fast path on or off (as `EbpfConfig::fast_path` at start).
     pub fn set_fast_path(&mut self, on: bool) -> Result<(), EbpfError> {
         self.cfg.fast_path = on;
@@ -763,19 +781,25 @@ pub fn is_installed(cfg: &EbpfConfig) -> bool {
 /// without CAP_BPF, whose seccomp profile refuses bpf(2) (the chart's nft
 /// pod), retires an eBPF datapath too. The pin directory stays where it is
 /// a mount point (the chart mounts it into the pod).
+///
+/// The tcx links go last, together (a few unlinks): a switch wakes the
+/// other backend right after, and the node is without either only for that
+/// long. The legacy tc filters (kernels before 6.6) go one netlink request
+/// each, first; where tcx links are used there are none to delete.
 pub fn remove_installed(cfg: &EbpfConfig) -> Result<(), EbpfError> {
     let pin_dir = &cfg.pin_dir;
-    links::detach_all(pin_dir);
     // Legacy attachments (tc filters) are not pinned: deleted from
     // every interface at their fixed place.
     let rtnl = NlSocket::open(libc::NETLINK_ROUTE)?;
     for link in route::links(&rtnl)? {
         links::delete_tc_filters(&link.name);
     }
-    chain::set_behind(0);
+    // The programs hold their maps: the map pins can go first.
     for name in names::ALL {
         let _ = fs::remove_file(pin_dir.join(name));
     }
+    links::detach_all(pin_dir);
+    chain::set_behind(0);
     let _ = fs::remove_dir(links::links_dir(pin_dir));
     let _ = fs::remove_dir(pin_dir);
     Ok(())

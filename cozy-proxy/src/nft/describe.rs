@@ -74,9 +74,13 @@ pub fn describe(bytes: &[u8]) -> Vec<String> {
         let name = |a| attr_str(body, a).unwrap_or_default();
         let line = match m.msg_type & 0xff {
             NFT_MSG_NEWTABLE => format!(
-                "add table {fam} {} (mark {})",
+                "add table {fam} {} (mark {}{})",
                 name(NFTA_TABLE_NAME),
-                attr(body, NFTA_TABLE_USERDATA).is_some_and(|u| u == super::schema::SCHEMA_MARK)
+                attr(body, NFTA_TABLE_USERDATA).is_some_and(|u| u == super::schema::SCHEMA_MARK),
+                match attr_u32(body, NFTA_TABLE_FLAGS) {
+                    Some(f) if f & NFT_TABLE_F_DORMANT != 0 => ", dormant",
+                    _ => "",
+                }
             ),
             NFT_MSG_DELTABLE => format!("delete table {fam} {}", name(NFTA_TABLE_NAME)),
             NFT_MSG_NEWSET => format!(
@@ -176,6 +180,7 @@ fn a_first_sync_creates_both_tables_and_their_elements_in_one_batch() {
         ],
         &diff,
         &diff.guard,
+        false,
     );
     let lines = describe(batch.bytes());
     let want = [
@@ -255,6 +260,7 @@ fn a_moved_endpoint_deletes_before_it_adds_and_a_replaced_table_goes_first() {
         ],
         &diff,
         &diff.guard,
+        false,
     );
     assert_eq!(
         describe(batch.bytes()),
@@ -266,11 +272,41 @@ fn a_moved_endpoint_deletes_before_it_adds_and_a_replaced_table_goes_first() {
         ]
     );
     let none = before.diff(&before);
-    let replaced = sync_batch(&[(IPV6.table(), Install::Replace)], &none, &none.guard);
+    let replaced = sync_batch(
+        &[(IPV6.table(), Install::Replace)],
+        &none,
+        &none.guard,
+        false,
+    );
     let lines = describe(replaced.bytes());
     assert_eq!(lines[0], "delete table ip6 cozy_proxy");
     assert_eq!(lines[1], "add table ip6 cozy_proxy (mark true)");
-    let rules = sync_batch(&[(IPV4.table(), Install::Rules)], &none, &none.guard);
+    // A switch's standby: created dormant in the creating message itself,
+    // an adopted table made dormant; woken in one batch.
+    let dormant = sync_batch(
+        &[
+            (IPV4.table(), Install::Create),
+            (IPV6.table(), Install::Nothing),
+        ],
+        &none,
+        &none.guard,
+        true,
+    );
+    let lines = describe(dormant.bytes());
+    assert_eq!(lines[0], "add table ip cozy_proxy (mark true, dormant)");
+    assert_eq!(
+        lines.last().map(String::as_str),
+        Some("add table ip6 cozy_proxy (mark false, dormant)")
+    );
+    let woken = describe(super::encode::wake_batch(&[IPV4.table(), IPV6.table()]).bytes());
+    assert_eq!(
+        woken,
+        [
+            "add table ip cozy_proxy (mark false)",
+            "add table ip6 cozy_proxy (mark false)"
+        ]
+    );
+    let rules = sync_batch(&[(IPV4.table(), Install::Rules)], &none, &none.guard, false);
     assert!(describe(rules.bytes())
         .iter()
         .any(|l| l == "flush chain ip port_filter"));
@@ -289,7 +325,7 @@ fn elements_are_split_into_messages_that_fit_a_netlink_attribute() {
     let pairs: Vec<(&str, &str)> = many.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
     let desired = state(&pairs, &[]);
     let diff = DatapathState::default().diff(&desired);
-    let batch = sync_batch(&[], &diff, &diff.guard);
+    let batch = sync_batch(&[], &diff, &diff.guard, false);
     let lines = describe(batch.bytes());
     // pod_svc and svc_pod: 800 + 5 elements each.
     assert_eq!(
@@ -327,7 +363,7 @@ fn ranges_and_guards_are_encoded_as_the_kernel_takes_them() {
     desired.guard.insert(ip("192.0.2.11"), 7);
     desired.guard.insert(ip("203.0.113.10"), 0);
     let diff = DatapathState::default().diff(&desired);
-    let lines = describe(sync_batch(&[], &diff, &diff.guard).bytes());
+    let lines = describe(sync_batch(&[], &diff, &diff.guard, false).bytes());
     assert_eq!(
         lines,
         [
@@ -379,7 +415,7 @@ fn guards_behind_bridge_ports_are_checked_at_the_port() {
     let mut batch = crate::nft::batch::Batch::new();
     write(&mut batch, &at_ports);
     let diff = crate::datapath::StateDiff::default();
-    let mut lines = describe(sync_batch(&[], &diff, &ip_guard).bytes());
+    let mut lines = describe(sync_batch(&[], &diff, &ip_guard, false).bytes());
     lines.extend(describe(batch.bytes()));
     assert_eq!(
         lines,
@@ -398,7 +434,7 @@ fn guards_behind_bridge_ports_are_checked_at_the_port() {
     let (ip_guard, at_ports) = plan(&moved, &mut placed, place);
     let mut batch = crate::nft::batch::Batch::new();
     write(&mut batch, &at_ports);
-    let mut lines = describe(sync_batch(&[], &diff, &ip_guard).bytes());
+    let mut lines = describe(sync_batch(&[], &diff, &ip_guard, false).bytes());
     lines.extend(describe(batch.bytes()));
     assert_eq!(
         lines,

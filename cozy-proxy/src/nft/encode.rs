@@ -35,6 +35,7 @@ pub fn sync_batch(
     installs: &[(Table, Install)],
     diff: &StateDiff,
     ip_guard: &Change<(IpAddr, u32)>,
+    dormant: bool,
 ) -> Batch {
     // Room for every element from the start: a buffer grown by doubling
     // holds its old and new copies at once (tens of MiB at 50 000
@@ -44,7 +45,7 @@ pub fn sync_batch(
     // made resident.
     let mut batch = Batch::with_capacity((diff.size() + diff.guard.size()) * 40 + 64 * 1024);
     for (t, how) in installs {
-        install(&mut batch, t, *how);
+        install(&mut batch, t, *how, dormant);
     }
     elements(&mut batch, diff, ip_guard);
     batch
@@ -69,12 +70,47 @@ fn delete_table(batch: &mut Batch, t: &Table) {
     );
 }
 
+/// Wakes our tables `present` (their base chains go on their hooks), in
+/// one transaction.
+pub fn wake_batch(present: &[Table]) -> Batch {
+    let mut batch = Batch::new();
+    for t in present {
+        batch.add(
+            NFT_MSG_NEWTABLE,
+            0,
+            t.nfproto,
+            format!("wake table {} {TABLE}", t.family),
+            |w| {
+                w.put_str(NFTA_TABLE_NAME, TABLE);
+                w.put_u32(NFTA_TABLE_FLAGS, 0);
+            },
+        );
+    }
+    batch
+}
+
 /// The messages that create (or adopt) one family's table, sets, chains
 /// and rules. Tables, sets and chains are created without NLM_F_EXCL
 /// (existing ones are kept); each chain is flushed and its rules re-added.
-fn install(batch: &mut Batch, t: &Table, how: Install) {
+/// A `dormant` table (a backend switch, while the other backend serves)
+/// is filled with its base chains off their hooks: created so, in the
+/// same message, never on them for an instant.
+fn install(batch: &mut Batch, t: &Table, how: Install, dormant: bool) {
     let f = t.nfproto;
+    let flags = if dormant { NFT_TABLE_F_DORMANT } else { 0 };
     if how == Install::Nothing {
+        if dormant {
+            batch.add(
+                NFT_MSG_NEWTABLE,
+                0,
+                f,
+                format!("dormant table {} {TABLE}", t.family),
+                |w| {
+                    w.put_str(NFTA_TABLE_NAME, TABLE);
+                    w.put_u32(NFTA_TABLE_FLAGS, flags);
+                },
+            );
+        }
         return;
     }
     if how == Install::Replace {
@@ -87,7 +123,7 @@ fn install(batch: &mut Batch, t: &Table, how: Install) {
         format!("table {} {TABLE}", t.family),
         |w| {
             w.put_str(NFTA_TABLE_NAME, TABLE);
-            w.put_u32(NFTA_TABLE_FLAGS, 0);
+            w.put_u32(NFTA_TABLE_FLAGS, flags);
             w.put(NFTA_TABLE_USERDATA, t.mark);
         },
     );

@@ -74,6 +74,9 @@ pub struct NftKernel {
     /// Where each guarded address was written (see `ports.rs`), as of the
     /// last read and the changes since.
     placed: ports::Placed,
+    /// Our tables are kept dormant (a backend switch: the other backend
+    /// still serves) until [`NftKernel::wake`].
+    standby: bool,
 }
 
 /// From this many elements on, a batch is applied out of the notification
@@ -97,7 +100,35 @@ impl NftKernel {
             events: NlSocket::subscribe(libc::NETLINK_NETFILTER, NFNLGRP_NFTABLES_MASK)?,
             missed_news: false,
             placed: ports::Placed::new(),
+            standby: false,
         })
+    }
+
+    /// A backend switch: from the next sync until [`NftKernel::wake`], our
+    /// tables are installed and kept dormant (filled, off their hooks).
+    pub fn stand_by(&mut self) {
+        self.standby = true;
+    }
+
+    /// Our tables go on their hooks, in one transaction.
+    pub fn wake(&mut self) -> Result<(), NftError> {
+        if !self.standby {
+            return Ok(());
+        }
+        encode::wake_batch(&self.present()?).apply(&self.sock)?;
+        self.standby = false;
+        Ok(())
+    }
+
+    /// Our tables that exist.
+    fn present(&self) -> Result<Vec<Table>, NftError> {
+        let mut present = Vec::new();
+        for t in LAYOUTS.iter().map(|l| l.table()).chain([ports::table()]) {
+            if read::our_table(&self.sock, t.nfproto)?.is_some() {
+                present.push(t);
+            }
+        }
+        Ok(present)
     }
 }
 
@@ -228,7 +259,7 @@ impl Kernel for NftKernel {
         // if the batch fails, the sync reads the kernel again, and with it
         // the places.
         let (ip_guard, at_ports) = ports::plan(&diff.guard, &mut self.placed, place);
-        let mut batch = encode::sync_batch(&installs, diff, &ip_guard);
+        let mut batch = encode::sync_batch(&installs, diff, &ip_guard, self.standby);
         ports::write(&mut batch, &at_ports);
         debug!(
             messages = batch.message_count(),
@@ -300,13 +331,7 @@ impl Kernel for NftKernel {
     }
 
     fn cleanup(&mut self) -> Result<(), NftError> {
-        let mut present = Vec::new();
-        for t in LAYOUTS.iter().map(|l| l.table()).chain([ports::table()]) {
-            if read::our_table(&self.sock, t.nfproto)?.is_some() {
-                present.push(t);
-            }
-        }
-        encode::cleanup_batch(&present).apply(&self.sock)?;
+        encode::cleanup_batch(&self.present()?).apply(&self.sock)?;
         Ok(())
     }
 }

@@ -62,6 +62,8 @@ pub const NFT_CMP_GTE: u32 = libc::NFT_CMP_GTE as u32;
 pub const NFTA_TABLE_NAME: u16 = 1;
 pub const NFTA_GEN_ID: u16 = 1;
 pub const NFTA_TABLE_FLAGS: u16 = 2;
+/// A dormant table's base chains are not on their hooks.
+pub const NFT_TABLE_F_DORMANT: u32 = 1;
 pub const NFTA_TABLE_USERDATA: u16 = 6;
 pub const NFTA_CHAIN_TABLE: u16 = 1;
 pub const NFTA_CHAIN_NAME: u16 = 3;
