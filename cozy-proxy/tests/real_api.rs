@@ -158,7 +158,62 @@ fn a_service_annotated_later_is_mapped_with_its_endpoints() -> Result<()> {
         state.svc_pod
     );
     env.tcp_reaches(env.lb(1), WEB, 2)?;
-    env.wait_log("listing the EndpointSlices again")
+    env.wait_log("a Service became ours: its EndpointSlices read")
+}
+
+/// The API server's count of LIST requests for EndpointSlices of `scope`
+/// (`cluster`: every namespace; `namespace`: one), from its metrics.
+fn slice_lists(env: &Env, scope: &str) -> Result<u64> {
+    let metrics = api(env)?.kubectl(&["get", "--raw", "/metrics"])?;
+    let mut total = 0;
+    for line in metrics.lines().filter(|l| {
+        l.starts_with("apiserver_request_total{")
+            && l.contains("resource=\"endpointslices\"")
+            && l.contains(&format!("scope=\"{scope}\""))
+            && l.contains("verb=\"LIST\"")
+    }) {
+        let n = line.rsplit(' ').next().context("a sample")?;
+        total += n.parse::<f64>().with_context(|| line.to_string())? as u64;
+    }
+    Ok(total)
+}
+
+/// A tenant toggling the label of its own Service: each time it becomes
+/// ours, its slices are read in its namespace; no node lists every
+/// EndpointSlice of the cluster again.
+#[test]
+fn a_label_toggled_in_a_loop_reads_only_that_services_slices() -> Result<()> {
+    let mut env = env(Backend::Nft, Fam::V4)?;
+    env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
+    let mut vm2 = Svc::new("vm2", env.lb(1));
+    vm2.label = false;
+    env.put_service(&vm2, &[env.pod_ip(2)])?;
+    env.settle()?;
+    let (cluster, namespace) = (
+        slice_lists(&env, "cluster")?,
+        slice_lists(&env, "namespace")?,
+    );
+    const TOGGLES: u64 = 4;
+    for _ in 0..TOGGLES {
+        vm2.label = true;
+        env.put_service(&vm2, &[env.pod_ip(2)])?;
+        let state = env.settle()?;
+        ensure!(
+            state.svc_pod.get(&env.lb(1)) == Some(&env.pod_ip(2)),
+            "vm2 is not mapped: {:?}",
+            state.svc_pod
+        );
+        vm2.label = false;
+        env.put_service(&vm2, &[env.pod_ip(2)])?;
+        let state = env.settle()?;
+        ensure!(!state.svc_pod.contains_key(&env.lb(1)), "vm2 still mapped");
+    }
+    let cluster = slice_lists(&env, "cluster")? - cluster;
+    let namespace = slice_lists(&env, "namespace")? - namespace;
+    println!("EndpointSlice lists while toggling {TOGGLES} times: {cluster} of every namespace, {namespace} of one");
+    ensure!(cluster == 0, "{cluster} lists of every EndpointSlice");
+    ensure!(namespace >= TOGGLES, "{namespace} lists in vm2's namespace");
+    Ok(())
 }
 
 /// The Warning Event of a bad annotation, as `kubectl get events` shows it.

@@ -8,9 +8,13 @@
 //! Service known not to be ours are not kept (half the cache at 50 000 +
 //! 50 000 Services, and most of it in a cluster where other Services have
 //! many endpoints): when one becomes ours (a label or the annotation
-//! added), the cache asks for the slices to be listed again
-//! ([`Cache::take_slice_relist`]), which brings them. The plan is built
-//! from these, shared, never copied.
+//! added), the cache asks for that Service's slices
+//! ([`Cache::take_wanted_slices`]), read by their `kubernetes.io/service-name`
+//! label in its namespace; never a list of every slice of the cluster, which
+//! one tenant toggling its Service's label would otherwise make every node
+//! do again and again. Only when a watch restart finds many Services became
+//! ours at once are all slices listed again ([`Cache::take_slice_relist`]).
+//! The plan is built from these, shared, never copied.
 use super::{ServiceObjects, Snapshot};
 use crate::model::{
     is_selected, read_service, service_ref, slice_owner, ReadService, ReadSlice, ServiceRef,
@@ -27,6 +31,11 @@ use std::{
 };
 
 type Services = HashMap<ServiceRef, Arc<ReadService>>;
+
+/// Services found ours at once by a watch restart whose slices are read
+/// one Service at a time; more, and every slice is listed again (one list
+/// is cheaper than that many).
+const WANTED_AT_MOST: usize = 64;
 /// By Service; a Service has one slice or a few, found by name. The one
 /// most have is held in place (a Vec's own allocation for it cost 2.4 MiB
 /// at 50 000 + 50 000 Services).
@@ -65,9 +74,16 @@ pub struct Cache {
     /// The Services that are not ours: their slices are dropped as they
     /// come. Listed with `services`.
     others: Listed<Others>,
-    /// A Service whose slices were dropped became ours: the slices are to
-    /// be listed again.
+    /// Many Services whose slices were dropped became ours at once: the
+    /// slices are to be listed again.
     slice_relist: bool,
+    /// Services whose slices were dropped that became ours: their slices
+    /// are to be read ([`Cache::take_wanted_slices`]).
+    wanted: HashSet<ServiceRef>,
+    /// Those being read, with the names of their slices the watch brought
+    /// since they were asked for: the watch's word on those is newer than
+    /// the read's ([`Cache::fill_slices`]).
+    asked: HashMap<ServiceRef, HashSet<String>>,
     /// By Service, then by slice name.
     slices: Listed<Slices>,
     /// Everything is read again at the next round: at the start, after a
@@ -230,9 +246,16 @@ impl Cache {
             Event::InitDone => {
                 // Ours now, not ours before the list: its slices were
                 // dropped (a change missed while the watch was down).
-                let relisted = self.services.relist.as_ref();
-                self.slice_relist |=
-                    relisted.is_some_and(|ours| ours.keys().any(|k| self.others.live.contains(k)));
+                let became_ours: Vec<ServiceRef> = (self.services.relist.iter())
+                    .flat_map(|ours| ours.keys())
+                    .filter(|k| self.others.live.contains(k))
+                    .cloned()
+                    .collect();
+                if became_ours.len() > WANTED_AT_MOST {
+                    self.slice_relist = true;
+                } else {
+                    self.wanted.extend(became_ours);
+                }
                 self.services.finish();
                 self.others.finish();
                 let others = &self.others.live;
@@ -245,7 +268,7 @@ impl Cache {
                 let was_other = self.others.live.contains(&key);
                 let ours = put_service(&mut self.services.live, &mut self.others.live, &key, s);
                 if ours && was_other {
-                    self.slice_relist = true;
+                    self.wanted.insert(key.clone());
                 } else if !ours {
                     self.slices.live.remove(&key);
                 }
@@ -270,6 +293,40 @@ impl Cache {
             return false;
         }
         std::mem::take(&mut self.slice_relist)
+    }
+
+    /// The Services whose slices are to be read, once each: their slices
+    /// the watch brings from now on are marked as newer than the read.
+    pub fn take_wanted_slices(&mut self) -> Vec<ServiceRef> {
+        let wanted: Vec<ServiceRef> = self.wanted.drain().collect();
+        for w in &wanted {
+            self.asked.entry(w.clone()).or_default();
+        }
+        wanted
+    }
+
+    /// The slices read for `owner`: kept if it is still ours, but not
+    /// those the watch brought since they were asked for (applied or
+    /// deleted: the watch's word is newer).
+    pub fn fill_slices(&mut self, owner: &ServiceRef, slices: &[EndpointSlice]) {
+        let seen = self.asked.remove(owner).unwrap_or_default();
+        let Some((owner, _)) = self.services.live.get_key_value(owner) else {
+            return;
+        };
+        let owner = owner.clone();
+        for e in slices {
+            let name = e.metadata.name.as_deref().unwrap_or_default();
+            if slice_owner(e).as_ref() == Some(&owner) && !seen.contains(name) {
+                put_slice(&mut self.slices.live, &mut self.strings, &owner, e, true);
+            }
+        }
+        self.touched.insert(owner);
+    }
+
+    /// `owner`'s slices could not be read: asked for again.
+    pub fn want_again(&mut self, owner: ServiceRef) {
+        self.asked.remove(&owner);
+        self.wanted.insert(owner);
     }
 
     /// The Service of slice `s`, if its slices are kept (it is ours or not
@@ -300,6 +357,11 @@ impl Cache {
             }
             Event::Apply(s) | Event::Delete(s) => {
                 let present = matches!(e, Event::Apply(_));
+                if !self.asked.is_empty() {
+                    if let Some(seen) = slice_owner(s).and_then(|o| self.asked.get_mut(&o)) {
+                        seen.insert(s.metadata.name.clone().unwrap_or_default());
+                    }
+                }
                 if let Some(owner) = self.kept_owner(s) {
                     put_slice(&mut self.slices.live, &mut self.strings, &owner, s, present);
                     self.touched.insert(owner);
@@ -432,7 +494,7 @@ mod tests {
         assert!(!c.take_slice_relist());
 
         // The other Service gets the label: it is touched, and its slices
-        // (not kept) are to be listed again; the list brings them.
+        // (not kept) are to be read, its own only: no list of every slice.
         let mut labelled = other.clone();
         labelled.metadata.labels = ours.metadata.labels.clone();
         c.service_event(&Event::Apply(labelled.clone()));
@@ -440,17 +502,14 @@ mod tests {
         assert_eq!(touched.len(), 1);
         assert_eq!(touched[0].service, ServiceRef::new("t", "b"));
         assert!(touched[0].read.is_some());
-        assert!(c.take_slice_relist(), "its slices are listed again");
-        assert!(!c.take_slice_relist(), "asked once");
-        for e in [
-            Event::Init,
-            Event::InitApply(ours_slice.clone()),
-            Event::InitApply(other_slice_later.clone()),
-            Event::InitDone,
-        ] {
-            c.slice_event(&e);
-        }
-        assert!(c.full, "the list is taken in by a full round");
+        assert!(!c.take_slice_relist(), "no list of every slice");
+        let b = ServiceRef::new("t", "b");
+        assert_eq!(c.take_wanted_slices(), vec![b.clone()]);
+        assert!(c.take_wanted_slices().is_empty(), "asked once");
+        c.fill_slices(&b, std::slice::from_ref(&other_slice_later));
+        let touched = c.take_touched();
+        assert_eq!(touched.len(), 1);
+        assert_eq!(touched[0].slices.len(), 1, "the read brings its slice");
         let full = c.snapshot();
         assert_eq!(full.read.len(), 2);
         assert!(full.read.iter().all(|o| o.slices.len() == 1));
@@ -460,13 +519,16 @@ mod tests {
         c.service_event(&Event::Apply(other.clone()));
         c.slice_event(&Event::Apply(other_slice_later.clone()));
         assert_eq!(c.slices.live.len(), 1);
-        // Ours again: a relist is asked again, but not while one is under
-        // way: after it.
-        c.slice_event(&Event::Init);
+        // Ours again, its slice deleted while the read is under way: the
+        // watch's word is newer, the read's copy is not kept.
         c.service_event(&Event::Apply(labelled));
-        assert!(!c.take_slice_relist(), "not in the middle of a list");
-        c.slice_event(&Event::InitDone);
-        assert!(c.take_slice_relist());
+        assert_eq!(c.take_wanted_slices(), vec![b.clone()]);
+        c.slice_event(&Event::Delete(other_slice_later.clone()));
+        c.fill_slices(&b, std::slice::from_ref(&other_slice_later));
+        assert_eq!(c.slices.live.len(), 1, "the deleted slice stays deleted");
+        // A read that failed is asked for again.
+        c.want_again(b.clone());
+        assert_eq!(c.take_wanted_slices(), vec![b]);
         let _ = c.take_touched();
 
         // Deleted: touched, with nothing.
@@ -605,21 +667,44 @@ mod tests {
     }
 
     #[test]
-    fn a_service_found_ours_by_a_relist_has_its_slices_listed_again() {
+    fn services_found_ours_by_a_relist_have_their_slices_read() {
         let mut c = Cache::new();
         let (ours, _) = objects("b", "203.0.113.20", "192.0.2.12");
         let mut other = ours.clone();
         other.metadata.labels = None;
         other.metadata.annotations = None;
-        for e in [Event::Init, Event::InitApply(other), Event::InitDone] {
+        for e in [
+            Event::Init,
+            Event::InitApply(other.clone()),
+            Event::InitDone,
+        ] {
             c.service_event(&e);
         }
         assert!(!c.take_slice_relist());
         // Labelled while the watch was down: the relist finds it ours.
-        for e in [Event::Init, Event::InitApply(ours), Event::InitDone] {
+        for e in [Event::Init, Event::InitApply(ours.clone()), Event::InitDone] {
             c.service_event(&e);
         }
+        assert!(!c.take_slice_relist());
+        assert_eq!(c.take_wanted_slices(), vec![ServiceRef::new("t", "b")]);
+
+        // Many at once: one list of every slice instead.
+        let named = |s: &Service, i: usize| {
+            let mut s = s.clone();
+            s.metadata.name = Some(format!("s{i}"));
+            s
+        };
+        let many = WANTED_AT_MOST + 1;
+        let mut events = vec![Event::Init];
+        events.extend((0..many).map(|i| Event::InitApply(named(&other, i))));
+        events.push(Event::InitDone);
+        events.iter().for_each(|e| c.service_event(e));
+        let mut events = vec![Event::Init];
+        events.extend((0..many).map(|i| Event::InitApply(named(&ours, i))));
+        events.push(Event::InitDone);
+        events.iter().for_each(|e| c.service_event(e));
         assert!(c.take_slice_relist());
+        assert!(c.take_wanted_slices().is_empty());
     }
 
     #[test]

@@ -149,7 +149,7 @@ where
 /// list of Services is complete (until the cache knows which Services are
 /// not ours, it keeps every slice), and starts again, its list replacing
 /// the cache's slices, whenever the cache asks ([`Cache::take_slice_relist`]:
-/// a Service whose slices were dropped became ours).
+/// many Services whose slices were dropped became ours at once).
 fn watch_slices(api: Api<EndpointSlice>, feed: &Feed<EndpointSlice>) -> JoinHandle<()> {
     let feed = feed.clone();
     tokio::spawn(async move {
@@ -172,7 +172,7 @@ fn watch_slices(api: Api<EndpointSlice>, feed: &Feed<EndpointSlice>) -> JoinHand
             tokio::select! {
                 _ = drive(stream, feed.clone(), "EndpointSlice") => return,
                 _ = relist_asked => {
-                    info!("a Service whose EndpointSlices were not kept became ours: listing the EndpointSlices again");
+                    info!("many Services whose EndpointSlices were not kept became ours: listing the EndpointSlices again");
                 }
             }
         }
@@ -181,6 +181,37 @@ fn watch_slices(api: Api<EndpointSlice>, feed: &Feed<EndpointSlice>) -> JoinHand
 
 /// How often the slices' watch looks whether the cache asks for a list.
 const SLICE_RELIST_POLL: Duration = Duration::from_millis(100);
+
+/// Reads the slices of each Service that became ours after its slices were
+/// dropped ([`Cache::take_wanted_slices`]): one list in its namespace by
+/// its `kubernetes.io/service-name` label, whatever the size of the
+/// cluster. A read that fails is asked for again at the next look.
+fn read_wanted_slices(client: Client, feed: &Feed<EndpointSlice>) -> JoinHandle<()> {
+    let feed = feed.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(SLICE_RELIST_POLL).await;
+            let wanted = lock(&feed.cache).take_wanted_slices();
+            for owner in wanted {
+                let api = Api::<EndpointSlice>::namespaced(client.clone(), &owner.namespace);
+                let selector = format!("{SERVICE_NAME_LABEL}={}", owner.name);
+                match api.list(&ListParams::default().labels(&selector)).await {
+                    Ok(list) => {
+                        let mut slices = list.items;
+                        slices.iter_mut().for_each(trim::trim_slice);
+                        info!(service = %owner, slices = slices.len(), "a Service became ours: its EndpointSlices read");
+                        lock(&feed.cache).fill_slices(&owner, &slices);
+                        feed.dirty.notify_one();
+                    }
+                    Err(e) => {
+                        warn!(service = %owner, error = %e, "reading the EndpointSlices of a Service that became ours failed; retrying");
+                        lock(&feed.cache).want_again(owner);
+                    }
+                }
+            }
+        }
+    })
+}
 
 /// Where a watch's events go.
 struct Feed<K> {
@@ -286,6 +317,10 @@ impl KubeSource {
             ),
             watch_slices(
                 Api::<EndpointSlice>::all(client.clone()),
+                &Feed::new(&dirty, &cache, Cache::slice_event),
+            ),
+            read_wanted_slices(
+                client.clone(),
                 &Feed::new(&dirty, &cache, Cache::slice_event),
             ),
         ];
