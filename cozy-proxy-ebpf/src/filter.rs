@@ -16,6 +16,7 @@ const BPF_EXIST: u64 = 2;
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
+const TCP_ACK: u8 = 0x10;
 const TCP_FLAGS: usize = 13;
 
 #[inline(always)]
@@ -113,6 +114,9 @@ pub fn remember_outbound(ctx: &TcContext, p: &Packet, slot: u16) {
         let _ = FLOWS.insert(&k, &state, BPF_EXIST);
         return;
     }
+    if answers_outside(ctx, p, pod_port) {
+        return;
+    }
     let Some(count) = Count::of(slot) else {
         return;
     };
@@ -122,6 +126,29 @@ pub fn remember_outbound(ctx: &TcContext, p: &Packet, slot: u16) {
     if FLOWS.insert(&k, &state, BPF_NOEXIST).is_ok() {
         count.set(count.get() + 1);
     }
+}
+
+/// Does the pod answer traffic from outside, which needs no memory? A
+/// SYN-ACK answers a SYN; anything from one of its listed ports answers
+/// traffic that passes the filter anyway. Remembered, such answers would
+/// let whoever can send to a listed port (from as many spoofed sources as
+/// it likes) fill the pod's quota, and the pod's own flows would then lose
+/// their replies. Asked of a flow's first packet only.
+#[inline(always)]
+fn answers_outside(ctx: &TcContext, p: &Packet, pod_port: u16) -> bool {
+    if p.proto == PROTO_TCP {
+        let flags = byte(ctx, p.l4 + TCP_FLAGS).unwrap_or(0);
+        if flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK {
+            return true;
+        }
+    }
+    let listed = PortKey {
+        pod: p.src,
+        proto: p.proto,
+        _pad: 0,
+        port: pod_port,
+    };
+    has_ports(p.proto) && ALLOWED_PORTS.get_ptr(&listed).is_some()
 }
 
 /// Is this a reply within a flow its pod started, still alive? (`slot`:

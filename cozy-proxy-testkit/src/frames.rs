@@ -52,6 +52,8 @@ pub struct Spec {
     pub dport: u16,
     /// ICMP type (echo request by default).
     pub icmp_type: Option<u8>,
+    /// TCP flags (SYN by default).
+    pub tcp_flags: u8,
     pub payload: Vec<u8>,
     /// IPv4: 4 bytes of options (IHL 6). IPv6: a hop-by-hop header.
     pub options: bool,
@@ -84,6 +86,7 @@ impl Spec {
             sport: 40000,
             dport: 80,
             icmp_type: None,
+            tcp_flags: 0x02,
             payload: b"cozy-proxy test payload".to_vec(),
             options: false,
             vlan: false,
@@ -119,7 +122,7 @@ impl Spec {
                 h[2..4].copy_from_slice(&self.dport.to_be_bytes());
                 h[4..8].copy_from_slice(&1u32.to_be_bytes());
                 h[12] = 5 << 4;
-                h[13] = 0x02; // SYN
+                h[13] = self.tcp_flags;
                 h[14..16].copy_from_slice(&64240u16.to_be_bytes());
                 h
             }

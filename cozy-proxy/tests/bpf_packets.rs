@@ -597,6 +597,65 @@ fn replies_to_flows_the_filtered_pod_started_pass() {
     }
 }
 
+/// A pod's answers to traffic from outside take no room in its flow
+/// memory: whoever can reach a listed port, from as many spoofed sources
+/// as it likes, cannot fill the pod's quota with the pod's answers (its
+/// own flows would then lose their replies). Flows the pod starts are
+/// remembered as before.
+#[test]
+fn answers_to_outside_traffic_take_no_room_in_the_flow_memory() {
+    with_world(|w| {
+        let i = w.ifs;
+        let flows = flows(w);
+        const SYN_ACK: u8 = 0x12;
+        const ACK: u8 = 0x10;
+        for n in nets() {
+            let out =
+                |w: &World, pod: IpAddr, dev: u32, proto: u8, ports: (u16, u16), flags: u8| {
+                    let mut f = Spec::new(pod, n.ext, proto).ports(ports.0, ports.1);
+                    f.tcp_flags = flags;
+                    assert_eq!(run_in(w, "cozy_ingress", &f.build(), dev, dev).0, PASS);
+                    flows
+                        .get(&flow_key(pod, n.ext, proto, ports.0, ports.1), 0)
+                        .is_ok()
+                };
+            for peer_port in 30000..30040 {
+                assert!(
+                    !out(w, n.fpod, i.fpod, TCP, (22, peer_port), SYN_ACK),
+                    "a SYN-ACK from a listed port remembered"
+                );
+                assert!(
+                    !out(w, n.fpod, i.fpod, UDP, (53, peer_port), 0),
+                    "an answer from a listed UDP port remembered"
+                );
+            }
+            assert!(
+                !out(w, n.fpod, i.fpod, TCP, (8080, 30100), SYN_ACK),
+                "a SYN-ACK from an unlisted port remembered"
+            );
+            assert!(
+                !out(w, n.spod, i.pod, TCP, (80, 30101), SYN_ACK),
+                "a source-ranged pod's SYN-ACK remembered"
+            );
+            // The pod's own flows: a SYN, a datagram, a connection already
+            // open (its first segment seen is an ACK).
+            assert!(out(w, n.fpod, i.fpod, TCP, (41100, 443), 0x02), "own SYN");
+            assert!(
+                out(w, n.fpod, i.fpod, UDP, (41101, 5353), 0),
+                "own datagram"
+            );
+            assert!(
+                out(w, n.fpod, i.fpod, TCP, (41102, 443), ACK),
+                "own open connection"
+            );
+            assert!(
+                out(w, n.spod, i.pod, TCP, (41103, 443), 0x02),
+                "ranged pod's SYN"
+            );
+        }
+    });
+}
+
 /// A filtered pod's flows outlive its mapping only while nothing consults
 /// them: when its IP is mapped and filtered again they are forgotten
 /// before its entry returns (a reply to the old pod's flow is dropped),
