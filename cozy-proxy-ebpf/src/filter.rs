@@ -13,11 +13,6 @@ use cozy_proxy_common::{flow, limits, DropReason, FlowKey, FlowState, FragKey, I
 const BPF_NOEXIST: u64 = 1;
 const BPF_EXIST: u64 = 2;
 
-const TCP_FIN: u8 = 0x01;
-const TCP_SYN: u8 = 0x02;
-const TCP_RST: u8 = 0x04;
-const TCP_ACK: u8 = 0x10;
-const TCP_FLAGS: usize = 13;
 
 #[inline(always)]
 fn now() -> u64 {

@@ -58,6 +58,11 @@ pub const FRAG6_OFFSET_MASK: u16 = 0xfff8;
 pub const L4_SPORT: usize = 0;
 pub const L4_DPORT: usize = 2;
 pub const TCP_CSUM: usize = 16;
+pub const TCP_FLAGS: usize = 13;
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
+pub const TCP_ACK: u8 = 0x10;
 pub const UDP_CSUM: usize = 6;
 
 /// ICMP and ICMPv6: type, checksum, echo identifier; an error quotes the

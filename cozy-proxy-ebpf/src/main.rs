@@ -36,7 +36,8 @@ use cozy_proxy_common::{
 };
 use maps::{ADDRS, CLUSTER, DROP_STATS, IFACES, PREFILTER, REV_NAT, SRC_RANGES, STATS};
 use nat::{rewrite, rewrite_quoted, Field};
-use parse::{flow_ports, is_neighbour_discovery, parse, Packet};
+use hdr::{TCP_ACK, TCP_FLAGS, TCP_SYN};
+use parse::{byte, flow_ports, is_neighbour_discovery, parse, Packet};
 
 /// Let the packet continue (next TC program, or the stack).
 const PASS: i32 = TC_ACT_UNSPEC;
@@ -228,6 +229,35 @@ fn record_rev(ctx: &TcContext, p: &Packet, pod: &IpKey, lb: &IpKey, before_connt
         _pad2: 0,
     };
     let _ = REV_NAT.insert(&k, &v, 0);
+}
+
+/// Does `p` open a flow: a TCP SYN (without ACK), or any UDP datagram?
+#[inline(always)]
+fn opens_flow(ctx: &TcContext, p: &Packet) -> bool {
+    match p.proto {
+        parse::PROTO_TCP => byte(ctx, p.l4 + TCP_FLAGS).is_some_and(|f| f & (TCP_SYN | TCP_ACK) == TCP_SYN),
+        parse::PROTO_UDP => !p.later_fragment,
+        _ => false,
+    }
+}
+
+/// Forgets the reverse translation of `p`'s addresses and ports (a client
+/// to a pod), as [`record_rev`] keyed it.
+#[inline(always)]
+fn forget_rev(ctx: &TcContext, p: &Packet) {
+    let Some((client_port, backend_port)) = flow_ports(ctx, p, true) else {
+        return;
+    };
+    let k = RevKey {
+        client: p.src,
+        backend: p.dst,
+        proto: p.proto,
+        _pad: 0,
+        client_port,
+        backend_port,
+        _pad2: 0,
+    };
+    let _ = REV_NAT.remove(&k);
 }
 
 /// Rewrites `field` from `old` to `new`, and the quoted address of an ICMP
@@ -467,6 +497,14 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
                 Ok(()) => PASS,
                 Err(reason) => drop(&ctx, reason),
             };
+        }
+        // The node's own flow to a mapped pod by the pod's IP ends any flow
+        // through the LB IP its socket had with the same ports (the port
+        // reused): the pod's replies keep the pod's address. An entry left
+        // behind, or planted by a pod sending as the node, would otherwise
+        // turn a kubelet probe's reply into one from the LB IP.
+        if !forwarded && d.flags & addr::POD != 0 && opens_flow(&ctx, &p) {
+            forget_rev(&ctx, &p);
         }
         // To a filtered pod of this node by its own IP: the filter guards
         // forwarded traffic (the node's own probes are not filtered).

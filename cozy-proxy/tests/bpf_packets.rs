@@ -606,18 +606,23 @@ fn replies_to_flows_the_filtered_pod_started_pass() {
 fn answers_to_outside_traffic_take_no_room_in_the_flow_memory() {
     with_world(|w| {
         let i = w.ifs;
-        let flows = flows(w);
+        let mut flows = flows(w);
         const SYN_ACK: u8 = 0x12;
         const ACK: u8 = 0x10;
         for n in nets() {
-            let out =
+            // Whether the pod's packet left a flow; one it left is removed
+            // again (the quota test counts the pod's live flows).
+            let mut out =
                 |w: &World, pod: IpAddr, dev: u32, proto: u8, ports: (u16, u16), flags: u8| {
                     let mut f = Spec::new(pod, n.ext, proto).ports(ports.0, ports.1);
                     f.tcp_flags = flags;
                     assert_eq!(run_in(w, "cozy_ingress", &f.build(), dev, dev).0, PASS);
-                    flows
-                        .get(&flow_key(pod, n.ext, proto, ports.0, ports.1), 0)
-                        .is_ok()
+                    let k = flow_key(pod, n.ext, proto, ports.0, ports.1);
+                    let kept = flows.get(&k, 0).is_ok();
+                    if kept {
+                        flows.remove(&k).expect("forget the test's flow");
+                    }
+                    kept
                 };
             for peer_port in 30000..30040 {
                 assert!(
@@ -721,6 +726,44 @@ fn a_removed_pods_flows_are_forgotten_before_its_ip_is_filtered_again_or_at_the_
         w.kernel
             .apply(&without.diff(&full), &full, None)
             .expect("restored");
+    })
+}
+
+/// A mapping removed takes the reverse translations of in-cluster
+/// clients' flows through it along, at the next sweep: when its LB IP
+/// leads to the pod again, the pod's reply to a client port that a flow
+/// through the old mapping used keeps the pod's address.
+#[test]
+fn reverse_translations_leave_with_their_mapping() {
+    with_world(|w| {
+        let i = w.ifs;
+        let full = state(i);
+        let mut without = full.clone();
+        for n in nets() {
+            without.pod_svc.remove(&n.pod);
+            without.svc_pod.remove(&n.lb);
+            without.guard.remove(&n.pod);
+            without.guard.remove(&n.lb);
+        }
+        for n in nets() {
+            let own = Spec::new(n.node, n.lb, TCP).ports(37000, 80).build();
+            assert_eq!(run_in(w, "cozy_egress", &own, 0, i.pod).0, PASS);
+        }
+        w.kernel
+            .apply(&full.diff(&without), &without, None)
+            .expect("mapping removed");
+        w.kernel.expire_flows().expect("sweep");
+        w.kernel
+            .apply(&without.diff(&full), &full, None)
+            .expect("mapped again");
+        for n in nets() {
+            let back = Spec::new(n.pod, n.node, TCP).ports(80, 37000).build();
+            assert_eq!(
+                run_in(w, "cozy_ingress", &back, i.pod, i.pod),
+                (PASS, back.clone()),
+                "a reply within a flow of the removed mapping keeps the pod's address"
+            );
+        }
     })
 }
 
@@ -996,6 +1039,45 @@ fn in_cluster_clients_are_translated_where_they_are() {
         let (verdict, out) = arriving(&back, i.peer);
         assert_eq!(verdict, PASS);
         assert_rewritten(&out, n.rlb, n.node, "reply from a remote LB IP");
+    }
+}
+
+/// The node's socket reuses a port for the pod's own IP (a kubelet probe
+/// after a flow through the LB IP, or after an entry planted by a pod of
+/// another node sending as this node): the pod's replies to it keep the
+/// pod's address, while the flow through the LB IP had them from the LB IP.
+#[test]
+fn a_port_reused_toward_the_pod_ip_is_not_answered_from_the_lb_ip() {
+    let i = ifs();
+    for n in nets() {
+        for (proto, port) in [(TCP, 36000), (UDP, 36001)] {
+            let own = Spec::new(n.node, n.lb, proto).ports(port, 80).build();
+            assert_eq!(run_prog("cozy_egress", &own, 0, i.pod).0, PASS);
+            let back = Spec::new(n.pod, n.node, proto).ports(80, port).build();
+            let (_, out) = arriving(&back, i.pod);
+            assert_rewritten(&out, n.lb, n.node, "the flow through the LB IP");
+            // The same port, now to the pod's IP (a probe).
+            let probe = Spec::new(n.node, n.pod, proto).ports(port, 80).build();
+            assert_eq!(
+                run_prog("cozy_egress", &probe, 0, i.pod),
+                (PASS, probe.clone())
+            );
+            assert_eq!(
+                arriving(&back, i.pod),
+                (PASS, back.clone()),
+                "{proto}: the probe's reply keeps the pod's address"
+            );
+        }
+        // A segment that does not open a flow leaves the entry alone: the
+        // flow through the LB IP goes on being answered from it.
+        let own = Spec::new(n.node, n.lb, TCP).ports(36002, 80).build();
+        assert_eq!(run_prog("cozy_egress", &own, 0, i.pod).0, PASS);
+        let mut ack = Spec::new(n.node, n.pod, TCP).ports(36002, 80);
+        ack.tcp_flags = 0x10;
+        assert_eq!(run_prog("cozy_egress", &ack.build(), 0, i.pod).0, PASS);
+        let back = Spec::new(n.pod, n.node, TCP).ports(80, 36002).build();
+        let (_, out) = arriving(&back, i.pod);
+        assert_rewritten(&out, n.lb, n.node, "an ACK opens nothing");
     }
 }
 

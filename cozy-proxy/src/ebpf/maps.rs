@@ -3,7 +3,7 @@
 use super::addr_bits::AddrBits;
 use super::{batch, EbpfError};
 use crate::datapath::{
-    AllowedPort, Count, Counters, DatapathState, RemotePods, ServiceCount, StateDiff,
+    AllowedPort, Change, Count, Counters, DatapathState, RemotePods, ServiceCount, StateDiff,
 };
 use crate::model::{merge_ranges, Cidr, IpRange};
 use aya::maps::{
@@ -172,6 +172,7 @@ pub struct Maps {
     cluster: LpmTrie<MapData, IpKey, u8>,
     src_ranges: LpmTrie<MapData, LbSource, u8>,
     flows: HashMap<MapData, FlowKey, FlowState>,
+    rev_nat: HashMap<MapData, RevKey, RevValue>,
     flow_counts: Array<MapData, u64>,
     stats: PerCpuArray<MapData, ServiceCounters>,
     drop_stats: PerCpuArray<MapData, Counter>,
@@ -197,6 +198,10 @@ pub struct Maps {
     /// 2^20, even empty): on every change that removed a pod, that was
     /// most of an incremental round.
     stale_flows: BTreeSet<IpKey>,
+    /// (LB IP, pod) of mappings removed or moved to another pod: the
+    /// reverse translations of in-cluster clients' flows through them are
+    /// forgotten at the next sweep (one walk of `rev_nat`, only then).
+    stale_rev: BTreeSet<(IpKey, IpKey)>,
     prefilter_written: bool,
     /// The programs stand by (a backend switch: the other backend still
     /// serves): the prefilter is kept empty, so they pass every packet
@@ -213,6 +218,7 @@ impl Maps {
             cluster: typed!(dir, names::CLUSTER),
             src_ranges: typed!(dir, names::SRC_RANGES),
             flows: typed!(dir, names::FLOWS),
+            rev_nat: typed!(dir, names::REV_NAT),
             flow_counts: typed!(dir, names::FLOW_COUNTS),
             stats: typed!(dir, names::STATS),
             drop_stats: typed!(dir, names::DROP_STATS),
@@ -224,6 +230,7 @@ impl Maps {
             remote_pods: None,
             counted: Default::default(),
             stale_flows: BTreeSet::new(),
+            stale_rev: BTreeSet::new(),
             prefilter_written: false,
             standby: false,
         })
@@ -419,6 +426,19 @@ impl Maps {
             }
         }
         self.stale_flows.extend(forgotten);
+        let pairs = |c: &Change<(IpAddr, IpAddr)>, add: bool| -> Vec<(IpKey, IpKey)> {
+            (c.side(add).iter())
+                .map(|(lb, pod)| (key(lb), key(pod)))
+                .collect()
+        };
+        for c in [&diff.svc_pod, &diff.remote] {
+            self.stale_rev.extend(pairs(c, false));
+        }
+        for c in [&diff.svc_pod, &diff.remote] {
+            for pair in pairs(c, true) {
+                self.stale_rev.remove(&pair);
+            }
+        }
         // A stale pod is consulted once it remembers flows again, which
         // takes a change of its entry: only touched pods are asked (after
         // an emptying every pod is stale, and a step of a full sync asked
@@ -818,7 +838,28 @@ impl Maps {
         let mut swept: BTreeSet<IpKey> = expired.iter().map(|k| k.pod).collect();
         swept.extend(stale);
         self.count_flows(false, &swept)?;
+        self.forget_stale_rev()?;
         Ok(expired.len())
+    }
+
+    /// Forgets the reverse translations through mappings removed or moved
+    /// since the last sweep: a reply of that pod to that client must not
+    /// come from an LB IP that no longer leads to it (a kubelet probe from
+    /// a reused port would get it).
+    fn forget_stale_rev(&mut self) -> Result<(), EbpfError> {
+        if self.stale_rev.is_empty() {
+            return Ok(());
+        }
+        let stale = std::mem::take(&mut self.stale_rev);
+        let gone: Vec<RevKey> = (self.rev_nat.iter())
+            .filter_map(Result::ok)
+            .filter(|(k, v)| stale.contains(&(v.lb, k.backend)))
+            .map(|(k, _)| k)
+            .collect();
+        for k in &gone {
+            absent_ok(self.rev_nat.remove(k)).map_err(named(names::REV_NAT))?;
+        }
+        Ok(())
     }
 
     /// Tells the programs whether to take the fast path.
