@@ -5,8 +5,9 @@
 //! change unapplied. Instead the sync layer fits the desired state into
 //! the backend's capacity before the diff: LB IPs are taken whole (a
 //! mapping is never half in the kernel), those the kernel already holds
-//! first (a new Service never pushes out a working one), the rest in
-//! address order while they fit. An LB IP left out becomes an unmapped
+//! first, at no more than it holds for them (a new Service, or one that
+//! grew, never pushes out a working one), the rest in address order while
+//! they fit. An LB IP left out becomes an unmapped
 //! one where an address is still free (its traffic is dropped rather than
 //! routed back out), and is reported.
 use super::{DatapathState, StateDiff};
@@ -204,10 +205,19 @@ impl DatapathState {
                 }
             })
         };
-        // Held first, then the rest; each group in address order (the
-        // map's order, kept by the stable sort).
+        // Held and needing no more than the kernel holds for them first,
+        // then held LB IPs that grew, then the rest; each group in address
+        // order (the map's order, kept by the stable sort). So one
+        // Service's growth never pushes out another that works: the one
+        // that grew is left out itself when there is no room.
+        let held_needs = kept.map(DatapathState::needs_by_lb).unwrap_or_default();
+        let rank = |lb: &IpAddr, need: &Entries| match held_needs.get(lb) {
+            Some(was) if holds(lb) && need.fits(was) => 0,
+            _ if holds(lb) => 1,
+            _ => 2,
+        };
         let mut order: Vec<(&IpAddr, &Entries)> = needs.iter().collect();
-        order.sort_by_key(|(lb, _)| !holds(lb));
+        order.sort_by_key(|(lb, need)| rank(lb, need));
         let mut used = Entries::default();
         let mut full = BTreeSet::new();
         let mut left_out = Vec::new();
@@ -349,6 +359,29 @@ mod tests {
         assert_eq!(over.left_out, vec![ip("203.0.113.3")]);
         assert_eq!(over.full, vec![Table::LocalMappings]);
         assert!(s.unmapped_lbs.contains(&ip("203.0.113.99")));
+    }
+
+    /// A held Service that grows (more ports) comes after the held ones
+    /// that did not: it is left out itself rather than push out another
+    /// tenant's working Service at a higher address.
+    #[test]
+    fn a_service_that_grows_never_pushes_out_another_that_works() {
+        let held = state(10);
+        let mut s = state(10);
+        let grown = ip("192.0.2.1");
+        s.allowed_ports.extend((11..=20).map(|port| AllowedPort {
+            pod: grown,
+            proto: 6,
+            port,
+        }));
+        let (over, _) = s.fit(&Entries::new(100, 3, 35, 0), Some(&held));
+        assert_eq!(over.left_out, vec![ip("203.0.113.1")]);
+        assert!(s.svc_pod.contains_key(&ip("203.0.113.2")));
+        assert!(s.svc_pod.contains_key(&ip("203.0.113.3")));
+        // A held one that shrank or stayed keeps its place.
+        let mut s = state(5);
+        let (over, _) = s.fit(&Entries::new(100, 2, 100, 0), Some(&held));
+        assert_eq!(over.left_out, vec![ip("203.0.113.3")]);
     }
 
     #[test]
