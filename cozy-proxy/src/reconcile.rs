@@ -103,8 +103,8 @@ impl<D: Datapath> Reconciler<D> {
                     took = ?started.elapsed(),
                     "full round: plan built"
                 );
-                // Not held through the sync, the controller's peak (4.8
-                // MiB at 50 000 Services): the plan holds what it needs.
+                // Not held through the sync, the controller's peak: the
+                // plan holds what it needs.
                 drop(snapshot);
                 let previous = std::mem::take(&mut self.sharing);
                 self.sharing =
@@ -167,8 +167,8 @@ impl<D: Datapath> Reconciler<D> {
 
     /// The plan from every object.
     fn rebuild(&mut self, snapshot: &Snapshot) {
-        // The old plan goes first: two at once (25 MiB each at 50 000
-        // Services) would make every resync the controller's peak.
+        // The old plan goes first: two at once would make every resync
+        // the controller's peak.
         self.plan = PlanState::default();
         self.plan = PlanState::build_with(
             &snapshot.services,

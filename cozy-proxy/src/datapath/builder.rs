@@ -1,8 +1,7 @@
 //! A [`DatapathState`] built from many LB IPs' outcomes at once: their
-//! elements gathered as lists, each sorted once into its collection.
-//! Inserted one by one into the trees, a whole plan's were 50 ms of a full
-//! round at 50 000 Services (a search from the root per element), and the
-//! trees were repacked after.
+//! elements gathered as lists, each sorted once into its collection, not
+//! inserted one by one (a search from the root per element), and the trees
+//! built packed.
 use super::state::{AllowedPort, DatapathState, NodeView};
 use crate::model::{merge_ranges, Cidr, IpRange, LbResult, Mapping, Mode};
 use std::{collections::BTreeSet, net::IpAddr};

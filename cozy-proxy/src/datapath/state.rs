@@ -39,8 +39,7 @@ pub struct Path {
 
 /// What the kernel's routes say of the pods' paths, by pod: `None`, no
 /// specific route (looked up, and none found). A backend keeps it between
-/// syncs and hands it out as it is (a full sync of 50 000 pods copied 4
-/// MiB of it).
+/// syncs and hands it out as it is, never copied.
 pub type Paths = BTreeMap<IpAddr, Option<Path>>;
 
 /// Where the path of a pod is read from: the kernel's [`Paths`], or (in
@@ -386,9 +385,8 @@ impl DatapathState {
     /// their addresses and their routes. `lbs` is a run of
     /// [`DatapathState::lb_ips`] (every LB IP of `self` between its first
     /// and its last): what is keyed by LB IP is taken as one range of each
-    /// collection, and only what is keyed by pod is looked up (a lookup of
-    /// each element of each collection was 66 ms a full sync of 50 000
-    /// Services). A state is the sum of its LB IPs' parts and its
+    /// collection, and only what is keyed by pod is looked up, not each
+    /// element of each collection. A state is the sum of its LB IPs' parts and its
     /// in-cluster ranges (the parts of two LB IPs never share an element;
     /// an address both an LB IP and another mapping's pod has its guard in
     /// its LB IP's part).
@@ -651,9 +649,8 @@ impl DatapathState {
 /// `c` built again from its elements in order, its nodes full: a B-tree
 /// filled in any order keeps room in its nodes, in key order half of it
 /// (each split leaves the left half behind), where one collected from a
-/// sorted run has none (`FromIterator` sorts, then fills). At 50 000
-/// Services the guards and routes took 8 MiB inserted in order, 4 MiB
-/// collected. The elements are moved, one collection at a time.
+/// sorted run has none (`FromIterator` sorts, then fills): half the memory.
+/// The elements are moved, one collection at a time.
 pub fn repack<C: Default + IntoIterator + FromIterator<C::Item>>(c: &mut C) {
     *c = std::mem::take(c).into_iter().collect();
 }

@@ -33,16 +33,14 @@ pub struct Synced<K: Kernel> {
     part_lbs: usize,
 }
 
-/// LB IPs per step of a fresh install. In one step, the diff and the
-/// nf_tables batch (or BPF map writes) of 50 000 Services were held at
-/// once, the controller's peak: 100 MiB RSS (nft) and 107 MiB (eBPF)
-/// against 86 and 93 MiB once synced. In steps of this many, the peak is
-/// the synced RSS (measured at 50 000 + 50 000 through the API).
+/// LB IPs per step of a fresh install: the diff and the nf_tables batch
+/// (or BPF map writes) of every Service are never held at once, so a
+/// fresh install's peak stays the synced size.
 pub const PART_LBS: usize = 4096;
 
-/// What the kernel holds. One copy of the state in the usual case: a
-/// second (6.6 MiB at 50 000 Services), and a third cloned at every full
-/// sync, were a fifth of the controller's memory.
+/// What the kernel holds. One copy of the state in the usual case, never
+/// a second kept or cloned at a full sync: the state is a large part of
+/// the controller's memory.
 enum Known {
     /// Not known (before the first sync, after a failure, after
     /// [`Datapath::forget`]): the next sync reads the kernel.

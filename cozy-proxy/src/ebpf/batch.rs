@@ -159,9 +159,9 @@ const READ_BYTES: usize = 256 * 1024;
 
 /// Reads the elements of per-CPU array `map` (values `V`, one per
 /// possible CPU of `cpus`), a few hundred KiB per syscall: `each(index,
-/// values)` for each, in order, until it returns false. One lookup per
-/// element was 70-90 ms at 50 000 mappings, every counters period, on the
-/// datapath's thread (a change arriving meanwhile waited). An error (an
+/// values)` for each, in order, until it returns false. Not one lookup per
+/// element: every counters period, on the datapath's thread, a change
+/// arriving meanwhile would wait for them all. An error (an
 /// older kernel) is the caller's to handle, having seen the elements
 /// before it.
 pub fn read_per_cpu<V: Pod>(

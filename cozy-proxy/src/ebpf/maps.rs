@@ -697,8 +697,8 @@ impl Maps {
         let mut slots = self.slots.take().unwrap_or_else(|| Slots::of(&known));
         slots.given.clear();
         // Removals first: a slot freed here may serve a mapping added below.
-        // The entries to write, as the batch takes them (no third copy: at
-        // a full sync of 50 000 Services each is 3 to 8 MiB).
+        // The entries to write, as the batch takes them (no third copy of
+        // them: a full sync's are several MiB).
         let (mut keys, mut infos) = (Vec::new(), Vec::new());
         // Known to be in the map (deleted in batches), or not (one by one,
         // a missing key being no error).
@@ -784,9 +784,9 @@ impl Maps {
     /// removals from here left, and zeroes slots that changed hands).
     /// `every`: write every local pod's count (after a read of the maps);
     /// else only the pods with flows, those counted with flows last time
-    /// and the pods in `swept` (whose flows were just forgotten): one
-    /// write per pod at every sweep was 50 000 syscalls at 50 000
-    /// Services, every 10 s, holding up the changes meanwhile.
+    /// and the pods in `swept` (whose flows were just forgotten): not a
+    /// write per pod at every sweep, a syscall each on the datapath's
+    /// thread, holding up the changes meanwhile.
     pub fn count_flows(&mut self, every: bool, swept: &BTreeSet<IpKey>) -> Result<(), EbpfError> {
         let mut per_pod: BTreeMap<IpKey, u64> = BTreeMap::new();
         for (k, _) in self.flow_entries()? {
@@ -1082,8 +1082,7 @@ pub struct Slots {
 }
 
 /// What this process keeps of an `addrs` entry it wrote: the rest is the
-/// state's to say (the whole entry, for every address, was 9.4 MiB at
-/// 50 000 Services).
+/// state's to say, not kept twice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Written {
     flags: u16,

@@ -40,8 +40,7 @@ pub struct PlanState {
     /// By Service (the name its wish holds).
     wishes: FastSet<Wished>,
     /// Every LB IP asked for: its claimants, the pod its owner claims, its
-    /// outcome (one table: three, keyed alike, were 2.7 MiB more at 50 000
-    /// Services).
+    /// outcome (one table, not three keyed alike).
     lbs: FastMap<IpAddr, LbState>,
     /// Pod IP -> the LB owners whose one endpoint it is (rank, LB IP); the
     /// first gets the pod.
@@ -55,8 +54,8 @@ pub struct PlanState {
     /// result they had then.
     changed: BTreeMap<IpAddr, Option<LbResult>>,
     /// Changes are not recorded: the state is being built whole
-    /// ([`PlanState::build_with`]), and its first outcome is all new (at
-    /// 50 000 Services, recording it held 9 MiB for nothing).
+    /// ([`PlanState::build_with`]), and its first outcome is all new:
+    /// recording it would hold a copy of the whole plan for nothing.
     building: bool,
     /// Warnings that came or went since the last
     /// [`PlanState::take_warning_changes`], with whether they were there.
@@ -64,8 +63,8 @@ pub struct PlanState {
     summary: PlanSummary,
 }
 
-/// A Service's wish, found by the Service's name it holds (a table keyed
-/// by a copy of the name was 2 MiB more at 50 000 Services).
+/// A Service's wish, found by the Service's name it holds (no second copy
+/// of the name as a key).
 struct Wished(Wish);
 
 impl Wished {
@@ -112,9 +111,9 @@ impl LbState {
     }
 }
 
-/// What an owned LB IP came to, as the state keeps it. A whole [`Mapping`]
-/// per LB IP (the owner's name, mode, node and ranges, all in its wish
-/// already) was 11.6 MiB of table at 50 000 Services.
+/// What an owned LB IP came to, as the state keeps it: its pod only, not
+/// a whole [`Mapping`] (the owner's name, mode, node and ranges are all in
+/// its wish already).
 ///
 /// [`Mapping`]: super::types::Mapping
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

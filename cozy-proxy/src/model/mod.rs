@@ -24,8 +24,8 @@ pub use types::{
 pub use warning::{Warning, WarningKind};
 
 /// The model's hash tables, keyed by address or Service name: foldhash,
-/// seeded per table (SipHash, the standard one, was a fifth of the plan's
-/// rebuild and half of reading its outcomes at 50 000 Services).
+/// seeded per table. SipHash, the standard one, would be a large part of
+/// a rebuild.
 pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 pub(crate) type FastSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
 

@@ -71,9 +71,8 @@ pub(crate) struct Wish {
 
 /// Who wins a conflict: the older Service, ties broken by namespace/name,
 /// so that every node decides the same way. Its Service as read, shared
-/// with its wish: the plan keeps one in every claim on an address, where a
-/// copy of the timestamp and the name (and an allocation per claim) was 7
-/// MiB at 50 000 Services.
+/// with its wish: the plan keeps one in every claim on an address, a
+/// pointer, not a copy of the timestamp and the name per claim.
 #[derive(Clone, Debug)]
 pub(crate) struct Rank(Arc<ReadService>);
 

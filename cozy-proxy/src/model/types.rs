@@ -10,8 +10,7 @@ use std::{
 
 /// A Service, by namespace and name. Shared strings: the plan keeps a
 /// Service's name in several places (its wish, its claims, its results),
-/// each a pointer to one copy (at 50 000 Services, two Strings per place
-/// were tens of MiB).
+/// each a pointer to one copy, never a String per place.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct ServiceRef {
     pub namespace: Arc<str>,
@@ -191,8 +190,8 @@ pub enum LbResult {
 
 /// An object's uid, kept small: the 16 bytes of the UUID Kubernetes gives
 /// every object, or the text itself where it is not one in canonical form
-/// (lowercase, hyphenated), so that it always reads back as it came. A
-/// string per Service was 2.4 MiB at 50 000 Services.
+/// (lowercase, hyphenated), so that it always reads back as it came; not a
+/// string per Service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Uid {
     Uuid([u8; 16]),

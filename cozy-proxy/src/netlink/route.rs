@@ -322,9 +322,9 @@ fn lookups(sock: &NlSocket, dsts: &[IpAddr], flags: u32) -> Result<Vec<Found>, N
     Ok(out)
 }
 
-/// Route changes sent per sendmsg: at a full sync of 50 000 LB IPs, one
-/// sendmsg for all held 10 MiB of requests at the controller's peak; 1 000
-/// cost ~100 KiB, with as few system calls as makes no difference.
+/// Route changes sent per sendmsg: never the requests of every LB IP at
+/// once (a full sync's would be the controller's peak); a thousand are
+/// about 100 KiB, and the system calls stay few.
 const CHANGES_PER_SEND: usize = 1000;
 
 /// Deletes the tagged host routes to `dsts`, many per request.

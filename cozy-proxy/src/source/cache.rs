@@ -5,9 +5,9 @@
 //! reads them, [`ReadService`]), the names of the others, and the slices
 //! (as the model reads them, [`ReadSlice`]) of every Service that is ours
 //! or not known yet (two watches, no order between them). The slices of a
-//! Service known not to be ours are not kept (half the cache at 50 000 +
-//! 50 000 Services, and most of it in a cluster where other Services have
-//! many endpoints): when one becomes ours (a label or the annotation
+//! Service known not to be ours are not kept (in a cluster where other
+//! Services have many endpoints they would be most of the cache): when one
+//! becomes ours (a label or the annotation
 //! added), the cache asks for that Service's slices
 //! ([`Cache::take_wanted_slices`]), read by their `kubernetes.io/service-name`
 //! label in its namespace; never a list of every slice of the cluster, which
@@ -37,8 +37,7 @@ type Services = HashMap<ServiceRef, Arc<ReadService>>;
 /// is cheaper than that many).
 const WANTED_AT_MOST: usize = 64;
 /// By Service; a Service has one slice or a few, found by name. The one
-/// most have is held in place (a Vec's own allocation for it cost 2.4 MiB
-/// at 50 000 + 50 000 Services).
+/// most have is held in place, without an allocation of its own.
 type Slices = HashMap<ServiceRef, SmallVec<[Arc<ReadSlice>; 1]>>;
 
 /// A cache a watch's lists replace whole: what is live, and the list in
@@ -101,8 +100,7 @@ pub struct Cache {
 }
 
 /// Services by a fingerprint of their name: 64 bits, keyed at random
-/// for each set, where the names themselves were 4 MiB at 50 000 Services
-/// that are not ours. Two names with one fingerprint (one chance in about
+/// for each set, not the names themselves (most Services are not ours). Two names with one fingerprint (one chance in about
 /// 10^9 with 200 000 names) cost nothing lasting: the slices of a Service
 /// not seen yet would be dropped as the other's, and listed again once it
 /// is found to be ours, as for any Service that becomes ours.

@@ -282,8 +282,8 @@ impl Metrics {
         }
     }
 
-    /// Keeps the datapath's own counters for the next scrape (not a copy:
-    /// 4.5 MiB at 50 000 Services).
+    /// Keeps the datapath's own counters for the next scrape (moved in, not
+    /// copied: one per mapping).
     pub fn observe_datapath_counters(&self, counters: Counters) {
         *self
             .datapath_counters
