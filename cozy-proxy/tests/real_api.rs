@@ -150,15 +150,22 @@ fn a_service_annotated_later_is_mapped_with_its_endpoints() -> Result<()> {
     );
     env.tcp_reaches(env.lb(0), WEB, 1)?;
     vm2.whole_ip = Some("true".into());
-    env.put_service(&vm2, &[env.pod_ip(2)])?;
-    let state = env.settle()?;
-    ensure!(
-        state.svc_pod.get(&env.lb(1)) == Some(&env.pod_ip(2)),
-        "vm2 is not mapped: {:?}",
-        state.svc_pod
-    );
+    put_vm2(&mut env, &vm2, true)?;
     env.tcp_reaches(env.lb(1), WEB, 2)?;
     env.wait_log("a Service became ours: its EndpointSlices read")
+}
+
+/// Writes `vm2` (LB IP 1, pod 2) and waits until the node holds it mapped
+/// or not, as `mapped` says.
+fn put_vm2(env: &mut Env, vm2: &Svc, mapped: bool) -> Result<()> {
+    env.put_service(vm2, &[env.pod_ip(2)])?;
+    let state = env.settle()?;
+    ensure!(
+        (state.svc_pod.get(&env.lb(1)) == Some(&env.pod_ip(2))) == mapped,
+        "vm2 mapped: {:?}, expected {mapped}",
+        state.svc_pod
+    );
+    Ok(())
 }
 
 /// The API server's count of LIST requests for EndpointSlices of `scope`
@@ -196,17 +203,9 @@ fn a_label_toggled_in_a_loop_reads_only_that_services_slices() -> Result<()> {
     const TOGGLES: u64 = 4;
     for _ in 0..TOGGLES {
         vm2.label = true;
-        env.put_service(&vm2, &[env.pod_ip(2)])?;
-        let state = env.settle()?;
-        ensure!(
-            state.svc_pod.get(&env.lb(1)) == Some(&env.pod_ip(2)),
-            "vm2 is not mapped: {:?}",
-            state.svc_pod
-        );
+        put_vm2(&mut env, &vm2, true)?;
         vm2.label = false;
-        env.put_service(&vm2, &[env.pod_ip(2)])?;
-        let state = env.settle()?;
-        ensure!(!state.svc_pod.contains_key(&env.lb(1)), "vm2 still mapped");
+        put_vm2(&mut env, &vm2, false)?;
     }
     let cluster = slice_lists(&env, "cluster")? - cluster;
     let namespace = slice_lists(&env, "namespace")? - namespace;
