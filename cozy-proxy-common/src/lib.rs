@@ -235,6 +235,10 @@ pub struct RevValue {
     pub before_conntrack: u8,
     pub _pad: u8,
     pub _pad2: u16,
+    /// The interface at whose hook the flow was translated: only the
+    /// node's own flow to the pod's IP through that same hook ends it (a
+    /// bridge's port is the second hook the translated packet passes).
+    pub ifindex: u32,
 }
 
 #[repr(C)]
@@ -526,7 +530,7 @@ mod layout {
     const _: () = assert!(size_of::<FlowState>() == 16);
     const _: () = assert!(size_of::<FragKey>() == 48);
     const _: () = assert!(size_of::<RevKey>() == 48 && offset_of!(RevKey, proto) == 40);
-    const _: () = assert!(size_of::<RevValue>() == 24);
+    const _: () = assert!(size_of::<RevValue>() == 28);
     const _: () = assert!(size_of::<Counter>() == 16);
     const _: () = assert!(size_of::<ServiceCounters>() == 32);
     const _: () = assert!(size_of::<Config>() == 4);

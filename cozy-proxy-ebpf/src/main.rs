@@ -211,7 +211,7 @@ fn rev_of_reply(ctx: &TcContext, p: &Packet) -> Option<RevValue> {
 /// Records that `p` (from a client to `lb`, now addressed to the pod) was
 /// translated on this node.
 #[inline(always)]
-fn record_rev(ctx: &TcContext, p: &Packet, pod: &IpKey, lb: &IpKey, before_conntrack: bool) {
+fn record_rev(ctx: &TcContext, p: &Packet, pod: &IpKey, lb: &IpKey, before_conntrack: bool, ifindex: u32) {
     let (client_port, backend_port) = flow_ports(ctx, p, true).unwrap_or((0, 0));
     let k = RevKey {
         client: p.src,
@@ -227,6 +227,7 @@ fn record_rev(ctx: &TcContext, p: &Packet, pod: &IpKey, lb: &IpKey, before_connt
         before_conntrack: before_conntrack as u8,
         _pad: 0,
         _pad2: 0,
+        ifindex,
     };
     let _ = REV_NAT.insert(&k, &v, 0);
 }
@@ -242,9 +243,11 @@ fn opens_flow(ctx: &TcContext, p: &Packet) -> bool {
 }
 
 /// Forgets the reverse translation of `p`'s addresses and ports (a client
-/// to a pod), as [`record_rev`] keyed it.
+/// to a pod), as [`record_rev`] keyed it, if it was translated at this
+/// very hook: a packet translated at a bridge's hook passes the pod's port
+/// next, addressed to the pod, and must not end its own flow there.
 #[inline(always)]
-fn forget_rev(ctx: &TcContext, p: &Packet) {
+fn forget_rev(ctx: &TcContext, p: &Packet, here: u32) {
     let Some((client_port, backend_port)) = flow_ports(ctx, p, true) else {
         return;
     };
@@ -257,7 +260,10 @@ fn forget_rev(ctx: &TcContext, p: &Packet) {
         backend_port,
         _pad2: 0,
     };
-    let _ = REV_NAT.remove(&k);
+    // SAFETY: a value of the map, one field read.
+    if REV_NAT.get_ptr(&k).is_some_and(|v| unsafe { (*v).ifindex } == here) {
+        let _ = REV_NAT.remove(&k);
+    }
 }
 
 /// Rewrites `field` from `old` to `new`, and the quoted address of an ICMP
@@ -368,7 +374,7 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
         if let Err(verdict) = translate(&mut ctx, &mut p, Field::Dst, &lb, &d.peer) {
             return verdict;
         }
-        record_rev(&ctx, &p, &d.peer, &lb, false);
+        record_rev(&ctx, &p, &d.peer, &lb, false, iif);
     }
     PASS
 }
@@ -458,6 +464,9 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
     let Some(ours) = ours_at_egress(&p) else { return PASS };
     // SAFETY: reading a field of the context the kernel passed us.
     let forwarded = unsafe { (*ctx.skb.skb).ingress_ifindex } != 0;
+    // SAFETY: as above. Read once, here: the verifier refuses a read
+    // through a context pointer the compiler has offset.
+    let here = unsafe { (*ctx.skb.skb).ifindex };
     if let Some(d) = addr_info(&p.dst, ours.dst) {
         if d.flags & addr::LB != 0 {
             if d.flags & addr::UNMAPPED != 0 {
@@ -488,7 +497,7 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
             // conntrack saw the LB IP; its reply is translated back before
             // conntrack.
             if !forwarded || in_cluster(&p.src) {
-                record_rev(&ctx, &p, &d.peer, &lb, true);
+                record_rev(&ctx, &p, &d.peer, &lb, true, here);
             }
             if !local || !forwarded || d.flags & addr::FILTERED == 0 {
                 return PASS;
@@ -504,7 +513,7 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
         // behind, or planted by a pod sending as the node, would otherwise
         // turn a kubelet probe's reply into one from the LB IP.
         if !forwarded && d.flags & addr::POD != 0 && opens_flow(&ctx, &p) {
-            forget_rev(&ctx, &p);
+            forget_rev(&ctx, &p, here);
         }
         // To a filtered pod of this node by its own IP: the filter guards
         // forwarded traffic (the node's own probes are not filtered).

@@ -1051,15 +1051,20 @@ fn a_port_reused_toward_the_pod_ip_is_not_answered_from_the_lb_ip() {
     let i = ifs();
     for n in nets() {
         for (proto, port) in [(TCP, 36000), (UDP, 36001)] {
+            // Translated at one hook (a bridge's), then through another
+            // addressed to the pod (its bridge port): still its flow.
             let own = Spec::new(n.node, n.lb, proto).ports(port, 80).build();
-            assert_eq!(run_prog("cozy_egress", &own, 0, i.pod).0, PASS);
+            let (verdict, translated) = run_prog("cozy_egress", &own, 0, i.client);
+            assert_eq!(verdict, PASS);
+            assert_eq!(run_prog("cozy_egress", &translated, 0, i.pod).0, PASS);
             let back = Spec::new(n.pod, n.node, proto).ports(80, port).build();
             let (_, out) = arriving(&back, i.pod);
             assert_rewritten(&out, n.lb, n.node, "the flow through the LB IP");
-            // The same port, now to the pod's IP (a probe).
+            // The same port, now to the pod's IP (a probe), through the hook
+            // the flow was translated at.
             let probe = Spec::new(n.node, n.pod, proto).ports(port, 80).build();
             assert_eq!(
-                run_prog("cozy_egress", &probe, 0, i.pod),
+                run_prog("cozy_egress", &probe, 0, i.client),
                 (PASS, probe.clone())
             );
             assert_eq!(
