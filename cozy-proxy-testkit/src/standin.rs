@@ -5,7 +5,8 @@
 //! It serves what cozy-proxy uses, the way the API server does: list and
 //! watch (`?watch=true&resourceVersion=N`, chunked JSON lines, bookmarks,
 //! `labelSelector`, `fieldSelector`, timeouts) of Services, EndpointSlices
-//! and Nodes, GET of one Node, and POST/PATCH of events.k8s.io/v1 Events.
+//! and Nodes, a list of one namespace's EndpointSlices, GET of one Node,
+//! and POST/PATCH of events.k8s.io/v1 Events.
 //! Its objects are the YAML manifests in `--dir`: every change of the
 //! directory becomes ADDED/MODIFIED/DELETED watch events with increasing
 //! resourceVersions (time-based, so they keep increasing across restarts).
@@ -427,13 +428,22 @@ async fn handle(server: Arc<Server>, mut stream: TcpStream) -> std::io::Result<(
     let body: Value = serde_json::from_slice(&buf[head_end..]).unwrap_or(Value::Null);
     let q = query(&path);
     let route = path.split('?').next().unwrap_or("/").to_string();
+    const SLICES: (&str, &str, &str) =
+        ("EndpointSlice", "discovery.k8s.io/v1", "EndpointSliceList");
+    // A list of one namespace's EndpointSlices (a Service's, by label).
+    let in_namespace = route
+        .strip_prefix("/apis/discovery.k8s.io/v1/namespaces/")
+        .and_then(|r| r.strip_suffix("/endpointslices"))
+        .map(str::to_string);
     let list_kind = match route.as_str() {
         "/api/v1/services" => Some(("Service", "v1", "ServiceList")),
-        "/apis/discovery.k8s.io/v1/endpointslices" => {
-            Some(("EndpointSlice", "discovery.k8s.io/v1", "EndpointSliceList"))
-        }
+        "/apis/discovery.k8s.io/v1/endpointslices" => Some(SLICES),
         "/api/v1/nodes" => Some(("Node", "v1", "NodeList")),
+        _ if in_namespace.is_some() => Some(SLICES),
         _ => None,
+    };
+    let in_scope = |o: &Value| {
+        (in_namespace.as_deref()).is_none_or(|ns| o["metadata"]["namespace"].as_str() == Some(ns))
     };
     if let (Some((kind, api_version, list)), "GET") = (list_kind, method.as_str()) {
         if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
@@ -455,7 +465,7 @@ async fn handle(server: Arc<Server>, mut stream: TcpStream) -> std::io::Result<(
             let mut matching = st
                 .objects
                 .iter()
-                .filter(|(k, o)| k.0 == kind && selected(o, &q))
+                .filter(|(k, o)| k.0 == kind && in_scope(o) && selected(o, &q))
                 .skip(offset);
             let items: Vec<Value> = matching
                 .by_ref()

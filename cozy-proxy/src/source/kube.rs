@@ -8,6 +8,7 @@ use super::cache::Cache;
 use super::pools::Pools;
 use super::{Snapshot, Source, Update};
 use crate::model::{trim, SERVICE_NAME_LABEL};
+use crate::telemetry::repeats::Repeats;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
@@ -189,9 +190,16 @@ const SLICE_RELIST_POLL: Duration = Duration::from_millis(100);
 fn read_wanted_slices(client: Client, feed: &Feed<EndpointSlice>) -> JoinHandle<()> {
     let feed = feed.clone();
     tokio::spawn(async move {
+        // After a round with a failed read the next waits twice as long, up
+        // to READ_RETRY_AT_MOST (a server that cannot answer is not asked
+        // ten times a second); a round without one starts over. The warning
+        // is logged when it appears, then at most once a minute.
+        let mut pause = SLICE_RELIST_POLL;
+        let mut failing = Repeats::default();
         loop {
-            tokio::time::sleep(SLICE_RELIST_POLL).await;
+            tokio::time::sleep(pause).await;
             let wanted = lock(&feed.cache).take_wanted_slices();
+            let mut failed = false;
             for owner in wanted {
                 let api = Api::<EndpointSlice>::namespaced(client.clone(), &owner.namespace);
                 let selector = format!("{SERVICE_NAME_LABEL}={}", owner.name);
@@ -204,14 +212,25 @@ fn read_wanted_slices(client: Client, feed: &Feed<EndpointSlice>) -> JoinHandle<
                         feed.dirty.notify_one();
                     }
                     Err(e) => {
-                        warn!(service = %owner, error = %e, "reading the EndpointSlices of a Service that became ours failed; retrying");
+                        crate::warn_repeating!(failing, service = %owner, error = %e, "reading the EndpointSlices of a Service that became ours failed; retrying");
                         lock(&feed.cache).want_again(owner);
+                        failed = true;
                     }
                 }
             }
+            pause = match failed {
+                true => (pause * 2).min(READ_RETRY_AT_MOST),
+                false => {
+                    failing.clear();
+                    SLICE_RELIST_POLL
+                }
+            };
         }
     })
 }
+
+/// The longest pause between two rounds of reads that failed.
+const READ_RETRY_AT_MOST: Duration = Duration::from_secs(5);
 
 /// Where a watch's events go.
 struct Feed<K> {
