@@ -277,8 +277,9 @@ impl NodeDatapath {
     /// ([`NodeDatapath::retire_other`]): each drops what the other
     /// translated (the source guard, the port filter's conntrack).
     fn stand_by_for_switch(&mut self) -> Result<(), BackendError> {
-        let other_installed = (self.retire).is_some_and(|k| is_installed(k, &self.cfg));
-        if self.standing_by || !other_installed {
+        // Asked only until ours stands by: reading the other backend's
+        // state (an nft dump) is not repeated on every retried first sync.
+        if self.standing_by || !(self.retire).is_some_and(|k| is_installed(k, &self.cfg)) {
             return Ok(());
         }
         match &mut self.running {

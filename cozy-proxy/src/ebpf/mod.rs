@@ -782,10 +782,10 @@ pub fn is_installed(cfg: &EbpfConfig) -> bool {
 /// pod), retires an eBPF datapath too. The pin directory stays where it is
 /// a mount point (the chart mounts it into the pod).
 ///
-/// The tcx links go last, together (a few unlinks): a switch wakes the
-/// other backend right after, and the node is without either only for that
-/// long. The legacy tc filters (kernels before 6.6) go one netlink request
-/// each, first; where tcx links are used there are none to delete.
+/// The legacy tc filters (kernels before 6.6) go first, one netlink request
+/// each (where tcx links are used there are none); then the map pins, which
+/// the programs keep alive while attached; the link pins last, together. A
+/// switch calls this only after the other backend is awake (`backend.rs`).
 pub fn remove_installed(cfg: &EbpfConfig) -> Result<(), EbpfError> {
     let pin_dir = &cfg.pin_dir;
     // Legacy attachments (tc filters) are not pinned: deleted from
