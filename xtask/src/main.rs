@@ -8,6 +8,9 @@
 //! - test --unit: the rootless tier, without setup: the unit and property
 //!   tests of every crate (no namespace, no kernel state, no root).
 //! - fuzz [SECONDS]: a long fuzz run of the packet paths with a fresh seed.
+//! - release check | X.Y.Z: the version agrees in every file; cut a
+//!   release (see release.rs).
+//! - image [TAG]: the container image (TAG: the version by default).
 //! - demo: setup, then the local demo (network namespaces as node, pod and
 //!   outside client, with real traffic).
 mod helm;
@@ -15,6 +18,7 @@ mod k8s;
 mod metallb;
 mod pinned;
 mod plot;
+mod release;
 mod render;
 mod testing;
 
@@ -91,7 +95,11 @@ fn main() -> Result<()> {
             setup(Purpose::Demo)?;
             demo()
         }
-        Some("image") => image(args.get(1).map_or("dev", String::as_str)),
+        Some("image") => match args.get(1) {
+            Some(tag) => image(tag),
+            None => image(&release::version(&root())?),
+        },
+        Some("release") => release::cli(&args[1..]),
         Some("bench") => {
             setup(Purpose::Everything)?;
             bench(&args[1..])
@@ -101,7 +109,7 @@ fn main() -> Result<()> {
             fuzz(args.get(1).map(String::as_str))
         }
         _ => {
-            eprintln!("usage: cargo xtask <setup|build|test [--unit | cargo test args]|demo|image [TAG]|bench control-plane|datapath|per-packet|render|fuzz [SECONDS]>");
+            eprintln!("usage: cargo xtask <setup|build|test [--unit | cargo test args]|demo|image [TAG]|release <check|X.Y.Z>|bench control-plane|datapath|per-packet|render|fuzz [SECONDS]>");
             std::process::exit(2);
         }
     }
