@@ -228,6 +228,9 @@ fn release(v: &str) -> Result<()> {
     if changelog_top(&changelog) != Some(UNRELEASED) {
         bail!("{CHANGELOG} has no ## {UNRELEASED} section on top to release");
     }
+    if changelog.contains(&format!("\n## {v} ")) {
+        bail!("{CHANGELOG} already has a section for {v}");
+    }
     let today = String::from_utf8(Command::new("date").arg("+%F").output()?.stdout)?;
     let today = today.trim();
     set_version(&root, v)?;
