@@ -4,6 +4,7 @@
 //! `cozy-proxy dump` and real traffic), and the Kubernetes API stand-in.
 //! The tests, the demo and the benchmarks share it.
 
+pub mod across;
 pub mod agent;
 pub mod bpf;
 pub mod cluster;
@@ -16,6 +17,7 @@ pub mod manifests;
 pub mod metallb;
 pub mod migration;
 pub mod net;
+pub mod release;
 pub mod scenario;
 pub mod sh;
 pub mod standin;
@@ -192,6 +194,14 @@ impl StandIn {
     }
 }
 
+/// How a controller runs: from the image (`container`), and which
+/// binary (`None`: the one under test).
+#[derive(Default)]
+struct How {
+    container: Option<image::Container>,
+    binary: Option<String>,
+}
+
 /// The controller process (`cozy-proxy run`) in the node namespace.
 pub struct Controller {
     proc: Option<Proc>,
@@ -208,6 +218,8 @@ pub struct Controller {
     pub log: PathBuf,
     /// Run from the image, as a container (`None`: the binary directly).
     pub container: Option<image::Container>,
+    /// The binary run (`None`: [`bin`], the one under test).
+    pub binary: Option<String>,
 }
 
 impl Controller {
@@ -242,7 +254,7 @@ impl Controller {
         pin_dir: PathBuf,
         log: PathBuf,
     ) -> Result<Controller> {
-        Controller::launch(ns, node, backend, source_args, pin_dir, log, None)
+        Controller::launch(ns, node, backend, source_args, pin_dir, log, How::default())
     }
 
     /// Like [`Controller::start`], as a container of the image.
@@ -262,7 +274,10 @@ impl Controller {
             source_args,
             pin_dir,
             log,
-            Some(container),
+            How {
+                container: Some(container),
+                binary: None,
+            },
         )
     }
 
@@ -273,8 +288,9 @@ impl Controller {
         source_args: Vec<String>,
         pin_dir: PathBuf,
         log: PathBuf,
-        container: Option<image::Container>,
+        how: How,
     ) -> Result<Controller> {
+        let How { container, binary } = how;
         let mut c = Controller {
             proc: None,
             ns: ns.into(),
@@ -285,6 +301,7 @@ impl Controller {
             pin_dir,
             log,
             container,
+            binary,
         };
         c.spawn()?;
         Ok(c)
@@ -297,7 +314,7 @@ impl Controller {
             .open(&self.log)?;
         let pins = self.pin_dir.display().to_string();
         let node = self.node.clone();
-        let bin = bin();
+        let bin = self.binary.clone().unwrap_or_else(bin);
         let mut args: Vec<&str> = vec![&bin, "--log", "info", "run"];
         // A test may ask for another backend choice (`auto`) itself.
         if !self.extra_args.iter().any(|a| a == "--backend") {
@@ -360,6 +377,16 @@ impl Controller {
     /// Stop, then start again.
     pub fn restart(&mut self) -> Result<()> {
         self.stop()?;
+        self.spawn()
+    }
+
+    /// Stop, wait `gap` without a controller, then start `binary` (`None`:
+    /// the one under test) in its place, as a DaemonSet's rolling update
+    /// replaces the node's pod.
+    pub fn replace_with(&mut self, binary: Option<String>, gap: Duration) -> Result<()> {
+        self.stop()?;
+        std::thread::sleep(gap);
+        self.binary = binary;
         self.spawn()
     }
 
@@ -426,12 +453,25 @@ impl Env {
     }
 
     pub fn with_source(backend: Backend, source: SourceKind, fam: Fam) -> Result<Env> {
-        Env::create(backend, source, fam, Shape::Routed, None)
+        Env::create(backend, source, fam, Shape::Routed, None, None)
     }
 
     /// On a node of the given shape (manifests source).
     pub fn with_shape(backend: Backend, fam: Fam, shape: Shape) -> Result<Env> {
-        Env::create(backend, SourceKind::Manifests, fam, shape, None)
+        Env::create(backend, SourceKind::Manifests, fam, shape, None, None)
+    }
+
+    /// With `binary` as the controller (another build: the previous
+    /// release) instead of the one under test; manifests source, routed.
+    pub fn with_binary(backend: Backend, fam: Fam, binary: String) -> Result<Env> {
+        Env::create(
+            backend,
+            SourceKind::Manifests,
+            fam,
+            Shape::Routed,
+            None,
+            Some(binary),
+        )
     }
 
     /// The controller runs from the image as a container under the chart's
@@ -450,6 +490,7 @@ impl Env {
             fam,
             Shape::Routed,
             Some(ContainerRequest { seccomp, bpffs }),
+            None,
         )
     }
 
@@ -459,6 +500,7 @@ impl Env {
         fam: Fam,
         shape: Shape,
         container: Option<ContainerRequest>,
+        binary: Option<String>,
     ) -> Result<Env> {
         check_root()?;
         let topo = Topology::with_shape(shape)?;
@@ -506,7 +548,18 @@ impl Env {
             }
         };
         let ctl = match container {
-            None => Controller::start(&topo.node(), "node1", backend, source_args, pin_dir, log)?,
+            None => Controller::launch(
+                &topo.node(),
+                "node1",
+                backend,
+                source_args,
+                pin_dir,
+                log,
+                How {
+                    container: None,
+                    binary,
+                },
+            )?,
             Some(request) => {
                 let container = image::container(
                     backend.arg(),
@@ -639,8 +692,14 @@ impl Env {
 
     /// Waits for `needle` in the controller's log.
     pub fn wait_log(&self, needle: &str) -> Result<()> {
+        self.wait_log_times(needle, 1)
+    }
+
+    /// Waits until `needle` is in the controller log `times` times (the
+    /// log of every instance of a test's controller, appended).
+    pub fn wait_log_times(&self, needle: &str, times: usize) -> Result<()> {
         traffic::eventually(Duration::from_secs(3), || {
-            if self.ctl.log_text().contains(needle) {
+            if self.ctl.log_text().matches(needle).count() >= times {
                 Ok(())
             } else {
                 bail!(

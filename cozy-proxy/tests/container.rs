@@ -191,24 +191,12 @@ const SWITCH_LOSS: usize = 10;
 fn switch(from: Backend, to: Backend) -> Result<()> {
     use aya::programs::TcAttachType;
     use harness::agent::OtherAgent;
-    use harness::flows::{Datagram, Echo, HeldTcp, UdpStream};
     let mut env = Env::in_container(from, Fam::V4, None, None)?;
-    let (lb, ext_ip) = (env.lb(0), env.net.ext);
-    let (pod, ext) = (env.topo.pod(1), env.topo.ext());
+    let lb = env.lb(0);
     let svc = harness::manifests::Svc::new("vm1", lb).filter(&[("TCP", FLOW), ("UDP", FLOW)]);
     env.put_service(&svc, &[env.pod_ip(1)])?;
     env.settle()?;
-    let _echo = (
-        Echo::start(&pod, false, FLOW, "pod")?,
-        Echo::start(&ext, false, FLOW, "ext")?,
-    );
-    let every = Duration::from_millis(10);
-    let wall = std::time::SystemTime::now();
-    let inbound = UdpStream::start(&ext, lb, FLOW, every)?;
-    let outbound = UdpStream::start(&pod, ext_ip, FLOW, every)?;
-    let held_in = HeldTcp::start(&ext, lb, FLOW, Duration::from_millis(50))?;
-    let held_out = HeldTcp::start(&pod, ext_ip, FLOW, Duration::from_millis(50))?;
-    std::thread::sleep(Duration::from_secs(1));
+    let streams = harness::across::Streams::start(&env, lb, FLOW)?;
     env.switch_container_to(to)?;
     env.wait_log("datapath synced")?;
     let pins = env.ctl.pin_dir.clone();
@@ -238,59 +226,10 @@ fn switch(from: Backend, to: Backend) -> Result<()> {
     })
     .with_context(|| env.ctl.log_text())?;
     std::thread::sleep(Duration::from_secs(2));
-    let (inbound, outbound) = (
-        inbound.finish(Duration::from_millis(500)),
-        outbound.finish(Duration::ZERO),
-    );
-    let (held_in, held_out) = (held_in.finish(), held_out.finish());
-    let lost = |log: &[Datagram], ok: &dyn Fn(&Datagram) -> bool| {
-        (log.len(), log.iter().filter(|d| !ok(d)).count())
-    };
-    let (sent_in, lost_in) = lost(&inbound, &|d| {
-        d.answer.as_ref().is_some_and(|(_, from)| *from == lb)
-    });
-    let (sent_out, lost_out) = lost(&outbound, &|d| {
-        (d.answer.as_ref()).is_some_and(|(text, _)| text.ends_with(&format!(" {lb}")))
-    });
-    let report = format!(
-        "{from:?} -> {to:?}: in {lost_in} of {sent_in} lost, out {lost_out} of {sent_out} lost; \
-         held in: stall {:?}, broken {:?}; held out: stall {:?}, broken {:?}",
-        held_in.longest_stall, held_in.broken, held_out.longest_stall, held_out.broken
-    );
-    println!("{report}");
-    // SWITCH_DEBUG=1: when each lost datagram was sent, beside the new
-    // controller's log (its clock is the wall clock).
-    if std::env::var("SWITCH_DEBUG").is_ok() {
-        println!(
-            "streams started at {:?}",
-            wall.duration_since(std::time::UNIX_EPOCH)
-        );
-        let t0 = inbound.first().map(|d| d.sent);
-        for (what, log) in [("in", &inbound), ("out", &outbound)] {
-            let ok = |d: &Datagram| match what {
-                "in" => d.answer.as_ref().is_some_and(|(_, from)| *from == lb),
-                _ => (d.answer.as_ref()).is_some_and(|(text, _)| text.ends_with(&format!(" {lb}"))),
-            };
-            for d in log.iter().filter(|d| !ok(d)) {
-                println!(
-                    "lost {what} at {:?}: {:?}",
-                    t0.map(|t| d.sent - t),
-                    d.answer
-                );
-            }
-        }
-        println!("{}", env.ctl.log_text());
-    }
-    ensure!(sent_in > 100 && sent_out > 100, "{report}");
-    ensure!(
-        lost_in <= SWITCH_LOSS && lost_out <= SWITCH_LOSS,
-        "over {SWITCH_LOSS} lost: {report}"
-    );
-    for held in [&held_in, &held_out] {
-        ensure!(held.broken.is_none() && held.answered > 0, "{report}");
-        ensure!(held.longest_stall < Duration::from_secs(1), "{report}");
-    }
-    Ok(())
+    let crossing = streams.finish();
+    println!("{from:?} -> {to:?}: {}", crossing.report());
+    crossing.print_losses();
+    crossing.check(SWITCH_LOSS)
 }
 
 #[test]
