@@ -7,6 +7,7 @@ use aya::{
     programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions},
     Ebpf, EbpfLoader,
 };
+use cozy_proxy::ebpf::layouts::pin_path;
 use cozy_proxy::{
     datapath::{DatapathState, Kernel},
     ebpf::{EbpfConfig, EbpfKernel, Interfaces, OBJECT},
@@ -144,7 +145,7 @@ impl World {
         kernel.apply(&diff, &desired, Some(()))?;
         let mut loader = EbpfLoader::new();
         for name in names::ALL {
-            loader.map_pin_path(name, pin_dir.join(name));
+            loader.map_pin_path(name, pin_path(&pin_dir, name));
         }
         // `PERPACKET_OBJECT`: another build of the programs (with the same
         // maps), for an A/B of two programs in one sitting.
@@ -162,7 +163,7 @@ impl World {
         }
         // Both sides hold the maps now: unpinned, they go with the process.
         for name in names::ALL {
-            let _ = std::fs::remove_file(pin_dir.join(name));
+            let _ = std::fs::remove_file(pin_path(&pin_dir, name));
         }
         let _ = std::fs::remove_dir(pin_dir.join("links"));
         let _ = std::fs::remove_dir(&pin_dir);

@@ -4,6 +4,7 @@
 use cozy_proxy_testkit as harness;
 
 use anyhow::{ensure, Context, Result};
+use cozy_proxy::ebpf::layouts::pin_path;
 use harness::{
     manifests::{slice, Svc},
     net::Fam,
@@ -67,7 +68,7 @@ fn bpftool_shows_readable_maps_and_tcx_links() -> Result<()> {
         "map",
         "dump",
         "pinned",
-        &pins.join("addrs").display().to_string(),
+        &pin_path(pins, "addrs").display().to_string(),
     ])?;
     // BTF-typed: bpftool prints the fields of our structs, not hex bytes.
     let v4 = |v: &Value| v["addr"].as_array().map(|a| a[..4].to_vec());
@@ -168,6 +169,43 @@ fn a_restart_re_points_the_same_links_and_keeps_the_maps() -> Result<()> {
         "state changed across the restart"
     );
     Ok(())
+}
+
+/// The id of the map pinned at `path`.
+fn map_id(path: &Path) -> Result<u64> {
+    let v = bpftool(&["map", "show", "pinned", &path.display().to_string()])?;
+    v["id"].as_u64().context("map id")
+}
+
+/// A restart finds a pin of `flows` at another layout version (a release
+/// that changed its meaning) and one at this build's: the other is
+/// unpinned, this build's map is kept (its flow memory carried over), and
+/// a map whose sizes differ under this build's name is created anew.
+#[test]
+fn pins_of_another_layout_are_replaced_and_the_rest_kept() -> Result<()> {
+    let mut env = setup()?;
+    let pins = env.ctl.pin_dir.clone();
+    let flows = pin_path(&pins, "flows");
+    let flows_id = map_id(&flows)?;
+    env.ctl.stop()?;
+    let other = pins.join("flows_v9");
+    let frags = pin_path(&pins, "frags");
+    std::fs::remove_file(&frags)?;
+    for (path, key) in [(&other, "48"), (&frags, "4")] {
+        let path = path.display().to_string();
+        ok(&[
+            "bpftool", "map", "create", &path, "type", "hash", "key", key, "value", "8", "entries",
+            "1", "name", "stale",
+        ])?;
+    }
+    let old_frags = map_id(&frags)?;
+    env.ctl.restart()?;
+    env.wait_log("adopting the datapath")?;
+    env.settle()?;
+    ensure!(!other.exists(), "flows_v9 still pinned");
+    ensure!(map_id(&flows)? == flows_id, "flows re-created");
+    ensure!(map_id(&frags)? != old_frags, "frags of other sizes kept");
+    env.wait_log("unpinned a map of another layout")
 }
 
 #[test]
@@ -519,7 +557,7 @@ fn prefilter_matches_addrs(pins: &Path) -> Result<()> {
             "map",
             "dump",
             "pinned",
-            &pins.join(name).display().to_string(),
+            &pin_path(pins, name).display().to_string(),
         ])
     };
     let bitmaps = [

@@ -567,7 +567,7 @@ fn an_unreadable_node_label_removes_nothing() -> Result<()> {
     harness::sh::ok_in(&node, &["nft", "list", "table", "ip", "cozy_proxy"])
         .context("the nft state was removed")?;
     ensure!(
-        !env.ctl.pin_dir.join("addrs").exists(),
+        !cozy_proxy::ebpf::layouts::pin_path(&env.ctl.pin_dir, "addrs").exists(),
         "eBPF started beside nft"
     );
     let _web = env.serve_tcp(1, WEB)?;

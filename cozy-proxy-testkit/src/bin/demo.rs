@@ -104,7 +104,8 @@ fn demo(backend: Backend) -> Result<()> {
             print!("{table}");
         }
         Backend::Ebpf | Backend::EbpfFast => {
-            let map = env.ctl.pin_dir.join("addrs").display().to_string();
+            let map = cozy_proxy::ebpf::layouts::pin_path(&env.ctl.pin_dir, "addrs");
+            let map = map.display().to_string();
             step(&format!("bpftool map dump pinned {map}"));
             print!(
                 "{}",

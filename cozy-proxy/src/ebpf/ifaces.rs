@@ -77,7 +77,7 @@ fn err(source: aya::maps::MapError) -> EbpfError {
 
 impl Ifaces {
     pub fn open(dir: &Path) -> Result<Self, EbpfError> {
-        let data = MapData::from_pin(dir.join(names::IFACES)).map_err(err)?;
+        let data = MapData::from_pin(super::layouts::pin_path(dir, names::IFACES)).map_err(err)?;
         let map = HashMap::try_from(aya::maps::Map::HashMap(data)).map_err(err)?;
         Ok(Ifaces { map, written: None })
     }

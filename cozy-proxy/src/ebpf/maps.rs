@@ -11,17 +11,16 @@ use aya::maps::{
 };
 use cozy_proxy_common::{
     addr, flow, maps as names, prefilter, AddrInfo, Config, Counter, DropReason, FlowKey,
-    FlowState, FragKey, IpKey, LbSource, PortKey, Prefilter, RevKey, RevValue, ServiceCounters,
-    FAMILY_BITS, IP_KEY_BITS,
+    FlowState, IpKey, LbSource, PortKey, Prefilter, RevKey, RevValue, ServiceCounters, FAMILY_BITS,
+    IP_KEY_BITS,
 };
 use std::{
     collections::{BTreeMap, BTreeSet},
-    fs,
     mem::size_of,
     net::IpAddr,
     path::Path,
 };
-use tracing::{debug, warn};
+use tracing::debug;
 
 fn key(ip: &IpAddr) -> IpKey {
     IpKey::from(*ip)
@@ -80,67 +79,13 @@ fn cidr_of(k: &IpKey, prefix_len: u32, extra: u32) -> Option<Cidr> {
     Cidr::new(ip, bits as u8)
 }
 
-/// Key and value sizes the current programs expect, to refuse reusing a
-/// pinned map of an older, different layout.
-fn expected_sizes(name: &str) -> Option<(usize, usize)> {
-    Some(match name {
-        names::ADDRS => (size_of::<IpKey>(), size_of::<AddrInfo>()),
-        names::ALLOWED_PORTS => (size_of::<PortKey>(), 1),
-        names::CLUSTER => (4 + size_of::<IpKey>(), 1),
-        names::SRC_RANGES => (4 + size_of::<LbSource>(), 1),
-        names::FLOWS => (size_of::<FlowKey>(), size_of::<FlowState>()),
-        names::FLOW_COUNTS => (4, 8),
-        names::FRAGS => (size_of::<FragKey>(), 8),
-        names::REV_NAT => (size_of::<RevKey>(), size_of::<RevValue>()),
-        names::STATS => (4, size_of::<ServiceCounters>()),
-        names::DROP_STATS => (4, size_of::<Counter>()),
-        names::CONFIG => (4, size_of::<Config>()),
-        names::PREFILTER => (4, size_of::<Prefilter>()),
-        names::IFACES => (4, size_of::<cozy_proxy_common::IfRole>()),
-        _ => return None,
-    })
-}
-
-/// Maps an older version pinned that this one does not use.
-const RETIRED: [&str; 5] = [
-    "pod_svc",
-    "svc_pod",
-    "filtered_pods",
-    "unmapped_lbs",
-    "svc_stats",
-];
-
-/// Unpins maps whose key or value size differs from the programs' (an
-/// older layout) and maps no longer used: the loader then creates them
-/// anew, and the first sync fills them from the plan. The programs still
-/// attached keep their own maps until they are replaced after that sync.
-pub fn drop_incompatible_pins(pin_dir: &Path) {
-    for name in RETIRED {
-        if fs::remove_file(pin_dir.join(name)).is_ok() {
-            warn!(map = name, "unpinned a map an older version used");
-        }
-    }
-    for name in names::ALL {
-        let path = pin_dir.join(name);
-        let Ok(info) = aya::maps::MapInfo::from_pin(&path) else {
-            continue;
-        };
-        if let Some((k, v)) = expected_sizes(name) {
-            if info.key_size() as usize != k || info.value_size() as usize != v {
-                warn!(map = name, "pinned map has another layout; replacing it");
-                let _ = fs::remove_file(&path);
-            }
-        }
-    }
-}
-
 /// Names a map error after its map.
 fn named(name: &'static str) -> impl Fn(MapError) -> EbpfError {
     move |source| EbpfError::Map { name, source }
 }
 
 fn open(dir: &Path, name: &'static str) -> Result<Map, EbpfError> {
-    let data = MapData::from_pin(dir.join(name)).map_err(named(name))?;
+    let data = MapData::from_pin(super::layouts::pin_path(dir, name)).map_err(named(name))?;
     Map::from_map_data(data).map_err(named(name))
 }
 

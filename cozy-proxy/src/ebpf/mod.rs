@@ -6,6 +6,7 @@ mod batch;
 mod bpffs;
 pub mod chain;
 mod ifaces;
+pub mod layouts;
 mod links;
 mod maps;
 pub mod shape;
@@ -222,7 +223,7 @@ impl Programs {
 fn load_object(pin_dir: &Path) -> Result<aya::Ebpf, EbpfError> {
     let mut loader = EbpfLoader::new();
     for name in names::ALL {
-        loader.map_pin_path(name, pin_dir.join(name));
+        loader.map_pin_path(name, layouts::pin_path(pin_dir, name));
     }
     let mut ebpf = loader.load(OBJECT)?;
     for (name, _, _) in links::PROGRAMS {
@@ -338,7 +339,7 @@ impl EbpfKernel {
     /// What is pinned under `cfg.pin_dir`, without loading anything: for
     /// `dump` and `cleanup`.
     pub fn open(cfg: EbpfConfig) -> Result<Self, EbpfError> {
-        let maps = if cfg.pin_dir.join(names::ADDRS).exists() {
+        let maps = if layouts::pin_path(&cfg.pin_dir, names::ADDRS).exists() {
             Some(Maps::open(&cfg.pin_dir)?)
         } else {
             None
@@ -363,7 +364,7 @@ impl EbpfKernel {
         bpffs::ensure(&cfg.pin_dir)?;
         let links_dir = links::links_dir(&cfg.pin_dir);
         fs::create_dir_all(&links_dir).map_err(io(&links_dir))?;
-        maps::drop_incompatible_pins(&cfg.pin_dir);
+        layouts::drop_other_layouts(&cfg.pin_dir);
         let rtnl = NlSocket::open(libc::NETLINK_ROUTE)?;
         if let Some(why) = shape::unserved(&route::links(&rtnl)?, &cfg.interfaces) {
             return Err(EbpfError::Unserved(why));
@@ -461,7 +462,7 @@ impl EbpfKernel {
     /// The error for a sync or a read where nothing is pinned.
     fn no_pins(&self) -> EbpfError {
         EbpfError::Io {
-            path: self.cfg.pin_dir.join(names::ADDRS),
+            path: layouts::pin_path(&self.cfg.pin_dir, names::ADDRS),
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
         }
     }
@@ -772,7 +773,7 @@ impl Kernel for EbpfKernel {
 /// Read from the directory alone, as [`remove_installed`] works.
 pub fn is_installed(cfg: &EbpfConfig) -> bool {
     let pin_dir = &cfg.pin_dir;
-    !links::pinned(pin_dir).is_empty() || names::ALL.iter().any(|n| pin_dir.join(n).exists())
+    !links::pinned(pin_dir).is_empty() || !layouts::our_pins(pin_dir).is_empty()
 }
 
 /// Removes what the eBPF backend installed: its pins (a link goes with
@@ -795,8 +796,8 @@ pub fn remove_installed(cfg: &EbpfConfig) -> Result<(), EbpfError> {
         links::delete_tc_filters(&link.name);
     }
     // The programs hold their maps: the map pins can go first.
-    for name in names::ALL {
-        let _ = fs::remove_file(pin_dir.join(name));
+    for pin in layouts::our_pins(pin_dir) {
+        let _ = fs::remove_file(pin);
     }
     links::detach_all(pin_dir);
     chain::set_behind(0);
