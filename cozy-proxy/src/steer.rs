@@ -8,10 +8,12 @@ use crate::netlink::{
     route::{self, Via},
     NetlinkError, NlSocket,
 };
+use crate::telemetry::repeats::{Repeats, REPEAT_EVERY};
 use cozy_proxy_common::ROUTE_PROTO;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
+    sync::Mutex,
     thread::JoinHandle,
 };
 use tracing::warn;
@@ -227,6 +229,19 @@ impl Steering {
         }
     }
 
+    /// Removes the routes `change` stops routing, before the datapath's
+    /// tables change: an LB IP whose rewrite goes is no longer steered by
+    /// then (else, for a moment, it would be routed on untranslated).
+    /// [`Steering::apply`] adds and replaces the rest after the tables.
+    pub fn withdraw(&mut self, change: &Change<(IpAddr, NextHop)>) -> Result<(), NetlinkError> {
+        let gone = gone(change);
+        if gone.is_empty() {
+            return Ok(());
+        }
+        self.settle()?;
+        route::delete_host_routes(&self.rtnl, ROUTE_PROTO, &gone)
+    }
+
     /// Removes every route of ours.
     pub fn remove_all(&self) -> Result<(), NetlinkError> {
         let all: Vec<IpAddr> = self.routes()?.into_keys().collect();
@@ -234,21 +249,51 @@ impl Steering {
     }
 }
 
-/// Applies a change of our routes: removals first, then additions and
-/// replacements (many per request).
+/// Of a change of our routes, the destinations it stops routing (a
+/// route replaced is in both lists, and is not one of them).
+fn gone(change: &Change<(IpAddr, NextHop)>) -> Vec<IpAddr> {
+    let routed: BTreeSet<&IpAddr> = change.add.iter().map(|(d, _)| d).collect();
+    change
+        .remove
+        .iter()
+        .filter(|(dst, _)| !routed.contains(dst))
+        .map(|(dst, _)| *dst)
+        .collect()
+}
+
+/// Applies the additions and replacements of a change of our routes (many
+/// per request); a destination where another agent's route already is
+/// keeps that route, with a warning.
 fn apply_routes(rtnl: &NlSocket, change: &Change<(IpAddr, NextHop)>) -> Result<(), NetlinkError> {
-    if !change.remove.is_empty() {
-        // A route replaced is in both lists: not deleted first.
-        let replaced: BTreeSet<&IpAddr> = change.add.iter().map(|(d, _)| d).collect();
-        let gone: Vec<IpAddr> = change
-            .remove
-            .iter()
-            .filter(|(dst, _)| !replaced.contains(dst))
-            .map(|(dst, _)| *dst)
-            .collect();
-        route::delete_host_routes(rtnl, ROUTE_PROTO, &gone)?;
+    let replaced: BTreeSet<&IpAddr> = change.remove.iter().map(|(d, _)| d).collect();
+    let kept = route::set_host_routes(
+        rtnl,
+        ROUTE_PROTO,
+        &change.add,
+        |(d, h)| (*d, via(h)),
+        |dst| replaced.contains(dst),
+    )?;
+    if kept.is_empty() {
+        return Ok(());
     }
-    route::set_host_routes(rtnl, ROUTE_PROTO, &change.add, |(d, h)| (*d, via(h)))
+    // Ours already there (a belief behind the kernel) is replaced after all.
+    let held = route::host_routes(rtnl, ROUTE_PROTO)?;
+    let (stale, kept): (Vec<IpAddr>, Vec<IpAddr>) =
+        kept.into_iter().partition(|d| held.contains_key(d));
+    if !stale.is_empty() {
+        let again: Vec<&(IpAddr, NextHop)> = change
+            .add
+            .iter()
+            .filter(|(d, _)| stale.contains(d))
+            .collect();
+        route::set_host_routes(rtnl, ROUTE_PROTO, &again, |(d, h)| (*d, via(h)), |_| true)?;
+    }
+    if !kept.is_empty() {
+        static FOREIGN: Mutex<Repeats> = Mutex::new(Repeats::new(REPEAT_EVERY));
+        let mut repeats = FOREIGN.lock().unwrap_or_else(|e| e.into_inner());
+        crate::warn_repeating!(repeats, routes = ?kept, "another agent's route to these addresses is kept: not steered by us");
+    }
+    Ok(())
 }
 
 /// The path of the route `found` toward `pod`. Only a specific route
@@ -288,5 +333,26 @@ fn via(h: &NextHop) -> Via {
         onlink: h.onlink,
         unreachable: h.oif == 0,
         src: h.src,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_destinations_not_routed_again_are_gone() {
+        let hop = |oif| NextHop {
+            gateway: None,
+            oif,
+            onlink: false,
+            src: None,
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().expect("an address");
+        let change = Change {
+            remove: vec![(ip("203.0.113.1"), hop(1)), (ip("203.0.113.2"), hop(1))],
+            add: vec![(ip("203.0.113.2"), hop(2)), (ip("203.0.113.3"), hop(2))],
+        };
+        assert_eq!(gone(&change), [ip("203.0.113.1")]);
     }
 }

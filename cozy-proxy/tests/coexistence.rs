@@ -303,3 +303,46 @@ fn kube_ovns_gateway_port_makes_auto_take_nft() -> Result<()> {
     ensure!(!got.is_empty(), "pod2 -> LB IP: no answer");
     Ok(())
 }
+
+/// Another agent's host route to an address that becomes an LB IP (a
+/// static /32 of the node setup, another controller's): cozy-proxy keeps
+/// it and says so. nft rewrites before routing, so the outside still
+/// reaches the pod; eBPF translates a local mapping after routing via the
+/// LB IP's route, so on this node the address follows the other agent's
+/// route and does not reach the pod. Once theirs is gone, ours goes in and
+/// both serve it.
+fn foreign_route_kept(backend: Backend) -> Result<()> {
+    let env = Env::new(backend, Fam::V4)?;
+    let (node, lb) = (env.topo.node(), env.lb(0));
+    let theirs = format!("{lb} dev pod2 proto static");
+    ok_in(&node, &["sh", "-c", &format!("ip route add {theirs}")])?;
+    env.put_service(&Svc::new("vm1", lb), &[env.pod_ip(1)])?;
+    env.wait_log("another agent's route to these addresses is kept")?;
+    let show = || ok_in(&node, &["ip", "route", "show", &format!("{lb}/32")]);
+    ensure!(show()?.contains("proto static"), "{}", show()?);
+    if backend.is_ebpf() {
+        let _web = env.serve_tcp(1, WEB)?;
+        ensure!(
+            env.tcp_reaches(lb, WEB, 1).is_err(),
+            "the pod reached through another agent's route"
+        );
+    } else {
+        eventually(SETTLE, || both_ways(&env))?;
+    }
+    ok_in(&node, &["sh", "-c", &format!("ip route del {theirs}")])?;
+    eventually(Duration::from_secs(5), || {
+        ensure!(show()?.contains("proto 249"), "{}", show()?);
+        Ok(())
+    })?;
+    eventually(SETTLE, || both_ways(&env))
+}
+
+#[test]
+fn another_agents_route_to_an_lb_ip_is_kept_nft() -> Result<()> {
+    foreign_route_kept(Backend::Nft)
+}
+
+#[test]
+fn another_agents_route_to_an_lb_ip_is_kept_ebpf() -> Result<()> {
+    foreign_route_kept(Backend::Ebpf)
+}

@@ -18,6 +18,8 @@ use cozy_proxy_testkit::sh::ok;
 use std::{collections::BTreeSet, net::IpAddr};
 
 const PROTO: u8 = 249;
+/// Another agent's routes (RTPROT_STATIC).
+const OTHER_PROTO: u8 = 4;
 /// Three requests of 1 000 (the chunk size) and one of 500.
 const ROUTES: usize = 3_500;
 /// Refused: in the middle of the first request, the last (acknowledged)
@@ -97,8 +99,8 @@ fn a_refused_route_is_reported_and_the_rest_of_the_batch_applied() -> Result<()>
         let routes: Vec<(IpAddr, Via)> = (0..ROUTES)
             .map(|i| Ok((dst(i)?, if REFUSED.contains(&i) { bad } else { good })))
             .collect::<Result<_>>()?;
-        let err = match set_host_routes(&sock, PROTO, &routes, |r| *r) {
-            Ok(()) => bail!("the refused routes went unreported"),
+        let err = match set_host_routes(&sock, PROTO, &routes, |r| *r, |_| false) {
+            Ok(_) => bail!("the refused routes went unreported"),
             Err(e) => e,
         };
         // The first refusal is the one reported.
@@ -116,8 +118,24 @@ fn a_refused_route_is_reported_and_the_rest_of_the_batch_applied() -> Result<()>
         );
         // All applied: nothing to report.
         let applied: Vec<(IpAddr, Via)> = routes.iter().map(|(d, _)| (*d, good)).collect();
-        set_host_routes(&sock, PROTO, &applied, |r| *r)?;
+        set_host_routes(&sock, PROTO, &applied, |r| *r, |_| true)?;
         ensure!(host_routes(&sock, PROTO)?.len() == ROUTES);
+        // Another agent's route (another protocol, same destination and
+        // metric) is kept, and named; ours beside it goes in.
+        let (theirs, free) = (dst(ROUTES + 1)?, dst(ROUTES + 2)?);
+        set_host_routes(&sock, OTHER_PROTO, &[(theirs, good)], |r| *r, |_| false)?;
+        let kept = set_host_routes(
+            &sock,
+            PROTO,
+            &[(theirs, good), (free, good)],
+            |r| *r,
+            |_| false,
+        )?;
+        ensure!(kept == [theirs], "kept: {kept:?}");
+        ensure!(host_routes(&sock, OTHER_PROTO)?.contains_key(&theirs));
+        ensure!(!host_routes(&sock, PROTO)?.contains_key(&theirs));
+        ensure!(host_routes(&sock, PROTO)?.contains_key(&free));
+        delete_host_routes(&sock, PROTO, &[free])?;
         // Deleting routes of which some are gone: the first missing one is
         // reported, every other is deleted.
         let gone: Vec<IpAddr> = REFUSED.iter().map(|i| dst(*i)).collect::<Result<_>>()?;

@@ -607,8 +607,9 @@ impl Kernel for EbpfKernel {
         Ok((state, ()))
     }
 
-    /// Maps first, then routes: an LB IP is steered toward its pod only
-    /// once the rewrite for it is in place. After the first sync the
+    /// Routes that go first, then the maps, then the routes that come: an
+    /// LB IP is steered toward its pod only while the rewrite for it is in
+    /// place. After the first sync the
     /// programs go live on the interfaces.
     fn apply_routed(
         &mut self,
@@ -642,6 +643,7 @@ impl Kernel for EbpfKernel {
             .map(|(&index, _)| index)
             .collect();
         let started = std::time::Instant::now();
+        self.steering.withdraw(&diff.routes)?;
         maps.apply(diff, desired, &peer_links)?;
         if found.is_some() {
             // After a read (startup, resync): the counts as they are.

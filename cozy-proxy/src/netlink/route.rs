@@ -3,7 +3,9 @@
 //! Constants come from `libc`; the header sizes and RTNH_F_ONLINK (which
 //! it lacks) from <linux/rtnetlink.h> and <linux/if_link.h>.
 use super::socket::{next_seq, Acked, NetlinkError, NlSocket};
-use super::wire::{attr, attr_str, ip_bytes as bytes, Writer, NLM_F_CREATE, NLM_F_DUMP};
+use super::wire::{
+    attr, attr_str, ip_bytes as bytes, Writer, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
+};
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
@@ -369,29 +371,49 @@ fn each_chunk<T>(
     first_error.map_or(Ok(()), Err)
 }
 
-/// Adds (or replaces) the host routes `dst` -> `via` that `route` gives of
-/// each of `routes` (read as they are sent: no copy of them all), many per
-/// request.
+/// Adds the host routes `dst` -> `via` that `route` gives of each of
+/// `routes` (read as they are sent: no copy of them all), many per request.
+/// A route whose destination `ours` holds replaces the route there (ours);
+/// any other is only added (`NLM_F_EXCL`): where a route of the same
+/// destination and metric is already there, another agent's, it is kept,
+/// and its destination is returned.
 pub fn set_host_routes<T>(
     sock: &NlSocket,
     protocol: u8,
     routes: &[T],
     route: impl Fn(&T) -> (IpAddr, Via),
-) -> Result<(), NetlinkError> {
+    ours: impl Fn(&IpAddr) -> bool,
+) -> Result<Vec<IpAddr>, NetlinkError> {
+    let mut kept = Vec::new();
     each_chunk(routes, |chunk| {
         let mut w = Writer::new();
         let mut seqs = Vec::with_capacity(chunk.len());
         for (i, r) in chunk.iter().enumerate() {
             let seq = next_seq();
-            let flags = NLM_F_CREATE | NLM_F_REPLACE | Acked::Last.flag(i, chunk.len());
-            put_route(&mut w, seq, flags, protocol, &route(r));
+            let r = route(r);
+            let how = if ours(&r.0) {
+                NLM_F_REPLACE
+            } else {
+                NLM_F_EXCL
+            };
+            let flags = NLM_F_CREATE | how | Acked::Last.flag(i, chunk.len());
+            put_route(&mut w, seq, flags, protocol, &r);
             seqs.push(seq);
         }
-        sock.transact_described(&w.into_bytes(), &seqs, Acked::Last, |i| {
-            let (dst, via) = route(&chunk[i]);
-            format!("route {dst} via {via:?}")
-        })
-    })
+        let refused = sock.transact_tolerating(
+            &w.into_bytes(),
+            &seqs,
+            Acked::Last,
+            |i| {
+                let (dst, via) = route(&chunk[i]);
+                format!("route {dst} via {via:?}")
+            },
+            |errno| errno == libc::EEXIST,
+        )?;
+        kept.extend(refused.into_iter().map(|i| route(&chunk[i]).0));
+        Ok(())
+    })?;
+    Ok(kept)
 }
 
 /// One request that adds or replaces route `dst` -> `via` (`flags`).

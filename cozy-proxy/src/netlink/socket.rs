@@ -305,8 +305,23 @@ impl NlSocket {
         acked: Acked,
         what: impl Fn(usize) -> String,
     ) -> Result<(), NetlinkError> {
+        self.transact_tolerating(bytes, seqs, acked, what, |_| false)
+            .map(|_| ())
+    }
+
+    /// As [`NlSocket::transact_described`], except that a message refused
+    /// with an errno `tolerated` accepts is no failure: the indices of
+    /// those messages are returned (the others went through).
+    pub fn transact_tolerating(
+        &self,
+        bytes: &[u8],
+        seqs: &[u32],
+        acked: Acked,
+        what: impl Fn(usize) -> String,
+        tolerated: impl Fn(i32) -> bool,
+    ) -> Result<Vec<usize>, NetlinkError> {
         let Some(&last) = seqs.last() else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         self.send(bytes)?;
         // The kernel handles the request inside sendmsg(): every answer is
@@ -314,6 +329,7 @@ impl NlSocket {
         let mut pending: HashMap<u32, usize> =
             seqs.iter().enumerate().map(|(i, seq)| (*seq, i)).collect();
         let mut first_error: Option<NetlinkError> = None;
+        let mut refused = Vec::new();
         let mut buf = vec![0u8; 1 << 20];
         let mut nonblocking = false;
         // The answers still awaited: every message's, or the last one's (an
@@ -334,14 +350,16 @@ impl NlSocket {
                 let Some(i) = pending.remove(&msg.seq) else {
                     continue;
                 };
-                if let Some((errno, extack)) = parse_error(&msg) {
-                    if first_error.is_none() {
+                match parse_error(&msg) {
+                    Some((errno, _)) if tolerated(errno) => refused.push(i),
+                    Some((errno, extack)) if first_error.is_none() => {
                         first_error = Some(NetlinkError::Refused {
                             what: what(i),
                             source: io::Error::from_raw_os_error(errno),
                             extack,
                         });
                     }
+                    _ => {}
                 }
             }
         }
@@ -349,7 +367,7 @@ impl NlSocket {
             return Err(e);
         }
         match awaited(&pending) {
-            0 => Ok(()),
+            0 => Ok(refused),
             missing => Err(NetlinkError::MissingAcks(missing)),
         }
     }

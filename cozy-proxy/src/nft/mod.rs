@@ -259,6 +259,9 @@ impl Kernel for NftKernel {
         // if the batch fails, the sync reads the kernel again, and with it
         // the places.
         let (ip_guard, at_ports) = ports::plan(&diff.guard, &mut self.placed, place);
+        // Routes that go before the tables, those that come after: an LB
+        // IP is steered only while its rules exist.
+        self.steering.withdraw(&diff.routes)?;
         let mut batch = encode::sync_batch(&installs, diff, &ip_guard, self.standby);
         ports::write(&mut batch, &at_ports);
         debug!(
@@ -275,7 +278,6 @@ impl Kernel for NftKernel {
         } else {
             batch.apply(&self.sock)?;
         }
-        // Routes after the tables: an LB IP is steered once its rules exist.
         self.steering.apply(&diff.routes, routes)?;
         Ok(Applied {
             extra_changes: 0,
