@@ -55,6 +55,9 @@ impl EbpfArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
+    /// The node's datapath: "auto" takes eBPF where the programs can serve
+    /// the node and nftables otherwise, saying why; the node's label
+    /// networking.cozystack.io/cozy-proxy-backend overrides it.
     #[arg(long, env = "COZY_PROXY_BACKEND", value_enum, default_value_t = Choice::Auto)]
     pub backend: Choice,
     #[command(flatten)]

@@ -12,6 +12,7 @@
 pub mod app;
 pub mod backend;
 pub mod bridge_ports;
+pub mod cli;
 pub mod controller;
 pub mod datapath;
 pub mod ebpf;

@@ -1,77 +1,12 @@
 //! cozy-proxy command line: `run`, `dump`, `cleanup`, `check-ebpf`, `rbac`.
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::Parser;
 use cozy_proxy::{
-    app::{self, EbpfArgs, RunArgs},
-    backend,
+    app, backend,
+    cli::{Cli, Command, Output},
     datapath::{placements, BackendKind, ControllerWord, Dump},
 };
 use std::io::IsTerminal;
-
-#[derive(Parser)]
-#[command(
-    name = "cozy-proxy",
-    version,
-    about = "1:1 NAT from a LoadBalancer IP to its one pod"
-)]
-struct Cli {
-    /// Log filter (tracing EnvFilter syntax), e.g. "info" or "cozy_proxy=debug".
-    #[arg(long, env = "COZY_PROXY_LOG", default_value = "info", global = true)]
-    log: String,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Keep the datapath equal to the Services and EndpointSlices of the
-    /// Kubernetes API (or of a manifest directory).
-    Run(Box<RunArgs>),
-    /// Print the live datapath state, read back from the kernel.
-    Dump {
-        #[arg(long, value_enum, default_value_t = BackendKind::Nft)]
-        backend: BackendKind,
-        #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
-        output: Output,
-        /// The running controller's health or metrics address (`run
-        /// --health-addr`), asked why it steers the mappings several nodes
-        /// hold ("" not to ask).
-        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9403")]
-        controller: String,
-        #[command(flatten)]
-        ebpf: EbpfArgs,
-    },
-    /// Remove everything cozy-proxy installed in the kernel (both backends
-    /// unless one is named).
-    Cleanup {
-        #[arg(long, value_enum)]
-        backend: Option<BackendKind>,
-        #[command(flatten)]
-        ebpf: EbpfArgs,
-    },
-    /// Load the embedded eBPF programs into the kernel and unload them.
-    CheckEbpf,
-    /// Print the seccomp profile the chart runs the eBPF backend under (the
-    /// runtime default plus bpf and perf_event_open), or with --install
-    /// PATH write it there (the chart's init container installs it into
-    /// the kubelet's seccomp directory).
-    SeccompProfile {
-        #[arg(long, value_name = "PATH")]
-        install: Option<std::path::PathBuf>,
-    },
-    /// Print the Kubernetes RBAC rules the controller needs: the ClusterRole
-    /// rules, or with --role-for NAME those of the Role in its namespace.
-    Rbac {
-        #[arg(long, value_name = "DAEMONSET")]
-        role_for: Option<String>,
-    },
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum Output {
-    Text,
-    Json,
-}
 
 fn main() -> Result<()> {
     // Before any other thread exists: threads take their arenas at their
