@@ -239,6 +239,23 @@ pub struct RevValue {
     /// node's own flow to the pod's IP through that same hook ends it (a
     /// bridge's port is the second hook the translated packet passes).
     pub ifindex: u32,
+    /// When the client last sent on the flow, in whole seconds of the
+    /// programs' clock (CLOCK_MONOTONIC): the sweep forgets an entry quiet
+    /// longer than [`RevValue::idle_s`].
+    pub seen_s: u32,
+}
+
+impl RevValue {
+    /// How long an entry of protocol `proto` lives without a packet from
+    /// its client: as long as conntrack keeps an established TCP
+    /// connection (5 days), three minutes for anything else (conntrack's
+    /// UDP stream timeout is 120 s).
+    pub const fn idle_s(proto: u8) -> u32 {
+        match proto {
+            6 => 432_000,
+            _ => 180,
+        }
+    }
 }
 
 #[repr(C)]
@@ -530,7 +547,7 @@ mod layout {
     const _: () = assert!(size_of::<FlowState>() == 16);
     const _: () = assert!(size_of::<FragKey>() == 48);
     const _: () = assert!(size_of::<RevKey>() == 48 && offset_of!(RevKey, proto) == 40);
-    const _: () = assert!(size_of::<RevValue>() == 28);
+    const _: () = assert!(size_of::<RevValue>() == 32);
     const _: () = assert!(size_of::<Counter>() == 16);
     const _: () = assert!(size_of::<ServiceCounters>() == 32);
     const _: () = assert!(size_of::<Config>() == 4);

@@ -15,7 +15,7 @@ const BPF_EXIST: u64 = 2;
 
 
 #[inline(always)]
-fn now() -> u64 {
+pub fn now() -> u64 {
     // SAFETY: helper without arguments.
     unsafe { bpf_ktime_get_ns() }
 }

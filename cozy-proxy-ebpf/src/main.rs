@@ -228,6 +228,7 @@ fn record_rev(ctx: &TcContext, p: &Packet, pod: &IpKey, lb: &IpKey, before_connt
         _pad: 0,
         _pad2: 0,
         ifindex,
+        seen_s: (filter::now() / 1_000_000_000) as u32,
     };
     let _ = REV_NAT.insert(&k, &v, 0);
 }

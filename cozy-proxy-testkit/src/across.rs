@@ -61,8 +61,12 @@ impl Streams {
         Ok(streams)
     }
 
-    /// Stops them (the last inbound answers awaited for half a second).
+    /// Stops them (the last answers awaited for half a second).
     pub fn finish(self) -> Crossing {
+        // Both stop sending together; every datagram then has half a
+        // second for its answer.
+        self.inbound.stop_sending();
+        self.outbound.stop_sending();
         let inbound = self.inbound.finish(Duration::from_millis(500));
         let outbound = self.outbound.finish(Duration::ZERO);
         let lb = self.lb;

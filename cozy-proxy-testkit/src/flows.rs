@@ -165,12 +165,16 @@ pub struct Datagram {
 pub struct UdpStream {
     running: Running,
     log: Arc<Mutex<Vec<Datagram>>>,
+    /// Cleared to stop sending while answers are still received.
+    sending: Arc<AtomicBool>,
 }
 
 impl UdpStream {
     pub fn start(ns: &str, dst: IpAddr, port: u16, every: Duration) -> Result<UdpStream> {
-        let log: Arc<Mutex<Vec<Datagram>>> = Arc::default();
+        let log: Arc<Mutex<Vec<Datagram>>> = Arc::new(Mutex::default());
         let records = log.clone();
+        let sending = Arc::new(AtomicBool::new(true));
+        let send = sending.clone();
         let running = Running::start(ns, move |stop, ready| {
             let sock = match UdpSocket::bind(any(dst.is_ipv6(), 0)) {
                 Ok(s) => s,
@@ -182,7 +186,7 @@ impl UdpStream {
             let mut next = Instant::now();
             let mut buf = [0u8; 512];
             while !stop.load(Ordering::Relaxed) {
-                if Instant::now() >= next {
+                if send.load(Ordering::Relaxed) && Instant::now() >= next {
                     let mut log = records.lock().unwrap_or_else(|e| e.into_inner());
                     let seq = log.len();
                     // A send refused (no route for a moment) is a loss.
@@ -203,12 +207,22 @@ impl UdpStream {
                 }
             }
         })?;
-        Ok(UdpStream { running, log })
+        Ok(UdpStream {
+            running,
+            log,
+            sending,
+        })
+    }
+
+    /// Sends no more (answers are still taken).
+    pub fn stop_sending(&self) {
+        self.sending.store(false, Ordering::Relaxed);
     }
 
     /// Stops sending, waits `linger` for the last answers, and returns
     /// every datagram.
     pub fn finish(mut self, linger: Duration) -> Vec<Datagram> {
+        self.stop_sending();
         std::thread::sleep(linger);
         self.running.stop();
         let log = self.log.lock().unwrap_or_else(|e| e.into_inner());

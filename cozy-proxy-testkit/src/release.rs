@@ -134,7 +134,8 @@ pub fn previous_binary() -> Result<(Release, PathBuf)> {
     }
     let target = dir.join("target");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
+    let mut build = Command::new(cargo);
+    build
         .current_dir(&src)
         .args([
             "build",
@@ -146,11 +147,17 @@ pub fn previous_binary() -> Result<(Release, PathBuf)> {
             "cozy-proxy",
         ])
         .arg("--target-dir")
-        .arg(&target)
-        .env_remove("CARGO_TARGET_DIR")
-        .env_remove("COZY_PROXY_BUILD_EBPF")
-        .output()
-        .context("building the previous release")?;
+        .arg(&target);
+    // What cargo set for this test (its package's variables, and the
+    // build script's: COZY_PROXY_EBPF_OBJ would embed this build's
+    // programs in the older binary) stays out of the older build.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if (key.starts_with("CARGO_") && key != "CARGO_HOME") || key.starts_with("COZY_PROXY_") {
+            build.env_remove(key.as_ref());
+        }
+    }
+    let out = build.output().context("building the previous release")?;
     if !out.status.success() {
         bail!(
             "building release {} ({}): {}",

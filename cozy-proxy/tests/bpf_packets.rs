@@ -11,7 +11,7 @@ use cozy_proxy::{
     datapath::{AllowedPort, DatapathState, Kernel},
     model::{merge_ranges, Cidr},
 };
-use cozy_proxy_common::{maps as names, FlowKey, FlowState, IpKey};
+use cozy_proxy_common::{maps as names, FlowKey, FlowState, IpKey, RevKey, RevValue};
 use cozy_proxy_testkit::{
     bpf::{Ifaces, World, DROP, PASS, REDIRECT},
     frames::{inspect, Spec, GRE, ICMP, ICMPV6, TCP, UDP},
@@ -765,6 +765,68 @@ fn reverse_translations_leave_with_their_mapping() {
             );
         }
     })
+}
+
+/// A reverse translation whose client has been quiet longer than its
+/// idle time is forgotten by the sweep; one in use is kept. (UDP: TCP's
+/// idle time, 5 days, is longer than the clock has run since boot.)
+#[test]
+fn quiet_reverse_translations_age_out() {
+    const QUIET: u16 = 37001;
+    const BUSY: u16 = 37002;
+    with_world(|w| {
+        let i = w.ifs;
+        for n in nets() {
+            for port in [QUIET, BUSY] {
+                let own = Spec::new(n.node, n.lb, UDP).ports(port, 80).build();
+                assert_eq!(run_in(w, "cozy_egress", &own, 0, i.pod).0, PASS);
+            }
+        }
+        let mut rev = rev_nat(w);
+        let now_s = (monotonic_ns() / 1_000_000_000) as u32;
+        assert!(
+            now_s > RevValue::idle_s(UDP) + 1,
+            "up for less than the idle time"
+        );
+        let quiet: Vec<(RevKey, RevValue)> = rev
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, _)| k.client_port == QUIET)
+            .collect();
+        assert_eq!(quiet.len(), nets().len(), "one entry per family");
+        for (k, mut v) in quiet {
+            assert!(
+                now_s.abs_diff(v.seen_s) <= 1,
+                "seen {} now {now_s}",
+                v.seen_s
+            );
+            v.seen_s = now_s - RevValue::idle_s(k.proto) - 1;
+            rev.insert(k, v, 0).expect("aged");
+        }
+        w.kernel.expire_flows().expect("sweep");
+        for n in nets() {
+            let aged = Spec::new(n.pod, n.node, UDP).ports(80, QUIET).build();
+            assert_eq!(
+                run_in(w, "cozy_ingress", &aged, i.pod, i.pod),
+                (PASS, aged.clone()),
+                "the quiet flow's reply keeps the pod's address"
+            );
+            let busy = Spec::new(n.pod, n.node, UDP).ports(80, BUSY).build();
+            let (verdict, out) = run_in(w, "cozy_ingress", &busy, i.pod, i.pod);
+            assert_eq!(verdict, PASS);
+            assert_ne!(out, busy, "the busy flow's reply is translated");
+        }
+    })
+}
+
+/// The `rev_nat` map, as the programs see it (a handle of its own).
+fn rev_nat(w: &World) -> AyaHashMap<MapData, RevKey, RevValue> {
+    let Some(Map::LruHashMap(data)) = w.ebpf.map(names::REV_NAT) else {
+        panic!("rev_nat is an LRU hash map");
+    };
+    let id = data.info().expect("info").id();
+    let data = MapData::from_id(id).expect("rev_nat by id");
+    AyaHashMap::try_from(Map::LruHashMap(data)).expect("rev_nat map")
 }
 
 /// The programs' clock (`bpf_ktime_get_ns`).

@@ -111,7 +111,10 @@ fn tcx(fam: Fam, place: Place) -> Result<()> {
     let before = reclaimed(&env)?;
     agent.detach_all()?;
     agent.attach_all(&env.topo.node(), &DEVS, Place::TcxHead)?;
-    both_ways(&env).context("the other agent re-attached at the head while running")?;
+    // Ours are first again at the next upkeep (100 ms here): until then
+    // the agent's program ends the chain.
+    eventually(SETTLE, || both_ways(&env))
+        .context("the other agent re-attached at the head while running")?;
     eventually_first(&env)?;
     let after = reclaimed(&env)?;
     ensure!(

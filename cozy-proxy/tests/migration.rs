@@ -364,6 +364,10 @@ fn migrate(c: &mut Cluster, filtered: bool, original: bool) -> Result<String> {
     window(c, "W4", &vm)?;
 
     let linger = Duration::from_millis(500);
+    // Both stop sending together, then every datagram has `linger` for
+    // its answer.
+    inbound.stop_sending();
+    outbound.stop_sending();
     let (inbound, outbound) = (inbound.finish(linger), outbound.finish(Duration::ZERO));
     let (held_in, held_out) = (held_in.finish(), held_out.finish());
     let from_lb = |d: &Datagram| d.answer.as_ref().is_some_and(|(_, from)| *from == lb);

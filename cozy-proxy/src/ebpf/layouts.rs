@@ -9,11 +9,14 @@
 //! the loader then creates the map anew, and the first sync fills it from
 //! the plan. The programs of the previous instance keep their own maps
 //! until ours replace them after that sync, so the plan's maps cost no
-//! packet; what a replaced map held that no plan can rebuild (flow memory,
-//! reverse translations, fragments) is lost, and CHANGELOG.md says so under
-//! the release that bumps it. A size that differs from this build's under
+//! packet. What a replaced map held that no plan can rebuild (flow memory,
+//! reverse translations, fragments) is carried over where this build can
+//! convert the older layout ([`Carried`]: kept open, its entries copied
+//! into the new map right before our programs take over), and lost
+//! otherwise; CHANGELOG.md says which under the release that bumps it. A size that differs from this build's under
 //! the same version is refused the same way, and a test makes every size
 //! change name a new version.
+use aya::maps::{HashMap, Map, MapData};
 use cozy_proxy_common::{
     maps as names, AddrInfo, Config, Counter, FlowKey, FlowState, FragKey, IfRole, IpKey, LbSource,
     PortKey, Prefilter, RevKey, RevValue, ServiceCounters,
@@ -34,7 +37,7 @@ pub const LAYOUTS: [(&str, u32); 13] = [
     (names::FLOWS, 1),
     (names::FLOW_COUNTS, 1),
     (names::FRAGS, 1),
-    (names::REV_NAT, 1),
+    (names::REV_NAT, 2),
     (names::STATS, 1),
     (names::DROP_STATS, 1),
     (names::CONFIG, 1),
@@ -128,15 +131,87 @@ fn expected_sizes(name: &str) -> Option<(usize, usize)> {
     })
 }
 
+/// `rev_nat` at layout 1 (0.1.0): without the client's last-seen time.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RevValueV1 {
+    lb: IpKey,
+    before_conntrack: u8,
+    _pad: u8,
+    _pad2: u16,
+    ifindex: u32,
+}
+
+// SAFETY: plain old data, every bit pattern valid, no unnamed padding.
+unsafe impl aya::Pod for RevValueV1 {}
+
+const _: () = assert!(size_of::<RevValueV1>() == 28);
+
+/// Maps of an older layout whose entries this build converts instead of
+/// losing them: opened before their pins go (an open map lives on), and
+/// held until the new map takes their entries.
+#[derive(Default)]
+pub struct Carried {
+    rev_nat_v1: Option<MapData>,
+}
+
+impl Carried {
+    /// The reverse translations of the older `rev_nat`, in this build's
+    /// layout, each seen at `now_s` (its age restarts at the upgrade).
+    pub fn rev_nat(self, now_s: u32) -> Vec<(RevKey, RevValue)> {
+        let Some(data) = self.rev_nat_v1 else {
+            return Vec::new();
+        };
+        let Ok(map) = Map::from_map_data(data) else {
+            return Vec::new();
+        };
+        let Ok(old) = HashMap::<MapData, RevKey, RevValueV1>::try_from(map) else {
+            return Vec::new();
+        };
+        old.iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| {
+                let value = RevValue {
+                    lb: v.lb,
+                    before_conntrack: v.before_conntrack,
+                    _pad: 0,
+                    _pad2: 0,
+                    ifindex: v.ifindex,
+                    seen_s: now_s,
+                };
+                (k, value)
+            })
+            .collect()
+    }
+}
+
+/// Opens the pin `file` to carry its entries over, if this build converts
+/// that map at that layout.
+fn carry(carried: &mut Carried, pin_dir: &Path, file: &str) {
+    if parse_pin(file) != (names::REV_NAT, 1) {
+        return;
+    }
+    let path = pin_dir.join(file);
+    let sizes = aya::maps::MapInfo::from_pin(&path)
+        .map(|i| (i.key_size() as usize, i.value_size() as usize));
+    if sizes.ok() != Some((size_of::<RevKey>(), size_of::<RevValueV1>())) {
+        return;
+    }
+    carried.rev_nat_v1 = MapData::from_pin(&path).ok();
+}
+
 /// Unpins what this build must not reuse: maps at another layout
-/// version, retired maps, and maps whose sizes differ from this build's.
-pub fn drop_other_layouts(pin_dir: &Path) {
+/// version, retired maps, and maps whose sizes differ from this build's;
+/// returns those whose entries it carries over.
+pub fn drop_other_layouts(pin_dir: &Path) -> Carried {
     let files: Vec<String> = fs::read_dir(pin_dir)
         .into_iter()
         .flatten()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .collect();
+    let mut carried = Carried::default();
     for file in stale(files.iter().map(String::as_str)) {
+        carry(&mut carried, pin_dir, file);
         if fs::remove_file(pin_dir.join(file)).is_ok() {
             warn!(
                 pin = file,
@@ -156,6 +231,7 @@ pub fn drop_other_layouts(pin_dir: &Path) {
             }
         }
     }
+    carried
 }
 
 #[cfg(test)]
@@ -176,7 +252,7 @@ mod tests {
             ("flows", 1, 48, 16),
             ("flow_counts", 1, 4, 8),
             ("frags", 1, 48, 8),
-            ("rev_nat", 1, 48, 28),
+            ("rev_nat", 2, 48, 32),
             ("stats", 1, 4, 32),
             ("drop_stats", 1, 4, 16),
             ("config", 1, 4, 4),
@@ -204,12 +280,13 @@ mod tests {
             "addrs",
             "flows",
             "flows_v2",
-            "rev_nat_v7",
+            "rev_nat",
+            "rev_nat_v2",
             "svc_pod",
             "links",
-            "other",
         ];
-        assert_eq!(stale(dir), ["flows_v2", "rev_nat_v7", "svc_pod"]);
+        assert_eq!(stale(dir), ["flows_v2", "rev_nat", "svc_pod"]);
+        assert_eq!(pin_name("rev_nat"), "rev_nat_v2");
         assert_eq!(pin_name("flows"), "flows");
     }
 }

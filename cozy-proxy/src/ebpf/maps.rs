@@ -79,6 +79,9 @@ fn cidr_of(k: &IpKey, prefix_len: u32, extra: u32) -> Option<Cidr> {
     Cidr::new(ip, bits as u8)
 }
 
+/// `bpf_map_update_elem`'s flag: only where the key is absent.
+const BPF_NOEXIST: u64 = 1;
+
 /// Names a map error after its map.
 fn named(name: &'static str) -> impl Fn(MapError) -> EbpfError {
     move |source| EbpfError::Map { name, source }
@@ -765,7 +768,7 @@ impl Maps {
     /// forgotten. The programs forget an expired flow when they meet it;
     /// this frees the room of those nobody asks about again.
     /// Also forgets the flows of the pods left to the sweep (see
-    /// `stale_flows`).
+    /// `stale_flows`), and sweeps `rev_nat` ([`Maps::sweep_rev`]).
     pub fn expire_flows(&mut self, now_ns: u64) -> Result<usize, EbpfError> {
         let stale = std::mem::take(&mut self.stale_flows);
         let expired: Vec<FlowKey> = self
@@ -783,26 +786,43 @@ impl Maps {
         let mut swept: BTreeSet<IpKey> = expired.iter().map(|k| k.pod).collect();
         swept.extend(stale);
         self.count_flows(false, &swept)?;
-        self.forget_stale_rev()?;
+        self.sweep_rev(now_ns)?;
         Ok(expired.len())
     }
 
-    /// Forgets the reverse translations through mappings removed or moved
-    /// since the last sweep: a reply of that pod to that client must not
-    /// come from an LB IP that no longer leads to it (a kubelet probe from
-    /// a reused port would get it).
-    fn forget_stale_rev(&mut self) -> Result<(), EbpfError> {
-        if self.stale_rev.is_empty() {
-            return Ok(());
-        }
+    /// Forgets the reverse translations whose client has been quiet longer
+    /// than [`RevValue::idle_s`] (`now_ns` on the programs' clock), and
+    /// those through mappings removed or moved since the last sweep: a
+    /// reply of that pod to that client must not come from an LB IP that
+    /// no longer leads to it (a kubelet probe from a reused port would get
+    /// it). Returns how many it forgot.
+    fn sweep_rev(&mut self, now_ns: u64) -> Result<usize, EbpfError> {
+        let now_s = (now_ns / 1_000_000_000) as u32;
         let stale = std::mem::take(&mut self.stale_rev);
         let gone: Vec<RevKey> = (self.rev_nat.iter())
             .filter_map(Result::ok)
-            .filter(|(k, v)| stale.contains(&(v.lb, k.backend)))
+            .filter(|(k, v)| {
+                stale.contains(&(v.lb, k.backend))
+                    || now_s.saturating_sub(v.seen_s) > RevValue::idle_s(k.proto)
+            })
             .map(|(k, _)| k)
             .collect();
         for k in &gone {
             absent_ok(self.rev_nat.remove(k)).map_err(named(names::REV_NAT))?;
+        }
+        Ok(gone.len())
+    }
+
+    /// Takes the reverse translations an older layout of `rev_nat` held
+    /// (an upgrade), where the programs have none for those flows yet.
+    pub fn carry_over_rev(&mut self, entries: &[(RevKey, RevValue)]) -> Result<(), EbpfError> {
+        for (k, v) in entries {
+            match self.rev_nat.insert(k, v, BPF_NOEXIST) {
+                Ok(()) => {}
+                Err(MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(e) => return Err(named(names::REV_NAT)(e)),
+            }
         }
         Ok(())
     }

@@ -157,6 +157,9 @@ struct Programs {
     /// with their own maps, so even an upgrade that changes the maps' layout
     /// translates without a gap.
     live: bool,
+    /// Entries of maps of an older layout, copied into ours right before
+    /// ours go live (until then the previous programs add to them).
+    carried: Option<layouts::Carried>,
     /// Hooks where ours could not be put first (warned once each).
     behind: BTreeSet<(u32, &'static str)>,
     /// The interfaces' roles for the anti-spoofing check.
@@ -364,7 +367,7 @@ impl EbpfKernel {
         bpffs::ensure(&cfg.pin_dir)?;
         let links_dir = links::links_dir(&cfg.pin_dir);
         fs::create_dir_all(&links_dir).map_err(io(&links_dir))?;
-        layouts::drop_other_layouts(&cfg.pin_dir);
+        let carried = layouts::drop_other_layouts(&cfg.pin_dir);
         let rtnl = NlSocket::open(libc::NETLINK_ROUTE)?;
         if let Some(why) = shape::unserved(&route::links(&rtnl)?, &cfg.interfaces) {
             return Err(EbpfError::Unserved(why));
@@ -388,6 +391,7 @@ impl EbpfKernel {
                 attached: BTreeSet::new(),
                 failed: BTreeSet::new(),
                 live: false,
+                carried: Some(carried),
                 behind: BTreeSet::new(),
                 ifaces: iface_roles,
             }),
@@ -655,6 +659,16 @@ impl Kernel for EbpfKernel {
         debug!(maps_took = ?maps_took, routes = diff.routes.size(), took = ?started.elapsed(), ?how, "eBPF maps and routes written");
         let mut installed_schema = false;
         if let Some(p) = self.programs.as_mut().filter(|p| !p.live) {
+            if let (Some(carried), Some(maps)) = (p.carried.take(), self.maps.as_mut()) {
+                let rev = carried.rev_nat((monotonic_ns() / 1_000_000_000) as u32);
+                if !rev.is_empty() {
+                    maps.carry_over_rev(&rev)?;
+                    info!(
+                        entries = rev.len(),
+                        "reverse translations carried over from the older rev_nat"
+                    );
+                }
+            }
             p.live = true;
             installed_schema = true;
             self.follow_interfaces()?;
