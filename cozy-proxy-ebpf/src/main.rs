@@ -222,13 +222,25 @@ fn record_rev(ctx: &TcContext, p: &Packet, pod: &IpKey, lb: &IpKey, before_connt
         backend_port,
         _pad2: 0,
     };
+    let seen_s = (filter::now() / 1_000_000_000) as u32;
+    // The flow's entry as it stands: only its time is written (an update
+    // of an LRU map allocates a new element; a store in place does not).
+    if let Some(cur) = REV_NAT.get_ptr_mut(&k) {
+        // SAFETY: a value of the map, written in place; a racing update
+        // of the same flow writes the same fields.
+        let cur = unsafe { &mut *cur };
+        if cur.lb == *lb && cur.before_conntrack == before_conntrack as u8 && cur.ifindex == ifindex {
+            cur.seen_s = seen_s;
+            return;
+        }
+    }
     let v = RevValue {
         lb: *lb,
         before_conntrack: before_conntrack as u8,
         _pad: 0,
         _pad2: 0,
         ifindex,
-        seen_s: (filter::now() / 1_000_000_000) as u32,
+        seen_s,
     };
     let _ = REV_NAT.insert(&k, &v, 0);
 }

@@ -189,6 +189,16 @@ fn cases(w: &World, a: &Addrs) -> Vec<Case> {
             i.pod,
             PASS,
         ),
+        // The node's own socket to a local LB IP (ingress 0: local out):
+        // translated here, with a reverse entry written.
+        case(
+            "the node's own, to a local LB IP (reverse entry)",
+            "cozy_egress",
+            tcp(a.ext, a.pair.0, 80),
+            0,
+            i.pod,
+            PASS,
+        ),
         case(
             "mapped, from the pod (pod -> LB)",
             "cozy_ingress",
