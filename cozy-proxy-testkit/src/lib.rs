@@ -257,30 +257,6 @@ impl Controller {
         Controller::launch(ns, node, backend, source_args, pin_dir, log, How::default())
     }
 
-    /// Like [`Controller::start`], as a container of the image.
-    pub fn start_in_container(
-        ns: &str,
-        node: &str,
-        backend: Backend,
-        source_args: Vec<String>,
-        pin_dir: PathBuf,
-        log: PathBuf,
-        container: image::Container,
-    ) -> Result<Controller> {
-        Controller::launch(
-            ns,
-            node,
-            backend,
-            source_args,
-            pin_dir,
-            log,
-            How {
-                container: Some(container),
-                binary: None,
-            },
-        )
-    }
-
     fn launch(
         ns: &str,
         node: &str,
@@ -547,43 +523,30 @@ impl Env {
                 (None, Some(cp), args)
             }
         };
-        let ctl = match container {
-            None => Controller::launch(
-                &topo.node(),
-                "node1",
-                backend,
-                source_args,
-                pin_dir,
-                log,
-                How {
-                    container: None,
-                    binary,
-                },
-            )?,
-            Some(request) => {
-                let container = image::container(
-                    backend.arg(),
-                    &std::env::temp_dir().join(format!("{}-bundle", topo.prefix)),
-                    &topo.prefix,
-                    request.seccomp,
-                    &pin_dir,
-                    vec![image::Bind {
-                        source: dir.path.clone(),
-                        destination: dir.path.clone(),
-                        read_only: true,
-                    }],
-                )?;
-                Controller::start_in_container(
-                    &topo.node(),
-                    "node1",
-                    backend,
-                    source_args,
-                    pin_dir,
-                    log,
-                    container,
-                )?
-            }
+        let container = match container {
+            None => None,
+            Some(request) => Some(image::container(
+                backend.arg(),
+                &std::env::temp_dir().join(format!("{}-bundle", topo.prefix)),
+                &topo.prefix,
+                request.seccomp,
+                &pin_dir,
+                vec![image::Bind {
+                    source: dir.path.clone(),
+                    destination: dir.path.clone(),
+                    read_only: true,
+                }],
+            )?),
         };
+        let ctl = Controller::launch(
+            &topo.node(),
+            "node1",
+            backend,
+            source_args,
+            pin_dir,
+            log,
+            How { container, binary },
+        )?;
         Ok(Env {
             ctl,
             standin,

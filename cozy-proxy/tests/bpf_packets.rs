@@ -821,12 +821,16 @@ fn quiet_reverse_translations_age_out() {
 
 /// The `rev_nat` map, as the programs see it (a handle of its own).
 fn rev_nat(w: &World) -> AyaHashMap<MapData, RevKey, RevValue> {
-    let Some(Map::LruHashMap(data)) = w.ebpf.map(names::REV_NAT) else {
-        panic!("rev_nat is an LRU hash map");
+    AyaHashMap::try_from(Map::LruHashMap(own_handle(w, names::REV_NAT))).expect("rev_nat map")
+}
+
+/// A handle of our own on the programs' map `name`.
+fn own_handle(w: &World, name: &str) -> MapData {
+    let info = match w.ebpf.map(name) {
+        Some(Map::HashMap(data) | Map::LruHashMap(data)) => data.info(),
+        _ => panic!("{name} is a hash map"),
     };
-    let id = data.info().expect("info").id();
-    let data = MapData::from_id(id).expect("rev_nat by id");
-    AyaHashMap::try_from(Map::LruHashMap(data)).expect("rev_nat map")
+    MapData::from_id(info.expect("info").id()).expect("the map by id")
 }
 
 /// The programs' clock (`bpf_ktime_get_ns`).
@@ -842,12 +846,7 @@ fn monotonic_ns() -> u64 {
 
 /// The `flows` map, as the programs see it (a handle of its own).
 fn flows(w: &World) -> AyaHashMap<MapData, FlowKey, FlowState> {
-    let Some(Map::HashMap(data)) = w.ebpf.map(names::FLOWS) else {
-        panic!("flows is a hash map");
-    };
-    let id = data.info().expect("info").id();
-    let data = MapData::from_id(id).expect("flows by id");
-    AyaHashMap::try_from(Map::HashMap(data)).expect("flow map")
+    AyaHashMap::try_from(Map::HashMap(own_handle(w, names::FLOWS))).expect("flow map")
 }
 
 fn flow_key(pod: IpAddr, peer: IpAddr, proto: u8, pod_port: u16, peer_port: u16) -> FlowKey {

@@ -239,19 +239,17 @@ fn release(v: &str) -> Result<()> {
         changelog.replacen(&format!("## {UNRELEASED}"), &format!("## {v} - {today}"), 1),
     )?;
     refuse_disagreement(&root)?;
-    run(Command::new("git").current_dir(&root).args([
-        "commit",
-        "-aq",
-        "-m",
-        &format!("Release v{v}"),
-    ]))?;
-    run(Command::new("git").current_dir(&root).args([
-        "tag",
-        "-a",
-        &format!("v{v}"),
-        "-m",
-        &format!("cozy-proxy {v}"),
-    ]))?;
+    git_step(&root, &["commit", "-aq", "-m", &format!("Release v{v}")])?;
+    git_step(
+        &root,
+        &[
+            "tag",
+            "-a",
+            &format!("v{v}"),
+            "-m",
+            &format!("cozy-proxy {v}"),
+        ],
+    )?;
     let next = format!("{major}.{}.0-dev", minor + 1);
     set_version(&root, &next)?;
     let released = read(&root, CHANGELOG)?;
@@ -264,14 +262,14 @@ fn release(v: &str) -> Result<()> {
         ),
     )?;
     refuse_disagreement(&root)?;
-    run(Command::new("git").current_dir(&root).args([
-        "commit",
-        "-aq",
-        "-m",
-        &format!("Start {next}"),
-    ]))?;
+    git_step(&root, &["commit", "-aq", "-m", &format!("Start {next}")])?;
     println!("xtask: released v{v} (tagged); main is now {next}");
     Ok(())
+}
+
+/// A git command of the release, its output shown.
+fn git_step(root: &Path, args: &[&str]) -> Result<()> {
+    run(Command::new("git").current_dir(root).args(args))
 }
 
 fn refuse_disagreement(root: &Path) -> Result<()> {
