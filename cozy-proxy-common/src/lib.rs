@@ -246,12 +246,19 @@ pub struct RevValue {
 }
 
 impl RevValue {
+    /// `ns` of the programs' clock (`bpf_ktime_get_ns`) in the whole
+    /// seconds `seen_s` counts.
+    pub const fn seconds(ns: u64) -> u32 {
+        (ns / 1_000_000_000) as u32
+    }
+
     /// How long an entry of protocol `proto` lives without a packet from
     /// its client: as long as conntrack keeps an established TCP
     /// connection (5 days), three minutes for anything else (conntrack's
     /// UDP stream timeout is 120 s).
     pub const fn idle_s(proto: u8) -> u32 {
         match proto {
+            // TCP
             6 => 432_000,
             _ => 180,
         }

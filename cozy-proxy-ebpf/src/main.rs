@@ -222,7 +222,7 @@ fn record_rev(ctx: &TcContext, p: &Packet, pod: &IpKey, lb: &IpKey, before_connt
         backend_port,
         _pad2: 0,
     };
-    let seen_s = (filter::now() / 1_000_000_000) as u32;
+    let seen_s = RevValue::seconds(filter::now());
     // The flow's entry as it stands: only its time is written (an update
     // of an LRU map allocates a new element; a store in place does not).
     if let Some(cur) = REV_NAT.get_ptr_mut(&k) {

@@ -521,7 +521,7 @@ const PLACEHOLDER_PORT: u16 = 80;
 
 /// The chart's directory in this workspace.
 pub fn chart_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/cozy-proxy")
+    crate::workspace().join("charts/cozy-proxy")
 }
 
 /// A Pod's name for an endpoint address: one Pod per address, so that an

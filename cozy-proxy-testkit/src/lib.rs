@@ -33,6 +33,14 @@ use sh::{ok_in, Proc};
 use std::{fs, path::PathBuf, process::Stdio, time::Duration};
 use topology::{Shape, Topology};
 
+/// The workspace's root directory (the repository checked out).
+pub fn workspace() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default()
+}
+
 /// The cozy-proxy binary under test: `COZY_PROXY_BIN` (xtask sets it for
 /// the demo and the benchmarks), else the one cargo built beside the
 /// running executable (`target/<profile>/` for a bin, its parent for a test

@@ -9,11 +9,12 @@
 //! with a target directory of its own: a shared one would have the two
 //! builds overwrite each other's binaries. Tests in several processes
 //! wait for one build (a file lock).
+use crate::workspace;
 use anyhow::{bail, Context, Result};
 use std::{
     fs,
     os::fd::AsRawFd,
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Command, Stdio},
 };
 
@@ -22,13 +23,6 @@ use std::{
 pub struct Release {
     pub version: String,
     pub commit: String,
-}
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
 }
 
 fn git(args: &[&str]) -> Result<String> {

@@ -783,7 +783,7 @@ fn quiet_reverse_translations_age_out() {
             }
         }
         let mut rev = rev_nat(w);
-        let now_s = (monotonic_ns() / 1_000_000_000) as u32;
+        let now_s = RevValue::seconds(monotonic_ns());
         assert!(
             now_s > RevValue::idle_s(UDP) + 1,
             "up for less than the idle time"

@@ -10,7 +10,7 @@ use harness::{
     traffic::{eventually, ping, tcp_request, Server, SETTLE},
     Backend, Env,
 };
-use std::{fs, path::Path};
+use std::fs;
 
 fn step(text: &str) {
     println!("\n==> {text}");
@@ -27,7 +27,7 @@ fn main() -> Result<()> {
 fn demo(backend: Backend) -> Result<()> {
     step("Creating namespaces: ext (outside client/server), node (forwarding, CNI masquerade), pod1..pod3");
     let mut env = Env::new(backend, Fam::V4)?;
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/demo");
+    let examples = cozy_proxy_testkit::workspace().join("examples/demo");
     step(&format!(
         "Starting `cozy-proxy run --backend {} --manifests DIR` in node with {}",
         backend.arg(),

@@ -4,18 +4,19 @@
 //! values changes, not only their size: a field read another way, a flag
 //! bit given another meaning, a key built from other parts. A map at
 //! version 1 is pinned under its name (`flows`), at version N > 1 under
-//! `name_vN` (`flows_v2`; bpffs refuses a `.` in a name). A pin of the same map at another version, or of
-//! a map this build no longer uses, is unpinned before the programs load:
-//! the loader then creates the map anew, and the first sync fills it from
-//! the plan. The programs of the previous instance keep their own maps
-//! until ours replace them after that sync, so the plan's maps cost no
-//! packet. What a replaced map held that no plan can rebuild (flow memory,
-//! reverse translations, fragments) is carried over where this build can
-//! convert the older layout ([`Carried`]: kept open, its entries copied
-//! into the new map right before our programs take over), and lost
-//! otherwise; CHANGELOG.md says which under the release that bumps it. A size that differs from this build's under
-//! the same version is refused the same way, and a test makes every size
-//! change name a new version.
+//! `name_vN` (`flows_v2`; bpffs refuses a `.` in a name). A pin of the same
+//! map at another version, or of a map this build no longer uses, is
+//! unpinned before the programs load: the loader then creates the map
+//! anew, and the first sync fills it from the plan. The programs of the
+//! previous instance keep their own maps until ours replace them after
+//! that sync, so the plan's maps cost no packet. What a replaced map held
+//! that no plan can rebuild (flow memory, reverse translations, fragments)
+//! is carried over where this build can convert the older layout
+//! ([`Carried`]: kept open, its entries copied into the new map right
+//! before our programs take over), and lost otherwise; CHANGELOG.md says
+//! which under the release that bumps it. A size that differs from this
+//! build's under the same version is refused the same way, and a test
+//! makes every size change name a new version.
 use aya::maps::{HashMap, Map, MapData};
 use cozy_proxy_common::{
     maps as names, AddrInfo, Config, Counter, FlowKey, FlowState, FragKey, IfRole, IpKey, LbSource,
@@ -84,29 +85,36 @@ fn parse_pin(file: &str) -> (&str, u32) {
     }
 }
 
+/// The map a pin's file name is of and its layout, if the map is ours
+/// (in use or retired).
+fn ours(file: &str) -> Option<(&str, u32)> {
+    let (name, v) = parse_pin(file);
+    (RETIRED.contains(&name) || names::ALL.contains(&name)).then_some((name, v))
+}
+
 /// Of the file names in a pin directory, those that are maps of ours at
 /// a layout this build does not use (or retired maps).
 fn stale<'a>(files: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
     files
         .into_iter()
-        .filter(|f| {
-            let (name, v) = parse_pin(f);
-            RETIRED.contains(&name) || (names::ALL.contains(&name) && v != version(name))
-        })
+        .filter(|f| ours(f).is_some_and(|(name, v)| RETIRED.contains(&name) || v != version(name)))
+        .collect()
+}
+
+/// The file names in `dir` (none where it cannot be read).
+fn files_in(dir: &Path) -> Vec<String> {
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .collect()
 }
 
 /// Every map pin of ours in `dir`, at any layout (retired maps too).
 pub fn our_pins(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|f| {
-            let (name, _) = parse_pin(f);
-            RETIRED.contains(&name) || names::ALL.contains(&name)
-        })
+    files_in(dir)
+        .into_iter()
+        .filter(|f| ours(f).is_some())
         .map(|f| dir.join(f))
         .collect()
 }
@@ -204,11 +212,7 @@ fn carry(carried: &mut Carried, pin_dir: &Path, file: &str) {
 /// version, retired maps, and maps whose sizes differ from this build's;
 /// returns those whose entries it carries over.
 pub fn drop_other_layouts(pin_dir: &Path) -> Carried {
-    let files: Vec<String> = fs::read_dir(pin_dir)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .collect();
+    let files = files_in(pin_dir);
     let mut carried = Carried::default();
     for file in stale(files.iter().map(String::as_str)) {
         carry(&mut carried, pin_dir, file);

@@ -795,9 +795,9 @@ impl Maps {
     /// those through mappings removed or moved since the last sweep: a
     /// reply of that pod to that client must not come from an LB IP that
     /// no longer leads to it (a kubelet probe from a reused port would get
-    /// it). Returns how many it forgot.
-    fn sweep_rev(&mut self, now_ns: u64) -> Result<usize, EbpfError> {
-        let now_s = (now_ns / 1_000_000_000) as u32;
+    /// it).
+    fn sweep_rev(&mut self, now_ns: u64) -> Result<(), EbpfError> {
+        let now_s = RevValue::seconds(now_ns);
         let stale = std::mem::take(&mut self.stale_rev);
         let gone: Vec<RevKey> = (self.rev_nat.iter())
             .filter_map(Result::ok)
@@ -810,7 +810,7 @@ impl Maps {
         for k in &gone {
             absent_ok(self.rev_nat.remove(k)).map_err(named(names::REV_NAT))?;
         }
-        Ok(gone.len())
+        Ok(())
     }
 
     /// Takes the reverse translations an older layout of `rev_nat` held

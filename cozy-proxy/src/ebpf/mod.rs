@@ -17,7 +17,7 @@ use crate::datapath::{
 use crate::netlink::{route, NetlinkError, NlSocket};
 use crate::steer::Steering;
 use aya::{maps::MapError, programs::SchedClassifier, EbpfLoader};
-use cozy_proxy_common::maps as names;
+use cozy_proxy_common::{maps as names, RevValue};
 use maps::Maps;
 use serde_json::json;
 use std::{
@@ -159,7 +159,7 @@ struct Programs {
     live: bool,
     /// Entries of maps of an older layout, copied into ours right before
     /// ours go live (until then the previous programs add to them).
-    carried: Option<layouts::Carried>,
+    carried: layouts::Carried,
     /// Hooks where ours could not be put first (warned once each).
     behind: BTreeSet<(u32, &'static str)>,
     /// The interfaces' roles for the anti-spoofing check.
@@ -391,7 +391,7 @@ impl EbpfKernel {
                 attached: BTreeSet::new(),
                 failed: BTreeSet::new(),
                 live: false,
-                carried: Some(carried),
+                carried,
                 behind: BTreeSet::new(),
                 ifaces: iface_roles,
             }),
@@ -613,8 +613,7 @@ impl Kernel for EbpfKernel {
 
     /// Routes that go first, then the maps, then the routes that come: an
     /// LB IP is steered toward its pod only while the rewrite for it is in
-    /// place. After the first sync the
-    /// programs go live on the interfaces.
+    /// place. After the first sync the programs go live on the interfaces.
     fn apply_routed(
         &mut self,
         diff: &StateDiff,
@@ -659,8 +658,9 @@ impl Kernel for EbpfKernel {
         debug!(maps_took = ?maps_took, routes = diff.routes.size(), took = ?started.elapsed(), ?how, "eBPF maps and routes written");
         let mut installed_schema = false;
         if let Some(p) = self.programs.as_mut().filter(|p| !p.live) {
-            if let (Some(carried), Some(maps)) = (p.carried.take(), self.maps.as_mut()) {
-                let rev = carried.rev_nat((monotonic_ns() / 1_000_000_000) as u32);
+            if let Some(maps) = self.maps.as_mut() {
+                let carried = std::mem::take(&mut p.carried);
+                let rev = carried.rev_nat(RevValue::seconds(monotonic_ns()));
                 if !rev.is_empty() {
                     maps.carry_over_rev(&rev)?;
                     info!(
