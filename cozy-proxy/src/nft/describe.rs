@@ -214,6 +214,11 @@ fn a_first_sync_creates_both_tables_and_their_elements_in_one_batch() {
         "add rule ip ingress_dnat: payload lookup payload lookup payload counter immediate",
         "add rule ip ingress_dnat: payload lookup payload lookup counter immediate",
         "add rule ip ingress_dnat: payload lookup counter immediate",
+        // NF_INET_LOCAL_OUT
+        "add chain ip node_errors hook 3 priority -300 type filter",
+        "flush chain ip node_errors",
+        "add rule ip node_errors: meta cmp payload cmp cmp payload lookup payload lookup fib cmp payload",
+        "add rule ip node_errors: meta cmp payload cmp cmp payload lookup payload lookup fib cmp payload",
         "add chain ip cluster_dnat hook 0 priority -100 type nat",
         "flush chain ip cluster_dnat",
         "add rule ip cluster_dnat: payload lookup payload lookup nat",

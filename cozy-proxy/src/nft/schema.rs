@@ -15,7 +15,7 @@ pub const TABLE: &str = "cozy_proxy";
 /// Stored as the table's user data. Change it whenever the sets, chains or
 /// rules change: a table with another mark is replaced (atomically) at the
 /// first sync, one with this mark is adopted as it is.
-pub const SCHEMA_MARK: &[u8] = b"cozy-proxy nft schema 7";
+pub const SCHEMA_MARK: &[u8] = b"cozy-proxy nft schema 8";
 
 pub const POD_SVC: &str = "pod_svc";
 pub const SVC_POD: &str = "svc_pod";
@@ -872,11 +872,34 @@ fn hairpin(l: &Layout) -> [ChainDef; 2] {
     ]
 }
 
+/// The ICMP errors this node sends itself (time exceeded, too big for the
+/// pod's link) about a packet it forwards toward a pod, translated to the
+/// pod at `ingress_dnat`: they quote the LB IP the client sent to, as the
+/// pod's own errors do, so that the client's kernel applies them to its
+/// flow (path MTU) and no client learns which pod holds an LB IP. Before
+/// conntrack, whose entry holds the LB IP: the error is then related.
+fn node_errors(l: &Layout) -> ChainDef {
+    ChainDef {
+        name: "node_errors",
+        kind: "filter",
+        hook: NF_INET_LOCAL_OUT,
+        priority: PRIO_RAW,
+        rules: icmp_error_rules(
+            l,
+            "ICMP error from this node: quoted pod -> LoadBalancer IP",
+            false,
+            POD_SVC,
+            &leaves_the_cluster(l),
+        ),
+    }
+}
+
 pub fn chains(l: &Layout) -> Vec<ChainDef> {
     let [mark, masq] = hairpin(l);
     vec![
         egress_snat(l),
         ingress_dnat(l),
+        node_errors(l),
         ChainDef {
             name: "cluster_dnat",
             kind: "nat",

@@ -1,6 +1,7 @@
-//! Scenarios 29-31: edge security. Forged sources open nothing,
+//! Scenarios 29-31 and 38: edge security. Forged sources open nothing,
 //! loadBalancerSourceRanges, a port filter that fails closed, neighbour
-//! discovery exempt only as neighbour discovery.
+//! discovery exempt only as neighbour discovery, the node's own ICMP
+//! errors naming the LB IP.
 use anyhow::{bail, ensure, Context, Result};
 use cozy_proxy_testkit::{
     frames::{mac, parse, send, send_paged, Spec, ICMPV6, TCP, UDP},
@@ -412,6 +413,68 @@ fn extension_chain_in_paged_data(env: &Env) -> Result<()> {
     ensure!(
         at1.contains(&(env.net.ext, 53, Some(true))),
         "the listed port behind a long extension chain did not arrive translated and whole: {at1:?}"
+    );
+    Ok(())
+}
+
+/// Scenario 38: the ICMP errors the node itself sends about a packet it
+/// forwards toward a mapped pod (time exceeded; too big for the pod's
+/// link) quote the LB IP the client sent to, never the pod: the client's
+/// path MTU to the LB IP drops, and nothing it receives names the pod.
+pub fn s38_node_errors_quote_the_lb_ip(env: &mut Env) -> Result<()> {
+    env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
+    env.settle()?;
+    env.ping_answered(env.lb(0))?;
+    let (node, ext) = (env.topo.node(), env.topo.ext());
+    let (lb, pod) = (env.lb(0), env.pod_ip(1));
+    let family = if env.fam() == Fam::V4 { "-4" } else { "-6" };
+    // The node's link toward the pod, narrower than the uplink.
+    let route = ok_in(&node, &["ip", family, "route", "get", &pod.to_string()])?;
+    let dev = route
+        .split_whitespace()
+        .skip_while(|w| *w != "dev")
+        .nth(1)
+        .with_context(|| format!("no device in {route:?}"))?
+        .to_string();
+    cmd(&node, &format!("ip link set {dev} mtu 1300"))?;
+    let filter = match env.fam() {
+        Fam::V4 => "icmp",
+        Fam::V6 => "icmp6",
+    };
+    let cap = Capture::start_pcap(&ext, "uplink", filter, env.scratch("errors"))?;
+    let lb_s = lb.to_string();
+    // Expires at the node: "time exceeded" (a hop of a traceroute).
+    let _ = ok_in(&ext, &["ping", "-c", "1", "-W", "1", "-t", "1", &lb_s]);
+    // Does not fit the pod's link: "fragmentation needed" / "packet too
+    // big", which ext's kernel applies to the address it quotes.
+    let size = match env.fam() {
+        Fam::V4 => "1372",
+        Fam::V6 => "1352",
+    };
+    let _ = ok_in(
+        &ext,
+        &["ping", "-c", "1", "-W", "1", "-M", "do", "-s", size, &lb_s],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let errors: Vec<_> = cap
+        .stop_frames()?
+        .iter()
+        .filter_map(|f| parse(f))
+        .filter_map(|s| s.quoted.map(|q| (s.icmp_type, q.src, q.dst)))
+        .collect();
+    ensure!(
+        errors.len() >= 2,
+        "ext received {} ICMP errors, not one for each probe: {errors:?}",
+        errors.len()
+    );
+    ensure!(
+        errors.iter().all(|(_, _, quoted)| *quoted == lb),
+        "the node's ICMP errors quote another address than the LB IP {lb} (pod {pod}): {errors:?}"
+    );
+    let cached = ok_in(&ext, &["ip", family, "route", "get", &lb_s])?;
+    ensure!(
+        cached.contains("mtu 1300"),
+        "ext did not learn the path MTU to the LB IP: {cached}"
     );
     Ok(())
 }
