@@ -17,6 +17,7 @@ pub mod manifests;
 pub mod metallb;
 pub mod migration;
 pub mod net;
+pub mod refuse;
 pub mod release;
 pub mod scenario;
 pub mod sh;
@@ -228,6 +229,9 @@ pub struct Controller {
     pub container: Option<image::Container>,
     /// The binary run (`None`: [`bin`], the one under test).
     pub binary: Option<String>,
+    /// `bpf(2)` commands the kernel refuses the binary at the next (re)start
+    /// ([`refuse`]; not for a container).
+    pub refused_bpf: Vec<u32>,
 }
 
 impl Controller {
@@ -286,6 +290,7 @@ impl Controller {
             log,
             container,
             binary,
+            refused_bpf: Vec::new(),
         };
         c.spawn()?;
         Ok(c)
@@ -329,7 +334,13 @@ impl Controller {
                 let command: Vec<&str> = command.iter().map(String::as_str).collect();
                 Proc::spawn(&command, Stdio::null(), Stdio::from(log))?
             }
-            None => Proc::spawn_in(&self.ns, &args, Stdio::null(), Stdio::from(log))?,
+            None => Proc::spawn_refused_in(
+                &self.ns,
+                &args,
+                Stdio::null(),
+                Stdio::from(log),
+                &self.refused_bpf,
+            )?,
         });
         // Up and handling signals (so a quick stop is a clean one), or
         // exited with an error the log explains. (Reading the node's label

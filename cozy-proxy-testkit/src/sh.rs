@@ -54,7 +54,19 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn_in(ns: &str, args: &[&str], stdout: Stdio, stderr: Stdio) -> Result<Proc> {
-        Proc::start(&in_ns(ns, args), stdout, stderr, false)
+        Proc::start(&in_ns(ns, args), stdout, stderr, false, &[])
+    }
+
+    /// Like [`Proc::spawn_in`], the kernel refusing the process the
+    /// `bpf(2)` commands `refused` ([`crate::refuse`]).
+    pub fn spawn_refused_in(
+        ns: &str,
+        args: &[&str],
+        stdout: Stdio,
+        stderr: Stdio,
+        refused: &[u32],
+    ) -> Result<Proc> {
+        Proc::start(&in_ns(ns, args), stdout, stderr, false, refused)
     }
 
     /// Like [`Proc::spawn_in`], for a server that forks a child per
@@ -62,23 +74,35 @@ impl Proc {
     /// child outlived it holding the port, and the next server on that
     /// port could not bind.)
     pub fn spawn_group_in(ns: &str, args: &[&str], stdout: Stdio, stderr: Stdio) -> Result<Proc> {
-        Proc::start(&in_ns(ns, args), stdout, stderr, true)
+        Proc::start(&in_ns(ns, args), stdout, stderr, true, &[])
     }
 
     /// A background process on the host (no namespace of its own).
     pub fn spawn(args: &[&str], stdout: Stdio, stderr: Stdio) -> Result<Proc> {
-        Proc::start(args, stdout, stderr, false)
+        Proc::start(args, stdout, stderr, false, &[])
     }
 
-    fn start(args: &[&str], stdout: Stdio, stderr: Stdio, group: bool) -> Result<Proc> {
+    fn start(
+        args: &[&str],
+        stdout: Stdio,
+        stderr: Stdio,
+        group: bool,
+        refused: &[u32],
+    ) -> Result<Proc> {
+        use std::os::unix::process::CommandExt;
         let mut cmd = Command::new(args[0]);
         cmd.args(&args[1..])
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr);
         if group {
-            use std::os::unix::process::CommandExt;
             cmd.process_group(0);
+        }
+        if !refused.is_empty() {
+            let filter = crate::refuse::filter(refused);
+            // SAFETY: the hook only makes prctl calls (async-signal-safe)
+            // on a filter built before the fork.
+            unsafe { cmd.pre_exec(move || crate::refuse::install(&filter)) };
         }
         let child = cmd.spawn().with_context(|| format!("starting {args:?}"))?;
         Ok(Proc { child, group })

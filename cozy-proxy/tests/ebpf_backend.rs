@@ -8,6 +8,7 @@ use cozy_proxy::ebpf::layouts::pin_path;
 use harness::{
     manifests::{slice, Svc},
     net::Fam,
+    refuse,
     sh::{ok, ok_in},
     traffic::{answer, eventually, tcp_request, Server, SETTLE},
     Backend, Env,
@@ -169,6 +170,44 @@ fn a_restart_re_points_the_same_links_and_keeps_the_maps() -> Result<()> {
         "state changed across the restart"
     );
     Ok(())
+}
+
+/// A restart whose kernel refuses both the update of the pinned links and
+/// new links (EPERM): the links of the process before stay pinned and keep
+/// translating with the maps the new process keeps, while it retries.
+#[test]
+fn a_refused_link_update_keeps_the_working_links() -> Result<()> {
+    let mut env = setup()?;
+    let _ssh = Server::tcp(&env.topo.pod(1), Fam::V4, 22, "pod1")?;
+    let (ext, lb) = (env.topo.ext(), env.net.lbs[0]);
+    eventually(SETTLE, || tcp_request(&ext, lb, 22))?;
+    let before = pinned_links(&env.ctl.pin_dir)?;
+    env.ctl.refused_bpf = vec![refuse::BPF_LINK_UPDATE, refuse::BPF_LINK_CREATE];
+    env.ctl.restart()?;
+    env.wait_log("attaching failed; retrying every second")?;
+    env.settle()?;
+    let after = pinned_links(&env.ctl.pin_dir)?;
+    ensure!(before == after, "links changed: {before:?} -> {after:?}");
+    let got = tcp_request(&ext, lb, 22).context("the LB IP after the refused attach")?;
+    ensure!(
+        got.contains(&answer("pod1", env.net.ext)),
+        "answered {got:?}"
+    );
+    // Allowed again, the next attempt re-points the same links.
+    env.ctl.refused_bpf.clear();
+    env.ctl.restart()?;
+    env.settle()?;
+    eventually(SETTLE, || {
+        let now = pinned_links(&env.ctl.pin_dir)?;
+        let ids = |l: &[(u64, u64, String)]| l.iter().map(|x| x.0).collect::<Vec<_>>();
+        ensure!(
+            ids(&now) == ids(&before),
+            "links re-created: {before:?} -> {now:?}"
+        );
+        ensure!(now != before, "programs not replaced: {now:?}");
+        Ok(())
+    })?;
+    tcp_request(&ext, lb, 22).map(|_| ())
 }
 
 /// The id of the map pinned at `path`.

@@ -337,8 +337,10 @@ pub fn attach(
                     warn!(interface = %link.name, error = %e, "pinned file is not a TC link; attaching anew")
                 }
             }
-            let _ = fs::remove_file(&pin);
         }
+        // The pin stays until the new link replaces it: a link the kernel
+        // would not update keeps running (with the same maps) until then,
+        // and keeps running if the new attach fails too.
         attach_tcx_first(prog, link, hook, &pin)?;
         // A tc filter of ours from an earlier start goes: ours run once.
         for handle in TC_HANDLES {
