@@ -274,8 +274,7 @@ impl NodeDatapath {
     /// Before the first sync, where the other backend's state is installed
     /// (a switch): ours is filled but stands by, passing every packet, so
     /// the two act on the same packets only for the instant of the switch
-    /// ([`NodeDatapath::retire_other`]): each drops what the other
-    /// translated (the source guard, the port filter's conntrack).
+    /// ([`NodeDatapath::retire_other`]).
     fn stand_by_for_switch(&mut self) -> Result<(), BackendError> {
         // Asked only until ours stands by: reading the other backend's
         // state (an nft dump) is not repeated on every retried first sync.
@@ -293,10 +292,11 @@ impl NodeDatapath {
 
     /// After the first successful sync: ours wakes (one transaction or
     /// one map write), then the other backend's state goes. In that order:
-    /// for the instant both act, each drops some of what the other
-    /// translated, which TCP retransmits; the other way round, the instant
-    /// neither acts would send the pods' packets out untranslated (the
-    /// CNI's masquerade), and the far end would reset their connections.
+    /// for the instant both act, a packet one translated passes the other
+    /// untouched (a pod's LB IP is accepted from its pod's path); the
+    /// other way round, the instant neither acts would send the pods'
+    /// packets out untranslated (the CNI's masquerade), and the far end
+    /// would reset their connections.
     /// Waking is tried again after every sync until it succeeds; the other
     /// backend goes only once ours serves.
     fn retire_other(&mut self) {

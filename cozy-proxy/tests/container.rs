@@ -173,13 +173,11 @@ fn the_init_container_installs_the_profile() -> Result<()> {
 /// The port both ends of the switch's streams answer on.
 const FLOW: u16 = 8081;
 
-/// Datagrams a switch may lose each way. The new backend stands by through
-/// its first sync and wakes right before the old one is removed; while
-/// both act, each drops what the other translated (the source guard, the
-/// port filter's conntrack). From eBPF to nft that lasts until the kernel
-/// releases the unpinned links (about 45 ms here): 5-6 lost at 100/s.
-/// From nft to eBPF, 0-2.
-const SWITCH_LOSS: usize = 10;
+/// Datagrams a switch may lose each way: none. The new backend stands by
+/// through its first sync and wakes right before the old one is removed;
+/// while both act, a packet one translated passes the other untouched (a
+/// local LB IP's guard is its pod's path, docs/security.md).
+const SWITCH_LOSS: usize = 0;
 
 /// A node's backend switched as the chart runs each pod: the old pod
 /// stops and leaves its datapath (a rolling update), the new one, under the

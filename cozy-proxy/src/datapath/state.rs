@@ -485,15 +485,20 @@ impl DatapathState {
 
     /// The only interface address `a` may arrive on (0: none), if it is
     /// guarded. An LB IP's role comes first (should an address be both a
-    /// Service's LB IP and another's pod): a local or unmapped LB IP is
-    /// never a legitimate source, a remote one comes from its pod's path;
-    /// a pod comes from its own path. A remote LB IP arrives the way its
-    /// route leaves ([`DatapathState::route_of`]): from its node, or from
-    /// its pod's path. `remote_pod`: `a` is the pod of a remote mapping.
+    /// Service's LB IP and another's pod): an unmapped LB IP is never a
+    /// legitimate source; a local one comes from its pod's path, as the
+    /// pod's packets become once translated (so that a packet the other
+    /// backend translated passes this one untouched while both act, in a
+    /// backend switch); a pod comes from its own path. A remote LB IP
+    /// arrives the way its route leaves ([`DatapathState::route_of`]):
+    /// from its node, or from its pod's path. `remote_pod`: `a` is the pod
+    /// of a remote mapping.
     pub fn guard_of(&self, a: &IpAddr, remote_pod: bool, paths: &impl PathOf) -> Option<u32> {
         let oif = |pod: &IpAddr| paths.path_of(pod).map_or(0, |p| p.entry);
-        if self.svc_pod.contains_key(a) || self.unmapped_lbs.contains(a) {
+        if self.unmapped_lbs.contains(a) {
             Some(0)
+        } else if let Some(pod) = self.svc_pod.get(a) {
+            Some(oif(pod))
         } else if let Some(pod) = self.remote.get(a) {
             match self.host_on_link(a, paths) {
                 Some((_, path)) => Some(path.entry),
