@@ -85,6 +85,12 @@ pub struct RunArgs {
     /// podCIDRs and addresses, ServiceCIDR objects).
     #[arg(long, env = "COZY_PROXY_DERIVE_CLUSTER_CIDRS", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub derive_cluster_cidrs: bool,
+    /// Addresses no Service may take (comma-separated CIDRs): node VIPs
+    /// (kube-vip, keepalived, an API server's VIP), which no Node object
+    /// names. A Service on one is refused with a ForbiddenAddress warning;
+    /// otherwise the nodes' own traffic to that address would reach its pod.
+    #[arg(long, env = "COZY_PROXY_RESERVED_CIDRS", value_delimiter = ',')]
+    pub reserved_cidrs: Vec<Cidr>,
     /// Our DaemonSet, as NAMESPACE/NAME: at shutdown, if it is gone or being
     /// deleted (an uninstall), the datapath is removed; otherwise (a restart,
     /// a rolling update) it stays.
@@ -258,6 +264,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             configured: args.cluster_cidrs.clone(),
             derive: args.derive_cluster_cidrs,
         },
+        reserved: args.reserved_cidrs.clone(),
     };
     if let Some(dir) = &args.manifests {
         let source = ManifestSource::new(dir.clone(), args.poll_interval);

@@ -10,7 +10,7 @@ use crate::datapath::{
 use crate::model::cluster::{
     cluster_ranges, internal_addresses, ClusterConfig, ClusterRanges, NodeAddresses,
 };
-use crate::model::{LbResult, PlanState, PlanSummary, Warning, WarningKind};
+use crate::model::{Cidr, Forbidden, LbResult, PlanState, PlanSummary, Warning, WarningKind};
 use crate::source::{Snapshot, Update};
 use std::collections::BTreeSet;
 use tracing::{debug, info, warn};
@@ -22,6 +22,8 @@ pub struct NodeConfig {
     /// translated here. `None`: every mapping is local (standalone).
     pub name: Option<String>,
     pub cluster: ClusterConfig,
+    /// `--reserved-cidrs`: never translated (node VIPs).
+    pub reserved: Vec<Cidr>,
 }
 
 pub struct Reconciler<D: Datapath> {
@@ -170,11 +172,11 @@ impl<D: Datapath> Reconciler<D> {
         // The old plan goes first: two at once would make every resync
         // the controller's peak.
         self.plan = PlanState::default();
-        self.plan = PlanState::build_with(
+        self.plan = PlanState::build_forbidding(
             &snapshot.services,
             &snapshot.endpoint_slices,
             &snapshot.read,
-            &snapshot.nodes,
+            Forbidden::new(&snapshot.nodes, &self.node.reserved),
         );
         let _ = self.plan.take_changes();
         let _ = self.plan.take_warning_changes();

@@ -224,6 +224,7 @@ fn cluster_cidrs_and_fast_path_reach_the_arguments() {
         "clusterCIDRs={10.244.0.0/16,fd00:10:244::/56}",
         "deriveClusterCIDRs=false",
         "fastPath=true",
+        "reservedCIDRs={192.0.2.250/32}",
     ]);
     let args =
         strings(&find(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"]);
@@ -236,11 +237,17 @@ fn cluster_cidrs_and_fast_path_reach_the_arguments() {
         "{args:?}"
     );
     assert!(args.contains(&"--fast-path=true".to_string()), "{args:?}");
+    assert!(
+        args.contains(&"--reserved-cidrs=192.0.2.250/32".to_string()),
+        "{args:?}"
+    );
     let defaults = render(&[]);
     let args =
         strings(&find(&defaults, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"]);
     assert!(
-        !args.iter().any(|a| a.starts_with("--cluster-cidrs")),
+        !args
+            .iter()
+            .any(|a| a.starts_with("--cluster-cidrs") || a.starts_with("--reserved-cidrs")),
         "{args:?}"
     );
     assert!(
@@ -262,6 +269,7 @@ fn bad_values_are_refused_by_the_schema() {
         "bpfPinDir=/tmp/x",
         "backnd=nft",
         "clusterCIDRs={10.0.0.0/8;reboot}",
+        "reservedCIDRs={10.0.0.1;reboot}",
         "deriveClusterCIDRs=maybe",
     ] {
         let (ok, _, err) = helm(&["template", "cozy", &chart, "--set", bad]);

@@ -1,4 +1,4 @@
-//! The datapath scenario suite (tests/cases/README.md, 1-20, 38 and
+//! The datapath scenario suite (tests/cases/README.md, 1-20, 38, 39 and
 //! 29-31, and 32: fuzzed frames; 21-28 are in cluster.rs): real
 //! packets through the real kernel in network namespaces, with the real
 //! `cozy-proxy` binary as controller. One list of scenarios; each backend
@@ -46,6 +46,7 @@ macro_rules! every_scenario {
             security::s29_forged_sources_open_nothing, security::s30_source_ranges,
             security::s31_fail_closed_and_neighbour_discovery,
             security::s38_node_errors_quote_the_lb_ip,
+            security::s39_reserved_addresses_stay_the_nodes,
             fuzzed::s32_fuzzed_frames);
     };
 }

@@ -12,9 +12,10 @@
 //! into LB ownership).
 //!
 //! [`compute_plan`]: super::compute_plan
-use super::cluster::node_addresses;
 use super::endpoints::{ReadSlice, SliceIndex};
-use super::plan::{lb_conflict, pod_conflict, read_chosen, wish_of, Outcome, Rank, Wish};
+use super::plan::{
+    lb_conflict, pod_conflict, read_chosen, wish_of, Forbidden, Outcome, Rank, Wish,
+};
 use super::service::ReadService;
 use super::types::{LbResult, Mode, Plan, ServiceRef};
 use super::warning::{Warning, WarningKind};
@@ -34,9 +35,10 @@ use std::{
 
 #[derive(Default)]
 pub struct PlanState {
-    /// The nodes' own addresses (never translated). A change of them
-    /// changes every wish: the state is built again ([`PlanState::build`]).
-    node_ips: BTreeSet<IpAddr>,
+    /// The addresses never translated (the nodes' own, the reserved
+    /// ranges). A change of them changes every wish: the state is built
+    /// again ([`PlanState::build`]).
+    forbidden: Forbidden,
     /// By Service (the name its wish holds).
     wishes: FastSet<Wished>,
     /// Every LB IP asked for: its claimants, the pod its owner claims, its
@@ -236,8 +238,23 @@ impl PlanState {
         S: Borrow<Service>,
         E: Borrow<EndpointSlice>,
     {
+        Self::build_forbidding(services, slices, read, Forbidden::new(nodes, &[]))
+    }
+
+    /// As [`PlanState::build_with`], with the addresses never translated
+    /// given whole.
+    pub fn build_forbidding<S, E>(
+        services: &[S],
+        slices: &[E],
+        read: &[ServiceObjects],
+        forbidden: Forbidden,
+    ) -> Self
+    where
+        S: Borrow<Service>,
+        E: Borrow<EndpointSlice>,
+    {
         let mut state = PlanState {
-            node_ips: node_addresses(nodes),
+            forbidden,
             building: true,
             ..Default::default()
         };
@@ -294,7 +311,7 @@ impl PlanState {
     ) {
         // Kept by the name it holds: the one it is updated by.
         debug_assert!(read.as_ref().is_none_or(|r| r.intent.service == *service));
-        let new = read.map(|r| wish_of(r, slices, &self.node_ips));
+        let new = read.map(|r| wish_of(r, slices, &self.forbidden));
         // The results of this Service's LB IPs as they are, before its
         // wish (which they are read from) is replaced.
         let lbs_before: Vec<IpAddr> = (self.wishes.get(service).map(|w| &w.0).into_iter())

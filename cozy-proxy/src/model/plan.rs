@@ -4,6 +4,7 @@ use super::endpoints::{ready_addresses, Backends, EndpointNodes, ReadSlice, Slic
 use super::service::{is_selected, read_service, service_ref, ReadService, ServiceIntent};
 use super::types::{Family, Hosts, Mapping, Plan, ServiceRef};
 use super::warning::{Warning, WarningKind, Warnings};
+use super::Cidr;
 use super::FastMap;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
@@ -34,24 +35,47 @@ pub(crate) struct Candidate {
     pub hosts: Hosts,
 }
 
-/// Why an address must never be translated: `None` if it may be.
-fn forbidden(ip: &IpAddr, node_addresses: &BTreeSet<IpAddr>) -> Option<&'static str> {
-    let link_local = match ip {
-        IpAddr::V4(a) => a.is_link_local(),
-        IpAddr::V6(a) => a.is_unicast_link_local(),
-    };
-    if ip.is_unspecified() {
-        Some("unspecified")
-    } else if ip.is_loopback() {
-        Some("loopback")
-    } else if ip.is_multicast() || matches!(ip, IpAddr::V4(a) if a.is_broadcast()) {
-        Some("multicast or broadcast")
-    } else if link_local {
-        Some("link-local")
-    } else if node_addresses.contains(ip) {
-        Some("a node's own address")
-    } else {
-        None
+/// The addresses never translated besides the kinds no Service may take
+/// (loopback, link-local, ...): the nodes' own, as their Node objects
+/// publish them, and the operator's reserved ranges (`--reserved-cidrs`:
+/// node VIPs, which float between nodes and appear in no Node object). A
+/// Service on one of them would get the nodes' own traffic to that
+/// address translated to its pod. The same on every node, as the plan is.
+#[derive(Clone, Debug, Default)]
+pub struct Forbidden {
+    node_ips: BTreeSet<IpAddr>,
+    reserved: Vec<Cidr>,
+}
+
+impl Forbidden {
+    pub fn new(nodes: &[Node], reserved: &[Cidr]) -> Forbidden {
+        Forbidden {
+            node_ips: node_addresses(nodes),
+            reserved: reserved.to_vec(),
+        }
+    }
+
+    /// Why `ip` must never be translated: `None` if it may be.
+    fn why(&self, ip: &IpAddr) -> Option<&'static str> {
+        let link_local = match ip {
+            IpAddr::V4(a) => a.is_link_local(),
+            IpAddr::V6(a) => a.is_unicast_link_local(),
+        };
+        if ip.is_unspecified() {
+            Some("unspecified")
+        } else if ip.is_loopback() {
+            Some("loopback")
+        } else if ip.is_multicast() || matches!(ip, IpAddr::V4(a) if a.is_broadcast()) {
+            Some("multicast or broadcast")
+        } else if link_local {
+            Some("link-local")
+        } else if self.node_ips.contains(ip) {
+            Some("a node's own address")
+        } else if self.reserved.iter().any(|c| c.contains(ip)) {
+            Some("reserved (--reserved-cidrs: a node VIP)")
+        } else {
+            None
+        }
     }
 }
 
@@ -174,7 +198,7 @@ pub(crate) fn pod_conflict(
 pub(crate) fn wish_of(
     read: Arc<ReadService>,
     slices: &[&ReadSlice],
-    node_ips: &BTreeSet<IpAddr>,
+    forbidden: &Forbidden,
 ) -> Wish {
     let service = &read.intent.service;
     let mut found = Vec::new();
@@ -183,7 +207,7 @@ pub(crate) fn wish_of(
         out: &mut found,
     };
     let mut lb_ips = read.intent.lb_ips.to_vec();
-    lb_ips.retain(|ip| match forbidden(ip, node_ips) {
+    lb_ips.retain(|ip| match forbidden.why(ip) {
         None => true,
         Some(why) => {
             sink.push(
@@ -194,7 +218,7 @@ pub(crate) fn wish_of(
         }
     });
     let backends = ready_addresses(slices, &mut sink);
-    let candidates = candidates(&lb_ips, &backends, node_ips, &mut sink).into();
+    let candidates = candidates(&lb_ips, &backends, forbidden, &mut sink).into();
     Wish {
         read,
         candidates,
@@ -210,8 +234,16 @@ where
     S: Borrow<Service>,
     E: Borrow<EndpointSlice>,
 {
+    compute_plan_with(services, slices, &Forbidden::new(nodes, &[]))
+}
+
+/// [`compute_plan`] with the addresses never translated given whole.
+pub fn compute_plan_with<S, E>(services: &[S], slices: &[E], forbidden: &Forbidden) -> Outcome
+where
+    S: Borrow<Service>,
+    E: Borrow<EndpointSlice>,
+{
     let index = SliceIndex::new(slices);
-    let node_ips = node_addresses(nodes);
     let mut warnings = Vec::new();
     let mut wishes: Vec<Wish> = unique_services(services)
         .into_iter()
@@ -219,7 +251,7 @@ where
             wish_of(
                 Arc::new(read_service(svc)),
                 &index.slices_of(&service_ref(svc)),
-                &node_ips,
+                forbidden,
             )
         })
         .collect();
@@ -316,7 +348,7 @@ fn choose(mut group: Vec<&Service>) -> Option<&Service> {
 fn candidates(
     lb_ips: &[IpAddr],
     backends: &Backends,
-    node_ips: &BTreeSet<IpAddr>,
+    forbidden: &Forbidden,
     warnings: &mut Warnings<'_>,
 ) -> Vec<Candidate> {
     let mut out = Vec::new();
@@ -352,7 +384,7 @@ fn candidates(
             }
             [(ip, nodes)] => {
                 hosts = Hosts::of(&nodes.serving, &nodes.starting);
-                match forbidden(ip, node_ips) {
+                match forbidden.why(ip) {
                     None => Some(**ip),
                     Some(why) => {
                         warnings.push(

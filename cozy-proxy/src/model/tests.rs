@@ -647,6 +647,50 @@ fn forbidden_addresses_are_refused_and_never_mapped() {
     assert!(o.warnings.is_empty(), "{:?}", o.warnings);
 }
 
+/// `--reserved-cidrs` (node VIPs): a Service on a reserved address is
+/// refused as a node's own address is, by the full computation and the
+/// incremental state alike; an address beside the range is mapped.
+#[test]
+fn reserved_ranges_are_refused_as_node_addresses_are() {
+    let cidr = |s: &str| s.parse::<Cidr>().expect("test constant");
+    let forbidden = Forbidden::new(&[], &[cidr("203.0.113.8/30"), cidr("2001:db8:203::10/128")]);
+    for (lb, family, pod, refused) in [
+        ("203.0.113.10", "IPv4", "192.0.2.11", true),
+        ("203.0.113.12", "IPv4", "192.0.2.11", false),
+        ("2001:db8:203::10", "IPv6", "2001:db8:2::11", true),
+        ("2001:db8:203::11", "IPv6", "2001:db8:2::11", false),
+    ] {
+        let services = [service(SvcSpec {
+            lb: &[lb],
+            ..Default::default()
+        })];
+        let slices = [slice("vm", family, &[(pod, None)])];
+        let full = compute_plan_with(&services, &slices, &forbidden);
+        let incremental =
+            PlanState::build_forbidding(&services, &slices, &[], forbidden.clone()).outcome();
+        assert_eq!(full, incremental, "{lb}");
+        if refused {
+            assert!(full.plan.mappings.is_empty(), "{lb} mapped");
+            assert_eq!(kinds(&full), vec![WarningKind::ForbiddenAddress], "{lb}");
+            assert!(
+                full.warnings[0].message.contains("reserved"),
+                "{lb}: {:?}",
+                full.warnings
+            );
+        } else {
+            assert_eq!(full.plan.mappings.len(), 1, "{lb}");
+        }
+    }
+    // As an endpoint address too.
+    let o = compute_plan_with(
+        &[service(SvcSpec::default())],
+        &[slice("vm", "IPv4", &[("203.0.113.9", None)])],
+        &forbidden,
+    );
+    assert!(o.plan.mappings.is_empty(), "a reserved endpoint mapped");
+    assert!(kinds(&o).contains(&WarningKind::ForbiddenAddress));
+}
+
 #[test]
 fn source_ranges_are_read_and_an_invalid_one_fails_closed() {
     let with_ranges = |ranges: &[&str]| {

@@ -1,7 +1,7 @@
-//! Scenarios 29-31 and 38: edge security. Forged sources open nothing,
-//! loadBalancerSourceRanges, a port filter that fails closed, neighbour
-//! discovery exempt only as neighbour discovery, the node's own ICMP
-//! errors naming the LB IP.
+//! Scenarios 29-31, 38 and 39: edge security. Forged sources open
+//! nothing, loadBalancerSourceRanges, a port filter that fails closed,
+//! neighbour discovery exempt only as neighbour discovery, the node's own
+//! ICMP errors naming the LB IP, a node VIP no Service can take.
 use anyhow::{bail, ensure, Context, Result};
 use cozy_proxy_testkit::{
     frames::{mac, parse, send, send_paged, Spec, ICMPV6, TCP, UDP},
@@ -10,7 +10,7 @@ use cozy_proxy_testkit::{
     scenario::WEB,
     sh::ok_in,
     topology::{cmd, Shape},
-    traffic::{conntrack, tcp_request_from, Capture},
+    traffic::{answer, conntrack, eventually, tcp_request, tcp_request_from, Capture, Server},
     Backend, Env,
 };
 use std::{net::IpAddr, time::Duration};
@@ -476,5 +476,52 @@ pub fn s38_node_errors_quote_the_lb_ip(env: &mut Env) -> Result<()> {
         cached.contains("mtu 1300"),
         "ext did not learn the path MTU to the LB IP: {cached}"
     );
+    Ok(())
+}
+
+/// Scenario 39: a node VIP (an address kube-vip or keepalived holds on
+/// the node, which no Node object names) listed in `--reserved-cidrs`:
+/// a Service on it is refused with a ForbiddenAddress warning, and the
+/// VIP stays the node's, for the outside and for the node's own sockets;
+/// another Service works as before.
+pub fn s39_reserved_addresses_stay_the_nodes(env: &mut Env) -> Result<()> {
+    let (node, ext) = (env.topo.node(), env.topo.ext());
+    let vip = env.lb(0);
+    let (plen, flags) = match env.fam() {
+        Fam::V4 => ("32", ""),
+        Fam::V6 => ("128", " nodad"),
+    };
+    cmd(
+        &node,
+        &format!("ip addr add {vip}/{plen} dev uplink{flags}"),
+    )?;
+    env.ctl
+        .extra_args
+        .extend(["--reserved-cidrs".into(), format!("{vip}/{plen}")]);
+    env.ctl.restart()?;
+    env.put_service(&Svc::new("vm1", vip), &[env.pod_ip(1)])?;
+    env.put_service(&Svc::new("vm2", env.lb(1)), &[env.pod_ip(3)])?;
+    // (The harness's expectation knows no reserved ranges: read the
+    // kernel's state instead of settling on it.)
+    eventually(Duration::from_secs(4), || {
+        let held = env.dump()?;
+        ensure!(
+            held.svc_pod.contains_key(&env.lb(1)) && !held.svc_pod.contains_key(&vip),
+            "{held:?}"
+        );
+        Ok(())
+    })?;
+    env.wait_log("reserved (--reserved-cidrs")?;
+    let _pod = env.serve_tcp(1, WEB)?;
+    let _pod3 = env.serve_tcp(3, WEB)?;
+    let _node = Server::tcp(&node, env.fam(), WEB, "node")?;
+    env.tcp_reaches(env.lb(1), WEB, 3)?;
+    for (from, peer) in [(&ext, env.net.ext), (&node, vip)] {
+        let got = eventually(Duration::from_secs(4), || tcp_request(from, vip, WEB))?;
+        ensure!(
+            got == answer("node", peer),
+            "the VIP from {from} answered {got:?}, not the node"
+        );
+    }
     Ok(())
 }
