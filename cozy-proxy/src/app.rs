@@ -91,6 +91,12 @@ pub struct RunArgs {
     /// otherwise the nodes' own traffic to that address would reach its pod.
     #[arg(long, env = "COZY_PROXY_RESERVED_CIDRS", value_delimiter = ',')]
     pub reserved_cidrs: Vec<Cidr>,
+    /// The percentage of each datapath table of a node one namespace's
+    /// Services may take (1-100): beyond it a namespace's newer Services
+    /// are not translated on that node (a NamespaceShare warning), so one
+    /// tenant cannot take the room the others' Services need.
+    #[arg(long, env = "COZY_PROXY_NAMESPACE_SHARE", default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub namespace_share: u8,
     /// Our DaemonSet, as NAMESPACE/NAME: at shutdown, if it is gone or being
     /// deleted (an uninstall), the datapath is removed; otherwise (a restart,
     /// a rolling update) it stays.
@@ -265,6 +271,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             derive: args.derive_cluster_cidrs,
         },
         reserved: args.reserved_cidrs.clone(),
+        namespace_share: Some(args.namespace_share),
     };
     if let Some(dir) = &args.manifests {
         let source = ManifestSource::new(dir.clone(), args.poll_interval);

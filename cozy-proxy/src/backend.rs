@@ -4,7 +4,8 @@
 //! backend's state is removed, so switching a node's backend leaves nothing
 //! behind and never leaves a gap (both translate the same way).
 use crate::datapath::{
-    BackendKind, Counters, Datapath, DatapathState, Dump, Paths, StateDiff, SyncReport, Synced,
+    BackendKind, Capacity, Counters, Datapath, DatapathState, Dump, Paths, StateDiff, SyncReport,
+    Synced,
 };
 use crate::ebpf::{EbpfConfig, EbpfError, EbpfKernel};
 use crate::nft::{NftError, NftKernel};
@@ -221,6 +222,13 @@ impl Datapath for NodeDatapath {
         match &self.running {
             Running::Nft(_) => BackendKind::Nft,
             Running::Ebpf(_) => BackendKind::Ebpf,
+        }
+    }
+
+    fn capacity(&self) -> Capacity {
+        match &self.running {
+            Running::Nft(d) => d.capacity(),
+            Running::Ebpf(d) => d.capacity(),
         }
     }
 

@@ -26,6 +26,7 @@ pub mod node;
 pub mod rbac;
 pub mod reconcile;
 pub mod seccomp;
+pub mod shares;
 pub mod source;
 pub mod steer;
 pub mod telemetry;

@@ -10,7 +10,10 @@ use crate::datapath::{
 use crate::model::cluster::{
     cluster_ranges, internal_addresses, ClusterConfig, ClusterRanges, NodeAddresses,
 };
-use crate::model::{Cidr, Forbidden, LbResult, PlanState, PlanSummary, Warning, WarningKind};
+use crate::model::{
+    Cidr, Forbidden, LbChange, LbResult, PlanState, PlanSummary, Warning, WarningKind,
+};
+use crate::shares::{gate_with, Shares};
 use crate::source::{Snapshot, Update};
 use std::collections::BTreeSet;
 use tracing::{debug, info, warn};
@@ -24,6 +27,9 @@ pub struct NodeConfig {
     pub cluster: ClusterConfig,
     /// `--reserved-cidrs`: never translated (node VIPs).
     pub reserved: Vec<Cidr>,
+    /// `--namespace-share`: the percentage of each datapath table one
+    /// namespace may take on this node (`None`: no bound).
+    pub namespace_share: Option<u8>,
 }
 
 pub struct Reconciler<D: Datapath> {
@@ -47,6 +53,11 @@ pub struct Reconciler<D: Datapath> {
     sharing: Sharing,
     /// Whether a sync has succeeded (the first one is always logged).
     synced_once: bool,
+    /// Each namespace's share of this node's tables, and the mappings
+    /// beyond it.
+    shares: Shares,
+    /// The namespace-share warnings reported.
+    share_reported: BTreeSet<Warning>,
 }
 
 /// What one reconcile did.
@@ -65,7 +76,10 @@ pub struct ReconcileReport {
 
 impl<D: Datapath> Reconciler<D> {
     pub fn new(datapath: D, node: NodeConfig) -> Self {
+        let shares = Shares::new(node.namespace_share.unwrap_or(100), datapath.capacity());
         Reconciler {
+            shares,
+            share_reported: BTreeSet::new(),
             datapath,
             node,
             plan: PlanState::default(),
@@ -112,6 +126,9 @@ impl<D: Datapath> Reconciler<D> {
                 self.sharing =
                     Sharing::of(self.plan.results(), self.node.name.as_deref()).carrying(previous);
                 self.decide_sharing();
+                let mut shares = std::mem::take(&mut self.shares);
+                shares.rebuild(&self.plan, self.view());
+                self.shares = shares;
                 let (new, gone) = self.report(self.plan.warnings().cloned().collect());
                 (self.datapath.sync(self.planned_of_plan())?, new, gone)
             }
@@ -126,7 +143,24 @@ impl<D: Datapath> Reconciler<D> {
                 let (was, moved) = self.decide_sharing();
                 let touched: BTreeSet<_> = changes.iter().map(|c| c.lb_ip).collect();
                 changes.extend(moved.into_iter().filter(|c| !touched.contains(&c.lb_ip)));
+                let mut shares = std::mem::take(&mut self.shares);
+                let (flipped, before) = shares.follow(&changes, &self.plan, self.view());
+                self.shares = shares;
                 let me = self.view();
+                for c in &mut changes {
+                    c.old = c.old.take().map(|r| gate_with(&before, &c.lb_ip, r));
+                    c.new = c.new.take().map(|r| self.shares.gate(&c.lb_ip, r));
+                }
+                let touched: BTreeSet<_> = changes.iter().map(|c| c.lb_ip).collect();
+                for lb in flipped.difference(&touched) {
+                    if let Some(r) = self.plan.result_of(lb) {
+                        changes.push(LbChange {
+                            lb_ip: *lb,
+                            old: Some(gate_with(&before, lb, r.clone())),
+                            new: Some(self.shares.gate(lb, r)),
+                        });
+                    }
+                }
                 let change = DatapathState::change_of(&changes, NodeView { away: &was, ..me }, me);
                 let (new, gone) = self.plan.take_warning_changes();
                 self.log_warnings(&new, &gone);
@@ -144,6 +178,12 @@ impl<D: Datapath> Reconciler<D> {
             }
         };
         let (new, gone) = self.report_overflow(&sync.overflow);
+        new_warnings.extend(new);
+        resolved_warnings.extend(gone);
+        let node = self.node.name.as_deref().unwrap_or("this node");
+        let current = self.shares.warnings(&self.plan, node);
+        let (new, gone) = turnover(&mut self.share_reported, current);
+        self.log_warnings(&new, &gone);
         new_warnings.extend(new);
         resolved_warnings.extend(gone);
         let summary = self.plan.summary().clone();
@@ -239,7 +279,7 @@ impl<D: Datapath> Reconciler<D> {
         let me = self.view();
         let mut planned = StateBuilder::default();
         for (lb, result) in self.plan.results() {
-            planned.add_result(&lb, &result, me);
+            planned.add_result(&lb, &self.shares.gate(&lb, result), me);
         }
         // Kept until the next full round, changed in place meanwhile
         // (built packed).
@@ -551,17 +591,24 @@ pub(crate) mod tests {
     /// An incremental round for Services `names` of namespace `t` as
     /// `snap` has them.
     fn changed(snap: &Snapshot, names: &[&str]) -> Update {
+        let named: Vec<(&str, &str)> = names.iter().map(|n| ("t", *n)).collect();
+        changed_in(snap, &named)
+    }
+
+    /// As [`changed`], for `(namespace, name)` pairs (names unique across
+    /// namespaces).
+    fn changed_in(snap: &Snapshot, names: &[(&str, &str)]) -> Update {
         Update::Services(
             names
                 .iter()
-                .map(|name| {
+                .map(|(namespace, name)| {
                     let (svcs, eps) = crate::model::tests::objects_of(
                         name,
                         &snap.services,
                         &snap.endpoint_slices,
                     );
                     crate::source::ServiceObjects {
-                        service: crate::model::ServiceRef::new("t", *name),
+                        service: crate::model::ServiceRef::new(*namespace, *name),
                         read: crate::model::read_chosen(&svcs).map(std::sync::Arc::new),
                         slices: eps
                             .into_iter()
@@ -643,5 +690,107 @@ pub(crate) mod tests {
             .expect("sync")
             .resolved_warnings
             .is_empty());
+    }
+
+    /// Service `name` in namespace `ns`, created on day `day` of 2026.
+    fn service_in(ns: &str, name: &str, day: u8, lb: &str, pod: &str) -> String {
+        service(name, lb, pod, "true")
+            .replace("namespace: t", &format!("namespace: {ns}"))
+            .replacen(
+                "  name: ",
+                &format!("  creationTimestamp: \"2026-01-{day:02}T00:00:00Z\"\n  name: "),
+                1,
+            )
+    }
+
+    /// `--namespace-share 50` on tables of 4 local mappings: a namespace
+    /// holds 2 here. Its older Services come first; one namespace's
+    /// Services never take the room of another's; a mapping beyond the
+    /// share is dropped and reported, and gets in when its namespace frees
+    /// room. Every round leaves the kernel as a full round from scratch.
+    #[test]
+    fn a_namespace_takes_its_share_of_the_tables_and_no_more() {
+        let node = |share| NodeConfig {
+            namespace_share: Some(share),
+            ..Default::default()
+        };
+        let reconciler = || {
+            let (kernel, world) = FakeKernel::new();
+            world.world().capacity = Some(Capacity::new(100, 4, 100, 100));
+            (Reconciler::new(Synced::new(kernel), node(50)), world)
+        };
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().expect("ip");
+        let mapped = |w: &FakeHandle| -> Vec<std::net::IpAddr> {
+            w.world().kernel.svc_pod.keys().copied().collect()
+        };
+        let shared = |r: &ReconcileReport| -> Vec<String> {
+            r.new_warnings
+                .iter()
+                .filter(|w| w.kind == WarningKind::NamespaceShare)
+                .map(|w| w.service.to_string())
+                .collect()
+        };
+        // The newest of a's Services has the lowest LB IP: rank decides,
+        // not the address.
+        let a1 = service_in("a", "a1", 1, "203.0.113.11", "192.0.2.11");
+        let a2 = service_in("a", "a2", 2, "203.0.113.12", "192.0.2.12");
+        let a3 = service_in("a", "a3", 3, "203.0.113.10", "192.0.2.13");
+        let b1 = service_in("b", "b1", 1, "203.0.113.21", "192.0.2.21");
+        let b2 = service_in("b", "b2", 2, "203.0.113.22", "192.0.2.22");
+        let b3 = service_in("b", "b3", 3, "203.0.113.23", "192.0.2.23");
+        let (mut r, world) = reconciler();
+        let first = snapshot(&[a1.as_str(), &a2, &a3, &b1].concat());
+        let report = r.reconcile(full(&first)).expect("sync");
+        assert_eq!(shared(&report), vec!["a/a3"]);
+        assert_eq!(
+            mapped(&world),
+            vec![ip("203.0.113.11"), ip("203.0.113.12"), ip("203.0.113.21")]
+        );
+        assert!(world
+            .world()
+            .kernel
+            .unmapped_lbs
+            .contains(&ip("203.0.113.10")));
+        // b grows past its share: a is untouched.
+        let grown = snapshot(&[a1.as_str(), &a2, &a3, &b1, &b2, &b3].concat());
+        let report = r
+            .reconcile(changed_in(&grown, &[("b", "b2"), ("b", "b3")]))
+            .expect("sync");
+        assert_eq!(shared(&report), vec!["b/b3"]);
+        let held = world.world().kernel.clone();
+        let (mut fresh, fresh_world) = reconciler();
+        fresh.reconcile(full(&grown)).expect("sync");
+        assert_eq!(held, fresh_world.world().kernel, "incremental != full");
+        assert!(held.svc_pod.contains_key(&ip("203.0.113.11")));
+        assert!(!held.svc_pod.contains_key(&ip("203.0.113.23")));
+        // a's oldest goes: a3 takes its room, in the same round.
+        let freed = snapshot(&[a2.as_str(), &a3, &b1, &b2, &b3].concat());
+        let report = r
+            .reconcile(changed_in(&freed, &[("a", "a1")]))
+            .expect("sync");
+        let resolved: Vec<String> = report
+            .resolved_warnings
+            .iter()
+            .filter(|w| w.kind == WarningKind::NamespaceShare)
+            .map(|w| w.service.to_string())
+            .collect();
+        assert_eq!(resolved, vec!["a/a3"]);
+        assert!(world
+            .world()
+            .kernel
+            .svc_pod
+            .contains_key(&ip("203.0.113.10")));
+        let (mut fresh, fresh_world) = reconciler();
+        fresh.reconcile(full(&freed)).expect("sync");
+        assert_eq!(
+            world.world().kernel,
+            fresh_world.world().kernel,
+            "incremental != full"
+        );
+        // At 100% there is no bound: the tables' own fitting decides.
+        let (kernel, world) = FakeKernel::new();
+        let mut r = Reconciler::new(Synced::new(kernel), node(100));
+        r.reconcile(full(&first)).expect("sync");
+        assert_eq!(world.world().kernel.svc_pod.len(), 4);
     }
 }

@@ -508,7 +508,12 @@ fn a_recreated_pod_link_is_followed_nft() -> Result<()> {
 fn a_full_map_leaves_out_whole_services_reports_them_and_applies_the_rest() -> Result<()> {
     use cozy_proxy_common::limits;
     use std::net::IpAddr;
-    let env = setup()?;
+    let mut env = setup()?;
+    // Every Service in one namespace: no per-namespace bound here.
+    env.ctl
+        .extra_args
+        .extend(["--namespace-share".into(), "100".into()]);
+    env.ctl.restart()?;
     let ports: Vec<(&str, u16)> = (1..=4096).map(|p| ("TCP", p)).collect();
     let big = |i: usize| -> Result<(String, IpAddr, IpAddr)> {
         Ok((
@@ -579,6 +584,67 @@ fn a_full_map_leaves_out_whole_services_reports_them_and_applies_the_rest() -> R
     .with_context(|| env.ctl.log_text())?;
     ensure!(state.allowed_ports.len() == 1 + fitting * 4096);
     env.wait_log("resolved: 203.0.113.164 is not translated")?;
+    Ok(())
+}
+
+/// `--namespace-share 1`: a namespace takes at most 1% of each map here
+/// (2 621 of the 262 144 allowed ports). A Service of namespace `greedy`
+/// listing 4 096 ports is not translated (dropped, a NamespaceShare
+/// warning); a smaller one of the same namespace is, and so is vm1 of
+/// `default`, which keeps its traffic.
+#[test]
+fn a_namespace_past_its_share_is_left_out_and_the_others_are_not() -> Result<()> {
+    use std::net::IpAddr;
+    let mut env = setup()?;
+    env.ctl
+        .extra_args
+        .extend(["--namespace-share".into(), "1".into()]);
+    env.ctl.restart()?;
+    let greedy = |name: &str, lb: &str, pod: &str, ports: u16| -> Result<IpAddr> {
+        let list: Vec<(&str, u16)> = (1..=ports).map(|p| ("TCP", p)).collect();
+        let lb: IpAddr = lb.parse()?;
+        let yaml = Svc::new(name, lb).filter(&list).yaml();
+        let eps = slice(name, "IPv4", &[(pod.to_string(), None)]);
+        for (file, text) in [(name.to_string(), yaml), (format!("{name}-eps"), eps)] {
+            env.dir.put(
+                &file,
+                &text.replace("namespace: default", "namespace: greedy"),
+            )?;
+        }
+        Ok(lb)
+    };
+    let big = greedy("big", "203.0.113.100", "192.0.2.100", 4096)?;
+    let small = greedy("small", "203.0.113.101", "192.0.2.101", 100)?;
+    let state = eventually(SETTLE, || {
+        let s = env.dump()?;
+        ensure!(s.svc_pod.contains_key(&small), "small not mapped: {s:?}");
+        Ok(s)
+    })
+    .with_context(|| env.ctl.log_text())?;
+    ensure!(!state.svc_pod.contains_key(&big), "big mapped");
+    ensure!(state.unmapped_lbs.contains(&big), "big not dropped");
+    ensure!(
+        state.allowed_ports.len() == 1 + 100,
+        "ports: {}",
+        state.allowed_ports.len()
+    );
+    ensure!(
+        state.svc_pod.contains_key(&env.net.lbs[0]),
+        "vm1 lost its place"
+    );
+    env.wait_log(&format!(
+        "{big} is not translated on node1: namespace greedy holds its share"
+    ))?;
+    env.wait_log("reason=NamespaceShare")?;
+    let _ssh = Server::tcp(&env.topo.pod(1), Fam::V4, 22, "pod1")?;
+    eventually(SETTLE, || tcp_request(&env.topo.ext(), env.net.lbs[0], 22))?;
+    // The small one goes: the big one still does not fit its share.
+    env.delete_service_files("small")?;
+    eventually(SETTLE, || {
+        let s = env.dump()?;
+        ensure!(!s.svc_pod.contains_key(&small) && !s.svc_pod.contains_key(&big));
+        Ok(())
+    })?;
     Ok(())
 }
 

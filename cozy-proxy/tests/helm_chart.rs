@@ -225,6 +225,7 @@ fn cluster_cidrs_and_fast_path_reach_the_arguments() {
         "deriveClusterCIDRs=false",
         "fastPath=true",
         "reservedCIDRs={192.0.2.250/32}",
+        "namespaceShare=30",
     ]);
     let args =
         strings(&find(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"]);
@@ -241,6 +242,10 @@ fn cluster_cidrs_and_fast_path_reach_the_arguments() {
         args.contains(&"--reserved-cidrs=192.0.2.250/32".to_string()),
         "{args:?}"
     );
+    assert!(
+        args.contains(&"--namespace-share=30".to_string()),
+        "{args:?}"
+    );
     let defaults = render(&[]);
     let args =
         strings(&find(&defaults, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"]);
@@ -252,6 +257,10 @@ fn cluster_cidrs_and_fast_path_reach_the_arguments() {
     );
     assert!(
         args.contains(&"--derive-cluster-cidrs=true".to_string()),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--namespace-share=50".to_string()),
         "{args:?}"
     );
 }
@@ -270,6 +279,8 @@ fn bad_values_are_refused_by_the_schema() {
         "backnd=nft",
         "clusterCIDRs={10.0.0.0/8;reboot}",
         "reservedCIDRs={10.0.0.1;reboot}",
+        "namespaceShare=0",
+        "namespaceShare=101",
         "deriveClusterCIDRs=maybe",
     ] {
         let (ok, _, err) = helm(&["template", "cozy", &chart, "--set", bad]);

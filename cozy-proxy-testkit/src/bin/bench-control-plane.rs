@@ -35,6 +35,17 @@ use std::{
     time::{Duration, Instant},
 };
 
+/// `--namespace-share` of the runs: 100 (no bound) unless
+/// CPBENCH_NAMESPACE_SHARE says (a profiling aid: every Service of the
+/// bench is in one namespace, so a share under 100 measures the bound's
+/// cost, and below the Services' part of the tables, cuts them).
+fn namespace_share() -> u8 {
+    std::env::var("CPBENCH_NAMESPACE_SHARE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100)
+}
+
 fn main() -> Result<()> {
     // RUST_LOG=cozy_proxy=debug shows where a round's time goes.
     if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
@@ -196,7 +207,11 @@ fn bench_backend<D: Datapath>(
 ) -> Result<Value> {
     let n = services.len();
     let fail = |e: D::Error| anyhow::anyhow!("{e}");
-    let mut r = Reconciler::new(d, Default::default());
+    let node = cozy_proxy::reconcile::NodeConfig {
+        namespace_share: Some(namespace_share()),
+        ..Default::default()
+    };
+    let mut r = Reconciler::new(d, node);
     // Service i and its slice as the kube source hands them over.
     let read_of = |i: usize, slice: &EndpointSlice| ServiceObjects {
         service: ServiceRef::new("bench", format!("s{i}")),
@@ -416,6 +431,7 @@ fn controller_run(
         None => Command::new(harness::bin()),
     };
     cmd.args(["run", "--backend", backend, "--metrics-addr", ""])
+        .args(["--namespace-share", &namespace_share().to_string()])
         .arg("--bpf-pin-dir")
         .arg(&pins);
     let _server = match objects {

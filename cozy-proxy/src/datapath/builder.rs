@@ -2,6 +2,7 @@
 //! elements gathered as lists, each sorted once into its collection, not
 //! inserted one by one (a search from the root per element), and the trees
 //! built packed.
+use super::capacity::Entries;
 use super::state::{AllowedPort, DatapathState, NodeView};
 use crate::model::{merge_ranges, Cidr, IpRange, LbResult, Mapping, Mode};
 use std::{collections::BTreeSet, net::IpAddr};
@@ -59,6 +60,19 @@ impl StateBuilder {
                 port: p.port,
             }));
         }
+    }
+
+    /// What everything added needs of the kernel's tables (as
+    /// [`Entries::of_state`] counts the state it builds).
+    pub fn needs(&self) -> Entries {
+        Entries::tally(
+            self.pod_svc.len(),
+            self.svc_pod.len(),
+            self.remote.len(),
+            self.unmapped_lbs.len(),
+            self.allowed_ports.len(),
+            super::capacity::prefixes(&self.source_ranges),
+        )
     }
 
     /// The state of everything added, holding `cluster` as its in-cluster

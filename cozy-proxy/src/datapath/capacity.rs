@@ -96,7 +96,7 @@ impl Entries {
 
     /// What elements of a state need, by collection: a remote mapping's
     /// LB IP and pod both have an address entry.
-    fn tally(
+    pub(super) fn tally(
         pod_svc: usize,
         svc_pod: usize,
         remote: usize,
@@ -137,10 +137,21 @@ impl Entries {
     pub fn fits(&self, cap: &Capacity) -> bool {
         self.over(cap).is_empty()
     }
+
+    /// `percent` of each table (an unlimited one stays unlimited).
+    pub fn share(self, percent: u8) -> Self {
+        Entries(self.0.map(|n| {
+            if n == usize::MAX {
+                n
+            } else {
+                n / 100 * percent as usize + n % 100 * percent as usize / 100
+            }
+        }))
+    }
 }
 
 /// The prefixes `ranges` take (the eBPF trie holds each range as prefixes).
-fn prefixes<'a>(ranges: impl IntoIterator<Item = &'a (IpAddr, IpRange)>) -> usize {
+pub(super) fn prefixes<'a>(ranges: impl IntoIterator<Item = &'a (IpAddr, IpRange)>) -> usize {
     ranges.into_iter().map(|(_, r)| r.cidrs().len()).sum()
 }
 

@@ -210,6 +210,9 @@ pub trait Datapath {
 
     fn kind(&self) -> BackendKind;
 
+    /// What the kernel's tables hold at most.
+    fn capacity(&self) -> Capacity;
+
     /// Makes the kernel hold exactly `desired` (kept: the datapath holds
     /// the one copy of it). The first call adopts what a previous instance
     /// left, without a moment where traffic is not translated; later calls

@@ -3,8 +3,8 @@
 //! the diff, and the retry policy, for every backend alike.
 use super::Counters;
 use super::{
-    BackendKind, Change, Datapath, DatapathState, Dump, Entries, Kernel, Overflow, PathOf, Paths,
-    RemotePods, StateDiff, SyncReport,
+    BackendKind, Capacity, Change, Datapath, DatapathState, Dump, Entries, Kernel, Overflow,
+    PathOf, Paths, RemotePods, StateDiff, SyncReport,
 };
 use std::{collections::BTreeSet, net::IpAddr};
 use tracing::{debug, info, warn};
@@ -354,6 +354,10 @@ impl<K: Kernel> Datapath for Synced<K> {
 
     fn kind(&self) -> BackendKind {
         self.kernel.kind()
+    }
+
+    fn capacity(&self) -> Capacity {
+        self.kernel.capacity()
     }
 
     /// One attempt from what we believe the kernel holds; if it fails (an

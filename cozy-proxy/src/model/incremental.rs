@@ -522,6 +522,11 @@ impl PlanState {
             .filter_map(|(lb, s)| Some((*lb, self.expand(lb, s.result?)?)))
     }
 
+    /// The rank of LB IP `lb`'s owner (older Services first), if owned.
+    pub(crate) fn owner_rank(&self, lb: &IpAddr) -> Option<&Rank> {
+        self.lbs.get(lb)?.claims.first()
+    }
+
     /// What became of LB IP `lb`, if a Service owns it.
     pub fn result_of(&self, lb: &IpAddr) -> Option<LbResult> {
         self.expand(lb, self.lbs.get(lb)?.result?)

@@ -13,6 +13,7 @@ mod warning;
 pub use cidr::{merge as merge_ranges, Cidr, IpRange};
 pub use endpoints::{slice_owner, ReadSlice, SERVICE_NAME_LABEL};
 pub use incremental::{LbChange, PlanState, PlanSummary};
+pub(crate) use plan::Rank;
 pub use plan::{compute_plan, compute_plan_with, read_chosen, Forbidden, Outcome};
 pub use service::{
     is_selected, read_service, service_ref, ReadService, ALLOW_ICMP_ANNOTATION, PROXY_NAME,

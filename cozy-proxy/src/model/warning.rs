@@ -38,13 +38,20 @@ pub enum WarningKind {
     /// The node's datapath tables are full: the LB IP is not translated
     /// on this node (reported by the node, not found in the Service).
     DatapathFull,
+    /// The Service's namespace holds its share of the node's datapath
+    /// tables (`--namespace-share`): the LB IP is not translated on this
+    /// node (reported by the node).
+    NamespaceShare,
 }
 
 impl WarningKind {
     /// Found by one node about its own datapath, not by every node in the
     /// Service: only that node knows it, so it publishes the Event itself.
     pub fn is_node_local(self) -> bool {
-        matches!(self, WarningKind::DatapathFull)
+        matches!(
+            self,
+            WarningKind::DatapathFull | WarningKind::NamespaceShare
+        )
     }
 
     /// Stable name, used as Event reason and metric label.
@@ -64,6 +71,7 @@ impl WarningKind {
             WarningKind::InvalidSourceRange => "InvalidSourceRange",
             WarningKind::TooManyEntries => "TooManyEntries",
             WarningKind::DatapathFull => "DatapathFull",
+            WarningKind::NamespaceShare => "NamespaceShare",
         }
     }
 }
