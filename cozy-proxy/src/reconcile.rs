@@ -439,6 +439,52 @@ pub(crate) mod tests {
         (s, overflow)
     }
 
+    /// The round from `before` to `now` of the generated worlds
+    /// ([`crate::model::tests::arb_world`]: Services s0-s5 of namespace
+    /// `ns`): a full one, or one naming the Services whose objects changed.
+    fn round(before: &Snapshot, now: &Snapshot, full: bool) -> Update {
+        if full {
+            return Update::Full(now.clone());
+        }
+        let mut changed = Vec::new();
+        for n in 0..6 {
+            let name = format!("s{n}");
+            let (svcs, eps) =
+                crate::model::tests::objects_of(&name, &now.services, &now.endpoint_slices);
+            let was =
+                crate::model::tests::objects_of(&name, &before.services, &before.endpoint_slices);
+            if (svcs.clone(), eps.clone()) != was {
+                changed.push(crate::source::ServiceObjects {
+                    service: crate::model::ServiceRef::new("ns", name.as_str()),
+                    read: crate::model::read_chosen(&svcs).map(std::sync::Arc::new),
+                    slices: eps
+                        .into_iter()
+                        .filter_map(crate::model::ReadSlice::of_alone)
+                        .map(std::sync::Arc::new)
+                        .collect(),
+                });
+            }
+        }
+        Update::Services(changed)
+    }
+
+    /// The generated worlds' endpoints on node n1 or n2 (by the address's
+    /// last digit), as a Snapshot.
+    fn on_two_nodes(
+        services: Vec<k8s_openapi::api::core::v1::Service>,
+        mut slices: Vec<k8s_openapi::api::discovery::v1::EndpointSlice>,
+    ) -> Snapshot {
+        for e in slices.iter_mut().flat_map(|s| s.endpoints.iter_mut()) {
+            let last = e.addresses.first().and_then(|a| a.chars().last());
+            e.node_name = Some(if last == Some('1') { "n1" } else { "n2" }.into());
+        }
+        Snapshot {
+            services: services.into_iter().map(std::sync::Arc::new).collect(),
+            endpoint_slices: slices.into_iter().map(std::sync::Arc::new).collect(),
+            ..Default::default()
+        }
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
         /// Rounds that name only the Services whose objects changed (and
@@ -463,33 +509,9 @@ pub(crate) mod tests {
             // A fresh install in parts of two LB IPs (the first round).
             let mut r = Reconciler::new(Synced::new(kernel).with_part_lbs(2), node);
             let mut before = Snapshot::default();
-            for (i, (services, mut slices)) in worlds.into_iter().enumerate() {
-                for e in slices.iter_mut().flat_map(|s| s.endpoints.iter_mut()) {
-                    let last = e.addresses.first().and_then(|a| a.chars().last());
-                    e.node_name = Some(if last == Some('1') { "n1" } else { "n2" }.into());
-                }
-                let now = Snapshot {
-                    services: services.into_iter().map(std::sync::Arc::new).collect(),
-                    endpoint_slices: slices.into_iter().map(std::sync::Arc::new).collect(),
-                    ..Default::default()
-                };
-                let update = if i == 0 || fulls[i] {
-                    Update::Full(now.clone())
-                } else {
-                    let mut changed = Vec::new();
-                    for n in 0..6 {
-                        let name = format!("s{n}");
-                        let (svcs, eps) = crate::model::tests::objects_of(&name, &now.services, &now.endpoint_slices);
-                        if (svcs.clone(), eps.clone()) != crate::model::tests::objects_of(&name, &before.services, &before.endpoint_slices) {
-                            changed.push(crate::source::ServiceObjects {
-                                service: crate::model::ServiceRef::new("ns", name.as_str()),
-                                read: crate::model::read_chosen(&svcs).map(std::sync::Arc::new),
-                                slices: eps.into_iter().filter_map(crate::model::ReadSlice::of_alone).map(std::sync::Arc::new).collect(),
-                            });
-                        }
-                    }
-                    Update::Services(changed)
-                };
+            for (i, (services, slices)) in worlds.into_iter().enumerate() {
+                let now = on_two_nodes(services, slices);
+                let update = round(&before, &now, i == 0 || fulls[i]);
                 world.world().moved = moves[i];
                 r.datapath_mut().upkeep().expect("upkeep");
                 let held = world.world().kernel.clone();
@@ -499,6 +521,41 @@ pub(crate) mod tests {
                 proptest::prop_assert_eq!(&report.sync.overflow, &overflow);
                 let warned = report.new_warnings.iter().filter(|w| w.kind == WarningKind::DatapathFull).count();
                 proptest::prop_assert!(warned <= overflow.left_out.len());
+                before = now;
+            }
+        }
+
+        /// With a namespace share (50% of tables of a few local mappings
+        /// and ports), rounds naming only the Services whose objects
+        /// changed leave the kernel as a full round from scratch does, and
+        /// the namespace holds no more than its share.
+        #[test]
+        fn incremental_rounds_keep_the_namespace_share_as_a_full_round_would(
+            worlds in proptest::collection::vec(crate::model::tests::arb_world(), 1..8),
+            fulls in proptest::collection::vec(proptest::prelude::any::<bool>(), 8),
+            moves in proptest::collection::vec(proptest::prelude::any::<bool>(), 8),
+            (local, ports) in (0usize..7, 0usize..7),
+        ) {
+            let cap = Capacity::new(usize::MAX, local, ports, usize::MAX);
+            let node = || NodeConfig { name: Some("n1".into()), namespace_share: Some(50), ..Default::default() };
+            let fresh = |moved: bool| {
+                let (kernel, world) = FakeKernel::new();
+                world.world().capacity = Some(cap);
+                world.world().moved = moved;
+                (Reconciler::new(Synced::new(kernel), node()), world)
+            };
+            let (mut r, world) = fresh(false);
+            let mut before = Snapshot::default();
+            for (i, (services, slices)) in worlds.into_iter().enumerate() {
+                let now = on_two_nodes(services, slices);
+                world.world().moved = moves[i];
+                r.datapath_mut().upkeep().expect("upkeep");
+                r.reconcile(round(&before, &now, i == 0 || fulls[i])).expect("sync");
+                let (mut scratch, scratch_world) = fresh(moves[i]);
+                scratch.reconcile(Update::Full(now.clone())).expect("sync");
+                proptest::prop_assert_eq!(&world.world().kernel, &scratch_world.world().kernel);
+                let held = crate::datapath::Entries::of_state(&world.world().kernel);
+                proptest::prop_assert!(held.fits(&cap.share(50)), "{:?}", held);
                 before = now;
             }
         }

@@ -23,9 +23,21 @@ use std::{
 pub struct Shares {
     /// What one namespace may hold here; `None`: no bound (100%).
     limit: Option<Entries>,
-    /// The LB IPs of each namespace (of the Service owning each).
-    members: BTreeMap<Arc<str>, BTreeSet<IpAddr>>,
+    /// Each namespace's mappings and what they need here.
+    namespaces: BTreeMap<Arc<str>, Namespace>,
     /// The mappings over their namespace's share here.
+    over: BTreeSet<IpAddr>,
+}
+
+/// One namespace's mappings on this node.
+#[derive(Debug, Default)]
+struct Namespace {
+    /// Each mapping's LB IP and what it needs of the tables here.
+    needs: BTreeMap<IpAddr, Entries>,
+    /// Their sum: while it fits the share, nothing is over, and a change
+    /// costs one mapping's needs, not a pass over the namespace.
+    total: Entries,
+    /// Its mappings over the share.
     over: BTreeSet<IpAddr>,
 }
 
@@ -40,18 +52,17 @@ impl Shares {
 
     /// Decides every namespace again from the whole plan.
     pub fn rebuild(&mut self, plan: &PlanState, me: NodeView<'_>) {
-        self.members.clear();
+        self.namespaces.clear();
         self.over.clear();
         if self.limit.is_none() {
             return;
         }
         for (lb, result) in plan.results() {
-            let ns = Arc::clone(&service_of(&result).namespace);
-            self.members.entry(ns).or_default().insert(lb);
+            self.add(&lb, &result, me);
         }
-        let namespaces: Vec<Arc<str>> = self.members.keys().cloned().collect();
-        for ns in namespaces {
-            self.decide(&ns, plan, me);
+        let names: Vec<Arc<str>> = self.namespaces.keys().cloned().collect();
+        for ns in names {
+            self.decide(&ns, plan);
         }
     }
 
@@ -65,60 +76,70 @@ impl Shares {
         plan: &PlanState,
         me: NodeView<'_>,
     ) -> (BTreeSet<IpAddr>, BTreeSet<IpAddr>) {
-        let before = self.over.clone();
         if self.limit.is_none() {
-            return (BTreeSet::new(), before);
+            return (BTreeSet::new(), BTreeSet::new());
         }
+        let before = self.over.clone();
         let mut touched = BTreeSet::new();
         for c in changes {
             if let Some(old) = &c.old {
-                let ns = &service_of(old).namespace;
-                if let Some(m) = self.members.get_mut(ns) {
-                    m.remove(&c.lb_ip);
+                let name = &service_of(old).namespace;
+                if let Some(ns) = self.namespaces.get_mut(name) {
+                    if let Some(need) = ns.needs.remove(&c.lb_ip) {
+                        ns.total = ns.total.minus(need);
+                    }
+                    ns.over.remove(&c.lb_ip);
                 }
-                touched.insert(Arc::clone(ns));
-            }
-            if let Some(new) = &c.new {
-                let ns = Arc::clone(&service_of(new).namespace);
-                self.members
-                    .entry(Arc::clone(&ns))
-                    .or_default()
-                    .insert(c.lb_ip);
-                touched.insert(ns);
+                touched.insert(Arc::clone(name));
             }
             self.over.remove(&c.lb_ip);
+            if let Some(new) = &c.new {
+                touched.insert(self.add(&c.lb_ip, new, me));
+            }
         }
         for ns in touched {
-            self.decide(&ns, plan, me);
+            self.decide(&ns, plan);
         }
         let flipped = before.symmetric_difference(&self.over).copied().collect();
         (flipped, before)
     }
 
-    /// Namespace `ns` again: its mappings in rank order, each while it fits
-    /// what the share has left.
-    fn decide(&mut self, ns: &Arc<str>, plan: &PlanState, me: NodeView<'_>) {
+    /// Counts `result` of `lb` in its namespace (a mapping only); the
+    /// namespace's name.
+    fn add(&mut self, lb: &IpAddr, result: &LbResult, me: NodeView<'_>) -> Arc<str> {
+        let name = Arc::clone(&service_of(result).namespace);
+        if let LbResult::Mapped(_) = result {
+            let mut part = StateBuilder::default();
+            part.add_result(lb, result, me);
+            let need = part.needs();
+            let ns = self.namespaces.entry(Arc::clone(&name)).or_default();
+            ns.total = ns.total.plus(need);
+            ns.needs.insert(*lb, need);
+        }
+        name
+    }
+
+    /// Namespace `name` again: while its mappings fit the share together,
+    /// none is over; else they are taken in rank order, each while it
+    /// fits what the share has left.
+    fn decide(&mut self, name: &Arc<str>, plan: &PlanState) {
         let Some(limit) = self.limit else { return };
-        let Some(lbs) = self.members.get(ns) else {
+        let Some(ns) = self.namespaces.get_mut(name) else {
             return;
         };
-        if lbs.is_empty() {
-            self.members.remove(ns);
+        for lb in std::mem::take(&mut ns.over) {
+            self.over.remove(&lb);
+        }
+        if ns.needs.is_empty() {
+            self.namespaces.remove(name);
             return;
         }
-        let mut ranked: Vec<(&Rank, IpAddr, Entries)> = Vec::with_capacity(lbs.len());
-        for lb in lbs {
-            self.over.remove(lb);
-            let Some(result @ LbResult::Mapped(_)) = plan.result_of(lb) else {
-                continue;
-            };
-            let Some(rank) = plan.owner_rank(lb) else {
-                continue;
-            };
-            let mut part = StateBuilder::default();
-            part.add_result(lb, &result, me);
-            ranked.push((rank, *lb, part.needs()));
+        if ns.total.fits(&limit) {
+            return;
         }
+        let mut ranked: Vec<(Option<&Rank>, IpAddr, Entries)> = (ns.needs.iter())
+            .map(|(lb, need)| (plan.owner_rank(lb), *lb, *need))
+            .collect();
         ranked.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
         let mut used = Entries::default();
         for (_, lb, need) in ranked {
@@ -126,6 +147,7 @@ impl Shares {
             if after.fits(&limit) {
                 used = after;
             } else {
+                ns.over.insert(lb);
                 self.over.insert(lb);
             }
         }
