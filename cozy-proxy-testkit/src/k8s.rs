@@ -493,6 +493,8 @@ impl Drop for ControlPlane {
 
 /// The namespace the chart is installed in.
 pub const RELEASE_NAMESPACE: &str = "kube-system";
+/// The helm release the tests install.
+pub const RELEASE: &str = "cozy-proxy";
 /// The label tying the test Pods to their Service's selector.
 pub const SELECTOR_LABEL: &str = "cozy-proxy-tests/service";
 
@@ -569,25 +571,38 @@ pub fn api_service_yaml(svc: &Svc, address_type: &str) -> String {
 }
 
 impl ControlPlane {
-    /// The chart as the real `helm template` renders it for `backend`,
-    /// applied: its ServiceAccount, exactly its ClusterRole/Role and
+    /// The chart installed by the real `helm upgrade --install` for
+    /// `backend`: its ServiceAccount, exactly its ClusterRole/Role and
     /// bindings, and its DaemonSet (no kubelet runs it here; its presence
     /// tells a stopping cozy-proxy that this is a restart, not an
-    /// uninstall).
+    /// uninstall), as release [`RELEASE`]. Again: an upgrade, which puts
+    /// back what was changed by hand.
     pub fn install_chart(&self, backend: &str) -> Result<()> {
         let chart = chart_dir().display().to_string();
-        let rendered = ok(&[
-            "helm",
-            "template",
-            "cozy-proxy",
+        self.helm(&[
+            "upgrade",
+            "--install",
+            RELEASE,
             &chart,
-            "--namespace",
-            RELEASE_NAMESPACE,
             "--set",
             &format!("backend={backend}"),
         ])
-        .context("helm template (cargo xtask setup installs helm)")?;
-        self.apply(&rendered)
+        .map(|_| ())
+        .context("helm upgrade --install (cargo xtask setup installs helm)")
+    }
+
+    /// `helm ARGS` as the admin, in the release's namespace.
+    pub fn helm(&self, args: &[&str]) -> Result<String> {
+        let admin = self.admin.display().to_string();
+        let mut full = vec![
+            "helm",
+            "--kubeconfig",
+            &admin,
+            "--namespace",
+            RELEASE_NAMESPACE,
+        ];
+        full.extend_from_slice(args);
+        ok_in(&self.ns, &full)
     }
 
     /// The Node object of a test node (the EndpointSlice controller skips

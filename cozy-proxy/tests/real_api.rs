@@ -701,3 +701,73 @@ fn an_uninstall_that_takes_the_rules_first_still_removes_the_datapath() -> Resul
     ensure!(!ruleset.contains("cozy_proxy"), "left: {ruleset}");
     Ok(())
 }
+
+/// The real `helm uninstall` (the DaemonSet, its RBAC objects and its
+/// ServiceAccount deleted in one pass), then the node's pod stopping, as
+/// the kubelet stops it: nothing of the chart is left in the API, and
+/// nothing of ours on the node (no nft table, pin, tcx link or route).
+fn helm_uninstall_leaves_nothing(backend: Backend) -> Result<()> {
+    use aya::programs::TcAttachType;
+    let mut env = env(backend, Fam::V4)?;
+    let svc = Svc::new("vm1", env.lb(0)).filter(&[("TCP", 22)]);
+    env.put_service(&svc, &[env.pod_ip(1)])?;
+    env.settle()?;
+    api(&env)?.helm(&["uninstall", harness::k8s::RELEASE])?;
+    env.ctl.stop()?;
+    env.wait_log("uninstall; removing the datapath")?;
+    let api = api(&env)?;
+    let ns = harness::k8s::RELEASE_NAMESPACE;
+    let left = api.kubectl(&[
+        "get",
+        "daemonset,serviceaccount,role,rolebinding",
+        "-n",
+        ns,
+        "-l",
+        "app.kubernetes.io/instance=cozy-proxy",
+        "-o",
+        "name",
+    ])?;
+    ensure!(left.trim().is_empty(), "left in the API: {left}");
+    for kind in ["clusterrole", "clusterrolebinding"] {
+        let left = api.kubectl(&[
+            "get",
+            kind,
+            "cozy-proxy",
+            "--ignore-not-found",
+            "-o",
+            "name",
+        ])?;
+        ensure!(left.trim().is_empty(), "left in the API: {left}");
+    }
+    let releases = api.helm(&["list", "-q"])?;
+    ensure!(releases.trim().is_empty(), "releases: {releases}");
+    let node = env.topo.node();
+    let ruleset = harness::sh::ok_in(&node, &["nft", "list", "ruleset"])?;
+    ensure!(!ruleset.contains("cozy_proxy"), "left: {ruleset}");
+    for family in ["-4", "-6"] {
+        let routes = harness::sh::ok_in(&node, &["ip", family, "route", "show", "proto", "249"])?;
+        ensure!(routes.trim().is_empty(), "routes left: {routes}");
+    }
+    let pins: Vec<_> = match std::fs::read_dir(&env.ctl.pin_dir) {
+        Ok(entries) => entries.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+        Err(_) => Vec::new(),
+    };
+    ensure!(pins.is_empty(), "pins left: {pins:?}");
+    for dev in ["uplink", "pod1", "pod2", "pod3"] {
+        for hook in [TcAttachType::Ingress, TcAttachType::Egress] {
+            let chain = harness::agent::OtherAgent::tcx_chain(&node, dev, hook)?;
+            ensure!(chain.is_empty(), "programs on {dev} {hook:?}: {chain:?}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn helm_uninstall_leaves_nothing_nft() -> Result<()> {
+    helm_uninstall_leaves_nothing(Backend::Nft)
+}
+
+#[test]
+fn helm_uninstall_leaves_nothing_ebpf() -> Result<()> {
+    helm_uninstall_leaves_nothing(Backend::Ebpf)
+}
