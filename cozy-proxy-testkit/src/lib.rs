@@ -232,6 +232,9 @@ pub struct Controller {
     /// `bpf(2)` commands the kernel refuses the binary at the next (re)start
     /// ([`refuse`]; not for a container).
     pub refused_bpf: Vec<u32>,
+    /// A command the binary runs under from the next (re)start (`strace
+    /// ... --`; not for a container).
+    pub wrapper: Vec<String>,
 }
 
 impl Controller {
@@ -291,6 +294,7 @@ impl Controller {
             container,
             binary,
             refused_bpf: Vec::new(),
+            wrapper: Vec::new(),
         };
         c.spawn()?;
         Ok(c)
@@ -304,7 +308,8 @@ impl Controller {
         let pins = self.pin_dir.display().to_string();
         let node = self.node.clone();
         let bin = self.binary.clone().unwrap_or_else(bin);
-        let mut args: Vec<&str> = vec![&bin, "--log", "info", "run"];
+        let mut args: Vec<&str> = self.wrapper.iter().map(String::as_str).collect();
+        args.extend([bin.as_str(), "--log", "info", "run"]);
         // A test may ask for another backend choice (`auto`) itself.
         if !self.extra_args.iter().any(|a| a == "--backend") {
             args.extend(["--backend", self.backend.arg()]);
@@ -337,8 +342,8 @@ impl Controller {
             None => Proc::spawn_refused_in(
                 &self.ns,
                 &args,
-                Stdio::null(),
-                Stdio::from(log),
+                (Stdio::null(), Stdio::from(log)),
+                !self.wrapper.is_empty(),
                 &self.refused_bpf,
             )?,
         });

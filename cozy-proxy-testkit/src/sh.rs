@@ -58,15 +58,17 @@ impl Proc {
     }
 
     /// Like [`Proc::spawn_in`], the kernel refusing the process the
-    /// `bpf(2)` commands `refused` ([`crate::refuse`]).
+    /// `bpf(2)` commands `refused` ([`crate::refuse`]); `group`: as
+    /// [`Proc::spawn_group_in`] (a wrapper such as strace and what it runs
+    /// are signalled together).
     pub fn spawn_refused_in(
         ns: &str,
         args: &[&str],
-        stdout: Stdio,
-        stderr: Stdio,
+        (stdout, stderr): (Stdio, Stdio),
+        group: bool,
         refused: &[u32],
     ) -> Result<Proc> {
-        Proc::start(&in_ns(ns, args), stdout, stderr, false, refused)
+        Proc::start(&in_ns(ns, args), stdout, stderr, group, refused)
     }
 
     /// Like [`Proc::spawn_in`], for a server that forks a child per

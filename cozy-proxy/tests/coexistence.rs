@@ -349,3 +349,83 @@ fn another_agents_route_to_an_lb_ip_is_kept_nft() -> Result<()> {
 fn another_agents_route_to_an_lb_ip_is_kept_ebpf() -> Result<()> {
     foreign_route_kept(Backend::Ebpf)
 }
+
+/// The controller's syscalls as `strace` records them (the real kernel
+/// calls, in the order they were made) while an LB IP mapped to a pod on
+/// another node goes: its route (steering it to that node) is deleted
+/// before any element of the tables or maps changes. The other way round,
+/// for a moment the LB IP would be steered with its rewrite gone.
+fn route_goes_before_the_tables(backend: Backend) -> Result<()> {
+    let mut env = Env::new(backend, Fam::V4)?;
+    let trace = env.scratch("strace");
+    let file = trace.display().to_string();
+    env.ctl.wrapper = [
+        "strace",
+        "-f",
+        "-o",
+        &file,
+        "-e",
+        "trace=bpf,sendto,sendmsg",
+        "--",
+    ]
+    .map(String::from)
+    .to_vec();
+    env.ctl.restart()?;
+    let (node, lb) = (env.topo.node(), env.lb(0));
+    env.dir.put(
+        "node2",
+        &cozy_proxy_testkit::k8s::node_yaml("node2", Some("198.51.100.3".parse()?)),
+    )?;
+    env.dir.put("vm9", &Svc::new("vm9", lb).yaml())?;
+    env.dir.put(
+        "vm9-eps",
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: vm9-e\n  namespace: default\n  labels:\n    kubernetes.io/service-name: vm9\naddressType: IPv4\nendpoints:\n- addresses: [\"192.0.2.50\"]\n  nodeName: node2\n",
+    )?;
+    let routed = || -> Result<bool> {
+        let routes = ok_in(&node, &["ip", "route", "show", "proto", "249"])?;
+        Ok(routes.contains(&lb.to_string()))
+    };
+    eventually(SETTLE, || {
+        ensure!(routed()?, "no route to {lb}");
+        Ok(())
+    })?;
+    // Whatever settles after the route went in, then the removal.
+    std::thread::sleep(Duration::from_secs(1));
+    let before = std::fs::read_to_string(&trace)?.lines().count();
+    env.dir.remove("vm9")?;
+    env.dir.remove("vm9-eps")?;
+    eventually(SETTLE, || {
+        ensure!(!routed()?, "{lb} still routed");
+        ensure!(!env.dump()?.remote.contains_key(&lb), "{lb} still mapped");
+        Ok(())
+    })?;
+    let text = std::fs::read_to_string(&trace)?;
+    let calls: Vec<&str> = text.lines().skip(before).collect();
+    let first = |needles: &[&str]| {
+        calls
+            .iter()
+            .position(|l| needles.iter().any(|n| l.contains(n)))
+    };
+    let route = first(&["RTM_DELROUTE"]).context("no RTM_DELROUTE traced")?;
+    let tables = match backend {
+        Backend::Nft => first(&["NFT_MSG_DELSETELEM", "NFT_MSG_NEWSETELEM"]),
+        _ => first(&["BPF_MAP_DELETE_ELEM", "BPF_MAP_UPDATE_ELEM"]),
+    }
+    .context("no change of the tables traced")?;
+    ensure!(
+        route < tables,
+        "the tables changed before the route went:\n{}",
+        calls[..=tables.max(route)].join("\n")
+    );
+    Ok(())
+}
+
+#[test]
+fn a_route_goes_before_the_tables_change_nft() -> Result<()> {
+    route_goes_before_the_tables(Backend::Nft)
+}
+
+#[test]
+fn a_route_goes_before_the_maps_change_ebpf() -> Result<()> {
+    route_goes_before_the_tables(Backend::Ebpf)
+}

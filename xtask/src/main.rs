@@ -56,6 +56,8 @@ const TEST_PACKAGES: &[&str] = &[
     "tcpdump",
     "sockperf",
     "curl",
+    // The order of a controller's syscalls (tests/ebpf_backend.rs).
+    "strace",
     "fonts-dejavu-core",
     // The real control plane's certificates (cozy-proxy-testkit/src/k8s.rs).
     "openssl",
