@@ -446,26 +446,16 @@ pub(crate) mod tests {
         if full {
             return Update::Full(now.clone());
         }
-        let mut changed = Vec::new();
-        for n in 0..6 {
-            let name = format!("s{n}");
-            let (svcs, eps) =
-                crate::model::tests::objects_of(&name, &now.services, &now.endpoint_slices);
-            let was =
-                crate::model::tests::objects_of(&name, &before.services, &before.endpoint_slices);
-            if (svcs.clone(), eps.clone()) != was {
-                changed.push(crate::source::ServiceObjects {
-                    service: crate::model::ServiceRef::new("ns", name.as_str()),
-                    read: crate::model::read_chosen(&svcs).map(std::sync::Arc::new),
-                    slices: eps
-                        .into_iter()
-                        .filter_map(crate::model::ReadSlice::of_alone)
-                        .map(std::sync::Arc::new)
-                        .collect(),
-                });
-            }
-        }
-        Update::Services(changed)
+        use crate::model::tests::objects_of;
+        let names: Vec<String> = (0..6)
+            .map(|n| format!("s{n}"))
+            .filter(|name| {
+                objects_of(name, &now.services, &now.endpoint_slices)
+                    != objects_of(name, &before.services, &before.endpoint_slices)
+            })
+            .collect();
+        let pairs: Vec<(&str, &str)> = names.iter().map(|n| ("ns", n.as_str())).collect();
+        changed_in(now, &pairs)
     }
 
     /// The generated worlds' endpoints on node n1 or n2 (by the address's

@@ -61,6 +61,16 @@ fn setup() -> Result<Env> {
     Ok(env)
 }
 
+/// [`setup`], then restarted with `--namespace-share PERCENT`.
+fn setup_sharing(percent: u8) -> Result<Env> {
+    let mut env = setup()?;
+    env.ctl
+        .extra_args
+        .extend(["--namespace-share".into(), percent.to_string()]);
+    env.ctl.restart()?;
+    Ok(env)
+}
+
 #[test]
 fn bpftool_shows_readable_maps_and_tcx_links() -> Result<()> {
     let mut env = setup()?;
@@ -508,12 +518,8 @@ fn a_recreated_pod_link_is_followed_nft() -> Result<()> {
 fn a_full_map_leaves_out_whole_services_reports_them_and_applies_the_rest() -> Result<()> {
     use cozy_proxy_common::limits;
     use std::net::IpAddr;
-    let mut env = setup()?;
     // Every Service in one namespace: no per-namespace bound here.
-    env.ctl
-        .extra_args
-        .extend(["--namespace-share".into(), "100".into()]);
-    env.ctl.restart()?;
+    let env = setup_sharing(100)?;
     let ports: Vec<(&str, u16)> = (1..=4096).map(|p| ("TCP", p)).collect();
     let big = |i: usize| -> Result<(String, IpAddr, IpAddr)> {
         Ok((
@@ -595,11 +601,7 @@ fn a_full_map_leaves_out_whole_services_reports_them_and_applies_the_rest() -> R
 #[test]
 fn a_namespace_past_its_share_is_left_out_and_the_others_are_not() -> Result<()> {
     use std::net::IpAddr;
-    let mut env = setup()?;
-    env.ctl
-        .extra_args
-        .extend(["--namespace-share".into(), "1".into()]);
-    env.ctl.restart()?;
+    let env = setup_sharing(1)?;
     let greedy = |name: &str, lb: &str, pod: &str, ports: u16| -> Result<IpAddr> {
         let list: Vec<(&str, u16)> = (1..=ports).map(|p| ("TCP", p)).collect();
         let lb: IpAddr = lb.parse()?;
