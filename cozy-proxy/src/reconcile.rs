@@ -10,10 +10,8 @@ use crate::datapath::{
 use crate::model::cluster::{
     cluster_ranges, internal_addresses, ClusterConfig, ClusterRanges, NodeAddresses,
 };
-use crate::model::{
-    Cidr, Forbidden, LbChange, LbResult, PlanState, PlanSummary, Warning, WarningKind,
-};
-use crate::shares::{gate_with, Shares};
+use crate::model::{Cidr, Forbidden, LbResult, PlanState, PlanSummary, Warning, WarningKind};
+use crate::shares::Shares;
 use crate::source::{Snapshot, Update};
 use std::collections::BTreeSet;
 use tracing::{debug, info, warn};
@@ -144,23 +142,9 @@ impl<D: Datapath> Reconciler<D> {
                 let touched: BTreeSet<_> = changes.iter().map(|c| c.lb_ip).collect();
                 changes.extend(moved.into_iter().filter(|c| !touched.contains(&c.lb_ip)));
                 let mut shares = std::mem::take(&mut self.shares);
-                let (flipped, before) = shares.follow(&changes, &self.plan, self.view());
+                shares.gate_changes(&mut changes, &self.plan, self.view());
                 self.shares = shares;
                 let me = self.view();
-                for c in &mut changes {
-                    c.old = c.old.take().map(|r| gate_with(&before, &c.lb_ip, r));
-                    c.new = c.new.take().map(|r| self.shares.gate(&c.lb_ip, r));
-                }
-                let touched: BTreeSet<_> = changes.iter().map(|c| c.lb_ip).collect();
-                for lb in flipped.difference(&touched) {
-                    if let Some(r) = self.plan.result_of(lb) {
-                        changes.push(LbChange {
-                            lb_ip: *lb,
-                            old: Some(gate_with(&before, lb, r.clone())),
-                            new: Some(self.shares.gate(lb, r)),
-                        });
-                    }
-                }
                 let change = DatapathState::change_of(&changes, NodeView { away: &was, ..me }, me);
                 let (new, gone) = self.plan.take_warning_changes();
                 self.log_warnings(&new, &gone);

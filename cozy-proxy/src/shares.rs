@@ -67,10 +67,35 @@ impl Shares {
     }
 
     /// Follows the plan's `changes` (the plan already holds their new
-    /// results): decides the namespaces they touch again. Returns the LB
-    /// IPs whose decision flipped, and the mappings over their share
-    /// before (to gate the changes' old results with).
-    pub fn follow(
+    /// results) and turns them into this node's: each old result as this
+    /// node applied it, each new one as it applies it now, and a change
+    /// for each other LB IP whose namespace's decision flipped.
+    pub fn gate_changes(
+        &mut self,
+        changes: &mut Vec<LbChange>,
+        plan: &PlanState,
+        me: NodeView<'_>,
+    ) {
+        let (flipped, before) = self.follow(changes, plan, me);
+        for c in changes.iter_mut() {
+            c.old = c.old.take().map(|r| gate_with(&before, &c.lb_ip, r));
+            c.new = c.new.take().map(|r| self.gate(&c.lb_ip, r));
+        }
+        let touched: BTreeSet<IpAddr> = changes.iter().map(|c| c.lb_ip).collect();
+        for lb in flipped.difference(&touched) {
+            if let Some(r) = plan.result_of(lb) {
+                changes.push(LbChange {
+                    lb_ip: *lb,
+                    old: Some(gate_with(&before, lb, r.clone())),
+                    new: Some(self.gate(lb, r)),
+                });
+            }
+        }
+    }
+
+    /// Decides the namespaces `changes` touch again. Returns the LB IPs
+    /// whose decision flipped, and the mappings over their share before.
+    fn follow(
         &mut self,
         changes: &[LbChange],
         plan: &PlanState,
@@ -181,7 +206,7 @@ impl Shares {
 }
 
 /// `result` of `lb`, unmapped if `lb` is in `over`.
-pub fn gate_with(over: &BTreeSet<IpAddr>, lb: &IpAddr, result: LbResult) -> LbResult {
+fn gate_with(over: &BTreeSet<IpAddr>, lb: &IpAddr, result: LbResult) -> LbResult {
     match result {
         LbResult::Mapped(m) if over.contains(lb) => LbResult::Unmapped(m.service),
         other => other,
