@@ -312,12 +312,8 @@ impl<D: Datapath> Reconciler<D> {
             .left_out
             .iter()
             .filter_map(|lb| {
-                let service = match self.plan.result_of(lb)? {
-                    LbResult::Mapped(m) => m.service,
-                    LbResult::Unmapped(s) => s,
-                };
                 Some(Warning {
-                    service,
+                    service: self.plan.result_of(lb)?.service().clone(),
                     kind: WarningKind::DatapathFull,
                     message: format!(
                         "{lb} is not translated on {node}: the datapath's tables are full ({}); \

@@ -108,7 +108,7 @@ impl Shares {
         let mut touched = BTreeSet::new();
         for c in changes {
             if let Some(old) = &c.old {
-                let name = &service_of(old).namespace;
+                let name = &old.service().namespace;
                 if let Some(ns) = self.namespaces.get_mut(name) {
                     if let Some(need) = ns.needs.remove(&c.lb_ip) {
                         ns.total = ns.total.minus(need);
@@ -132,7 +132,7 @@ impl Shares {
     /// Counts `result` of `lb` in its namespace (a mapping only); the
     /// namespace's name.
     fn add(&mut self, lb: &IpAddr, result: &LbResult, me: NodeView<'_>) -> Arc<str> {
-        let name = Arc::clone(&service_of(result).namespace);
+        let name = Arc::clone(&result.service().namespace);
         if let LbResult::Mapped(_) = result {
             let mut part = StateBuilder::default();
             part.add_result(lb, result, me);
@@ -189,7 +189,7 @@ impl Shares {
         self.over
             .iter()
             .filter_map(|lb| {
-                let service = service_of(&plan.result_of(lb)?).clone();
+                let service = plan.result_of(lb)?.service().clone();
                 Some(Warning {
                     message: format!(
                         "{lb} is not translated on {node}: namespace {} holds its share of \
@@ -210,12 +210,5 @@ fn gate_with(over: &BTreeSet<IpAddr>, lb: &IpAddr, result: LbResult) -> LbResult
     match result {
         LbResult::Mapped(m) if over.contains(lb) => LbResult::Unmapped(m.service),
         other => other,
-    }
-}
-
-fn service_of(r: &LbResult) -> &crate::model::ServiceRef {
-    match r {
-        LbResult::Mapped(m) => &m.service,
-        LbResult::Unmapped(s) => s,
     }
 }

@@ -188,6 +188,16 @@ pub enum LbResult {
     Unmapped(ServiceRef),
 }
 
+impl LbResult {
+    /// The Service owning the LB IP.
+    pub fn service(&self) -> &ServiceRef {
+        match self {
+            LbResult::Mapped(m) => &m.service,
+            LbResult::Unmapped(s) => s,
+        }
+    }
+}
+
 /// An object's uid, kept small: the 16 bytes of the UUID Kubernetes gives
 /// every object, or the text itself where it is not one in canonical form
 /// (lowercase, hyphenated), so that it always reads back as it came; not a
