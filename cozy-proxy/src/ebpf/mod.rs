@@ -2,14 +2,18 @@
 //! equal to the node's state, and one host route per mapping that steers
 //! the LB IP toward its pod (see docs/ebpf-datapath.md for why).
 mod addr_bits;
+mod apply_plan;
 mod batch;
 mod bpffs;
 pub mod chain;
+mod counters;
+mod flow_sweep;
 mod ifaces;
 pub mod layouts;
 mod links;
 mod maps;
 pub mod shape;
+mod slots;
 
 use crate::datapath::{
     Applied, BackendKind, Capacity, Counters, DatapathState, Dump, Kernel, Paths, Routes, StateDiff,
