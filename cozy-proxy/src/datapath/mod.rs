@@ -17,6 +17,7 @@ mod placement;
 mod render;
 mod state;
 mod sync;
+mod tables;
 pub mod worker;
 
 pub use builder::StateBuilder;

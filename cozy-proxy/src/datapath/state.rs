@@ -4,6 +4,7 @@
 //! kernel), and `dump` reads them back into this same shape, so tests
 //! compare one value. docs/traffic.md says what each is for.
 use super::builder::StateBuilder;
+use super::tables::{datapath_tables, StateTable};
 use crate::model::{cluster::NodeAddresses, Cidr, Hosts, IpRange, LbChange, Mapping, Plan};
 use serde::{Deserialize, Serialize};
 use std::{
@@ -92,47 +93,51 @@ impl NextHop {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DatapathState {
-    /// Pods hosted here: pod IP -> LB IP (source rewrite toward the outside).
-    pub pod_svc: BTreeMap<IpAddr, IpAddr>,
-    /// LB IPs of pods hosted here: LB IP -> pod IP (destination rewrite).
-    pub svc_pod: BTreeMap<IpAddr, IpAddr>,
-    /// LB IPs of pods hosted on other nodes: LB IP -> pod IP. Steered there
-    /// untranslated; translated here only for in-cluster clients.
-    pub remote: BTreeMap<IpAddr, IpAddr>,
-    /// Pods hosted here whose Service is in port-filter mode.
-    pub filtered_pods: BTreeSet<IpAddr>,
-    /// Keyed on the pod IP: the filter runs after the destination rewrite.
-    pub allowed_ports: BTreeSet<AllowedPort>,
-    /// Filtered pods that accept ICMP (allowICMP "true").
-    pub icmp_allowed_pods: BTreeSet<IpAddr>,
-    /// LB IPs of managed Services with no mapping: dropped, never routed on.
-    pub unmapped_lbs: BTreeSet<IpAddr>,
-    /// The in-cluster ranges, merged (disjoint, not adjacent).
-    pub cluster: BTreeSet<IpRange>,
-    /// LB IPs (of every mapping) restricted by loadBalancerSourceRanges.
-    pub ranged_lbs: BTreeSet<IpAddr>,
-    /// `(LB IP, source range)` allowed to reach the pod through the LB IP,
-    /// merged per LB IP.
-    pub source_ranges: BTreeSet<(IpAddr, IpRange)>,
-    /// Resolved from the kernel's paths: a source address we guard (mapped
-    /// pods, managed LB IPs) -> the only interface it may arrive on (its
-    /// path's `entry`: the route's interface, or the bridge port behind
-    /// which it lives; 0: none; a local or unmapped LB IP is never a
-    /// legitimate source).
-    pub guard: BTreeMap<IpAddr, u32>,
-    /// Resolved from the kernel's paths: LB IP -> where its host route
-    /// (`proto 249`) sends it: along the path toward its pod, or to the
-    /// node hosting it ([`DatapathState::route_of`]).
-    pub routes: BTreeMap<IpAddr, NextHop>,
-    /// LB IP of a remote mapping -> its hosting node's address (of the LB
-    /// IP's family): where its host route steers it when that address is
-    /// on one of this node's networks and the pod's path does not lead
-    /// there ([`DatapathState::route_of`]). Planned, never held by the kernel:
-    /// a state read back takes it from the plan.
-    #[serde(skip)]
-    pub remote_hosts: BTreeMap<IpAddr, IpAddr>,
+datapath_tables! {
+    held {
+        /// Pods hosted here: pod IP -> LB IP (source rewrite toward the outside).
+        pod_svc: BTreeMap<IpAddr, IpAddr>,
+        /// LB IPs of pods hosted here: LB IP -> pod IP (destination rewrite).
+        svc_pod: BTreeMap<IpAddr, IpAddr>,
+        /// LB IPs of pods hosted on other nodes: LB IP -> pod IP. Steered there
+        /// untranslated; translated here only for in-cluster clients.
+        remote: BTreeMap<IpAddr, IpAddr>,
+        /// Pods hosted here whose Service is in port-filter mode.
+        filtered_pods: BTreeSet<IpAddr>,
+        /// Keyed on the pod IP: the filter runs after the destination rewrite.
+        allowed_ports: BTreeSet<AllowedPort>,
+        /// Filtered pods that accept ICMP (allowICMP "true").
+        icmp_allowed_pods: BTreeSet<IpAddr>,
+        /// LB IPs of managed Services with no mapping: dropped, never routed on.
+        unmapped_lbs: BTreeSet<IpAddr>,
+        /// The in-cluster ranges, merged (disjoint, not adjacent).
+        cluster: BTreeSet<IpRange>,
+        /// LB IPs (of every mapping) restricted by loadBalancerSourceRanges.
+        ranged_lbs: BTreeSet<IpAddr>,
+        /// `(LB IP, source range)` allowed to reach the pod through the LB IP,
+        /// merged per LB IP.
+        source_ranges: BTreeSet<(IpAddr, IpRange)>,
+    }
+    resolved {
+        /// Resolved from the kernel's paths: a source address we guard (mapped
+        /// pods, managed LB IPs) -> the only interface it may arrive on (its
+        /// path's `entry`: the route's interface, or the bridge port behind
+        /// which it lives; 0: none; a local or unmapped LB IP is never a
+        /// legitimate source).
+        guard: BTreeMap<IpAddr, u32>,
+        /// Resolved from the kernel's paths: LB IP -> where its host route
+        /// (`proto 249`) sends it: along the path toward its pod, or to the
+        /// node hosting it ([`DatapathState::route_of`]).
+        routes: BTreeMap<IpAddr, NextHop>,
+    }
+    planned {
+        /// LB IP of a remote mapping -> its hosting node's address (of the LB
+        /// IP's family): where its host route steers it when that address is
+        /// on one of this node's networks and the pod's path does not lead
+        /// there ([`DatapathState::route_of`]). Planned, never held by the kernel:
+        /// a state read back takes it from the plan.
+        remote_hosts: BTreeMap<IpAddr, IpAddr>,
+    }
 }
 
 /// The reverse of a state's `remote` (pod -> LB IP): a remote pod is
@@ -554,22 +559,6 @@ impl DatapathState {
         (!leads_there && path.gateway.is_none() && path.oif != 0).then_some((host, path))
     }
 
-    /// Number of elements over all collections.
-    pub fn len(&self) -> usize {
-        self.pod_svc.len()
-            + self.svc_pod.len()
-            + self.remote.len()
-            + self.filtered_pods.len()
-            + self.allowed_ports.len()
-            + self.icmp_allowed_pods.len()
-            + self.unmapped_lbs.len()
-            + self.cluster.len()
-            + self.ranged_lbs.len()
-            + self.source_ranges.len()
-            + self.guard.len()
-            + self.routes.len()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -578,76 +567,6 @@ impl DatapathState {
     /// in-cluster ranges): nothing to adopt.
     pub fn has_mappings(&self) -> bool {
         self.len() > self.cluster.len()
-    }
-
-    /// Applies `diff` as a kernel would: removing an element that is not
-    /// there fails (naming its collection), and so does the whole step.
-    pub fn apply(&mut self, diff: &StateDiff) -> Result<(), &'static str> {
-        fn set<T: Ord + Clone>(
-            s: &mut BTreeSet<T>,
-            c: &Change<T>,
-            name: &'static str,
-        ) -> Result<(), &'static str> {
-            for e in &c.remove {
-                s.remove(e).then_some(()).ok_or(name)?;
-            }
-            s.extend(c.add.iter().cloned());
-            Ok(())
-        }
-        apply_map(&mut self.pod_svc, &diff.pod_svc, "pod_svc")?;
-        apply_map(&mut self.svc_pod, &diff.svc_pod, "svc_pod")?;
-        apply_map(&mut self.remote, &diff.remote, "remote")?;
-        apply_map(&mut self.remote_hosts, &diff.remote_hosts, "remote_hosts")?;
-        set(
-            &mut self.filtered_pods,
-            &diff.filtered_pods,
-            "filtered_pods",
-        )?;
-        set(
-            &mut self.allowed_ports,
-            &diff.allowed_ports,
-            "allowed_ports",
-        )?;
-        set(
-            &mut self.icmp_allowed_pods,
-            &diff.icmp_allowed_pods,
-            "icmp_allowed_pods",
-        )?;
-        set(&mut self.unmapped_lbs, &diff.unmapped_lbs, "unmapped_lbs")?;
-        set(&mut self.cluster, &diff.cluster, "cluster")?;
-        set(&mut self.ranged_lbs, &diff.ranged_lbs, "ranged_lbs")?;
-        set(
-            &mut self.source_ranges,
-            &diff.source_ranges,
-            "source_ranges",
-        )?;
-        self.apply_resolved(diff)
-    }
-
-    /// Applies the `guard` and `routes` of `diff` alone, as
-    /// [`DatapathState::apply`] does.
-    pub fn apply_resolved(&mut self, diff: &StateDiff) -> Result<(), &'static str> {
-        apply_map(&mut self.guard, &diff.guard, "guard")?;
-        apply_map(&mut self.routes, &diff.routes, "routes")
-    }
-
-    /// What turns `self` into `target`.
-    pub fn diff(&self, target: &DatapathState) -> StateDiff {
-        StateDiff {
-            pod_svc: Change::of_maps(&self.pod_svc, &target.pod_svc),
-            svc_pod: Change::of_maps(&self.svc_pod, &target.svc_pod),
-            remote: Change::of_maps(&self.remote, &target.remote),
-            filtered_pods: Change::of_sets(&self.filtered_pods, &target.filtered_pods),
-            allowed_ports: Change::of_sets(&self.allowed_ports, &target.allowed_ports),
-            icmp_allowed_pods: Change::of_sets(&self.icmp_allowed_pods, &target.icmp_allowed_pods),
-            unmapped_lbs: Change::of_sets(&self.unmapped_lbs, &target.unmapped_lbs),
-            cluster: Change::of_sets(&self.cluster, &target.cluster),
-            ranged_lbs: Change::of_sets(&self.ranged_lbs, &target.ranged_lbs),
-            source_ranges: Change::of_sets(&self.source_ranges, &target.source_ranges),
-            guard: Change::of_maps(&self.guard, &target.guard),
-            routes: Change::of_maps(&self.routes, &target.routes),
-            remote_hosts: Change::of_maps(&self.remote_hosts, &target.remote_hosts),
-        }
     }
 }
 
@@ -658,20 +577,6 @@ impl DatapathState {
 /// The elements are moved, one collection at a time.
 pub fn repack<C: Default + IntoIterator + FromIterator<C::Item>>(c: &mut C) {
     *c = std::mem::take(c).into_iter().collect();
-}
-
-/// Applies `c` to map `m`; removing an entry that is not there fails,
-/// naming the collection.
-fn apply_map<K: Ord + Clone, V: Clone>(
-    m: &mut BTreeMap<K, V>,
-    c: &Change<(K, V)>,
-    name: &'static str,
-) -> Result<(), &'static str> {
-    for (k, _) in &c.remove {
-        m.remove(k).ok_or(name)?;
-    }
-    m.extend(c.add.iter().cloned());
-    Ok(())
 }
 
 /// Elements to remove and to add in one collection. A map entry whose value
@@ -737,24 +642,6 @@ impl<K: Ord + Clone, V: Ord + Clone> Change<(K, V)> {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StateDiff {
-    pub pod_svc: Change<(IpAddr, IpAddr)>,
-    pub svc_pod: Change<(IpAddr, IpAddr)>,
-    pub remote: Change<(IpAddr, IpAddr)>,
-    pub filtered_pods: Change<IpAddr>,
-    pub allowed_ports: Change<AllowedPort>,
-    pub icmp_allowed_pods: Change<IpAddr>,
-    pub unmapped_lbs: Change<IpAddr>,
-    pub cluster: Change<IpRange>,
-    pub ranged_lbs: Change<IpAddr>,
-    pub source_ranges: Change<(IpAddr, IpRange)>,
-    pub guard: Change<(IpAddr, u32)>,
-    pub routes: Change<(IpAddr, NextHop)>,
-    /// Planned only: no backend writes it.
-    pub remote_hosts: Change<(IpAddr, IpAddr)>,
-}
-
 impl StateDiff {
     /// The addresses of the mappings and unmapped LB IPs it changes (LB
     /// IPs and pods, local and remote): those whose guard, route or
@@ -771,23 +658,6 @@ impl StateDiff {
 
     pub fn is_empty(&self) -> bool {
         self.size() == 0
-    }
-
-    /// Elements removed plus elements added.
-    pub fn size(&self) -> usize {
-        self.pod_svc.size()
-            + self.svc_pod.size()
-            + self.remote.size()
-            + self.filtered_pods.size()
-            + self.allowed_ports.size()
-            + self.icmp_allowed_pods.size()
-            + self.unmapped_lbs.size()
-            + self.cluster.size()
-            + self.ranged_lbs.size()
-            + self.source_ranges.size()
-            + self.guard.size()
-            + self.routes.size()
-            + self.remote_hosts.size()
     }
 }
 

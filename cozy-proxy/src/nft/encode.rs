@@ -322,35 +322,45 @@ fn guard(c: &Change<(IpAddr, u32)>, remove: bool, paths: bool) -> Elements<'_> {
 /// One message's elements at a time: at a full sync they are hundreds of
 /// thousands.
 fn elements(batch: &mut Batch, diff: &StateDiff, ip_guard: &Change<(IpAddr, u32)>) {
+    // Every table of the diff, named: a table added to the state does not
+    // compile until it has its sets here. `guard` arrives per family
+    // (`ip_guard`), `routes` are the host's (`steer.rs`), `remote_hosts`
+    // is planned only.
+    let StateDiff {
+        pod_svc,
+        svc_pod,
+        remote,
+        filtered_pods,
+        allowed_ports,
+        icmp_allowed_pods,
+        unmapped_lbs,
+        cluster,
+        ranged_lbs,
+        source_ranges,
+        guard: _,
+        routes: _,
+        remote_hosts: _,
+    } = diff;
     type Group<'a> = (&'a str, Box<dyn Fn(bool) -> Elements<'a> + 'a>);
     let groups: [Group; 12] = [
-        (schema::POD_SVC, Box::new(|r| pairs(&diff.pod_svc, r))),
-        (schema::SVC_POD, Box::new(|r| pairs(&diff.svc_pod, r))),
-        (schema::REMOTE, Box::new(|r| pairs(&diff.remote, r))),
+        (schema::POD_SVC, Box::new(|r| pairs(pod_svc, r))),
+        (schema::SVC_POD, Box::new(|r| pairs(svc_pod, r))),
+        (schema::REMOTE, Box::new(|r| pairs(remote, r))),
         (
             schema::FILTERED_PODS,
-            Box::new(|r| singles(&diff.filtered_pods, r)),
+            Box::new(|r| singles(filtered_pods, r)),
         ),
-        (
-            schema::ALLOWED_PORTS,
-            Box::new(|r| ports(&diff.allowed_ports, r)),
-        ),
+        (schema::ALLOWED_PORTS, Box::new(|r| ports(allowed_ports, r))),
         (
             schema::ICMP_ALLOWED_PODS,
-            Box::new(|r| singles(&diff.icmp_allowed_pods, r)),
+            Box::new(|r| singles(icmp_allowed_pods, r)),
         ),
-        (
-            schema::UNMAPPED_LBS,
-            Box::new(|r| singles(&diff.unmapped_lbs, r)),
-        ),
-        (schema::CLUSTER, Box::new(|r| intervals(&diff.cluster, r))),
-        (
-            schema::RANGED_LBS,
-            Box::new(|r| singles(&diff.ranged_lbs, r)),
-        ),
+        (schema::UNMAPPED_LBS, Box::new(|r| singles(unmapped_lbs, r))),
+        (schema::CLUSTER, Box::new(|r| intervals(cluster, r))),
+        (schema::RANGED_LBS, Box::new(|r| singles(ranged_lbs, r))),
         (
             schema::SOURCE_RANGES,
-            Box::new(|r| lb_ranges(&diff.source_ranges, r)),
+            Box::new(|r| lb_ranges(source_ranges, r)),
         ),
         (schema::GUARDED, Box::new(|r| guard(ip_guard, r, false))),
         (schema::GUARD_PATHS, Box::new(|r| guard(ip_guard, r, true))),
