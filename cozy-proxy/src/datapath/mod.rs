@@ -11,6 +11,7 @@
 mod builder;
 mod capacity;
 mod counters;
+#[cfg(test)]
 pub mod fake;
 mod hosting;
 mod placement;
