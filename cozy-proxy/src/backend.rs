@@ -4,8 +4,8 @@
 //! backend's state is removed, so switching a node's backend leaves nothing
 //! behind and never leaves a gap (both translate the same way).
 use crate::datapath::{
-    BackendKind, Capacity, Counters, Datapath, DatapathState, Dump, Paths, StateDiff, SyncReport,
-    Synced,
+    BackendKind, Capacity, Counters, Datapath, DatapathState, Dump, ErrorKind, Paths, StateDiff,
+    SyncReport, Synced,
 };
 use crate::ebpf::{EbpfConfig, EbpfError, EbpfKernel};
 use crate::nft::{NftError, NftKernel};
@@ -37,6 +37,16 @@ pub enum BackendError {
     Ebpf(#[from] EbpfError),
     #[error("starting the datapath thread: {0}")]
     Thread(#[from] std::io::Error),
+}
+
+impl ErrorKind for BackendError {
+    fn kind(&self) -> &'static str {
+        match self {
+            BackendError::Nft(e) => e.kind(),
+            BackendError::Ebpf(e) => e.kind(),
+            BackendError::Thread(_) => "thread",
+        }
+    }
 }
 
 /// Where each backend keeps its state.

@@ -5,7 +5,7 @@
 //! reconciler and its datapath live on a thread of their own
 //! ([`Worker`]): the loop only waits for it, never blocks on a syscall.
 use crate::datapath::worker::Worker;
-use crate::datapath::Datapath;
+use crate::datapath::{Datapath, ErrorKind};
 use crate::model::Warning;
 use crate::reconcile::Reconciler;
 use crate::source::{Source, Update};
@@ -85,7 +85,12 @@ where
             // Taken into the plan even when the sync fails: a retry needs
             // only what changed since.
             full = false;
-            let round = datapath.call(move |r| r.reconcile(update)).await;
+            let round = datapath
+                .call(move |r| {
+                    let backend = r.datapath().kind();
+                    r.reconcile(update).map_err(|e| (backend, e))
+                })
+                .await;
             if was_full {
                 crate::memory::release_freed();
             }
@@ -102,8 +107,9 @@ where
                     on_warnings(&report.new_warnings);
                     telemetry.set_ready();
                 }
-                Ok(Err(e)) => {
-                    telemetry.metrics.sync_failed();
+                Ok(Err((backend, e))) => {
+                    let kind = e.kind();
+                    telemetry.metrics.sync_failed(&backend.to_string(), kind);
                     let pause = retry_pause(failures, settings.resync);
                     failures = failures.saturating_add(1);
                     retry.as_mut().reset(tokio::time::Instant::now() + pause);
@@ -327,7 +333,7 @@ mod tests {
         .await;
         let metrics = h.telemetry.metrics.render();
         assert!(
-            metrics.contains("cozy_proxy_sync_errors_total 3"),
+            metrics.contains(r#"cozy_proxy_sync_errors_total{backend="nft",kind="fake"} 3"#),
             "three failed rounds (two attempts each): {metrics}"
         );
         h.stop.notify_one();

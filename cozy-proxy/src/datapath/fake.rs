@@ -35,6 +35,12 @@ pub fn paths(pods: &BTreeSet<IpAddr>, moved: bool) -> BTreeMap<IpAddr, Path> {
 #[error("fake kernel: {0}")]
 pub struct FakeError(pub String);
 
+impl super::ErrorKind for FakeError {
+    fn kind(&self) -> &'static str {
+        "fake"
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct FakeWorld {
     /// What the fake kernel holds.

@@ -110,7 +110,7 @@ pub enum Routes {
 /// The kernel side of a backend: everything [`Synced`] needs to keep the
 /// kernel equal to a [`DatapathState`], and nothing of the policy around it.
 pub trait Kernel {
-    type Error: std::error::Error + Send + Sync + 'static;
+    type Error: std::error::Error + ErrorKind + Send + Sync + 'static;
     /// What a read learned besides the elements (which parts of the schema
     /// are missing or stale), for the apply that follows it.
     type Found;
@@ -206,9 +206,15 @@ pub trait Kernel {
     fn cleanup(&mut self) -> Result<(), Self::Error>;
 }
 
+/// What kind of failure an error is, as a metric label (`sync_errors`'s
+/// `kind`): a few stable words, not the message.
+pub trait ErrorKind {
+    fn kind(&self) -> &'static str;
+}
+
 /// A datapath as the reconciler drives it.
 pub trait Datapath {
-    type Error: std::error::Error + Send + Sync + 'static;
+    type Error: std::error::Error + ErrorKind + Send + Sync + 'static;
 
     fn kind(&self) -> BackendKind;
 

@@ -94,6 +94,23 @@ pub enum EbpfError {
     Unserved(String),
 }
 
+impl crate::datapath::ErrorKind for EbpfError {
+    fn kind(&self) -> &'static str {
+        match self {
+            EbpfError::NotBuilt => "not_built",
+            EbpfError::Load(_) | EbpfError::Missing(_) | EbpfError::Program { .. } => "load",
+            EbpfError::Attach { .. } | EbpfError::PinLink { .. } => "attach",
+            EbpfError::Map { .. } => "map",
+            EbpfError::Full { .. } => "full",
+            EbpfError::NoBpffs { .. } => "bpffs",
+            EbpfError::Io { .. } => "io",
+            EbpfError::Netlink(e) => crate::datapath::ErrorKind::kind(e),
+            EbpfError::Blocked(_) => "blocked",
+            EbpfError::Unserved(_) => "unserved",
+        }
+    }
+}
+
 /// Which interfaces get the programs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Interfaces {

@@ -31,6 +31,17 @@ pub enum NetlinkError {
     Interrupted(String),
 }
 
+impl crate::datapath::ErrorKind for NetlinkError {
+    fn kind(&self) -> &'static str {
+        match self {
+            NetlinkError::Io(_) => "netlink_socket",
+            NetlinkError::Refused { .. } => "refused",
+            NetlinkError::MissingAcks(_) => "missing_acks",
+            NetlinkError::Interrupted(_) => "interrupted",
+        }
+    }
+}
+
 impl NetlinkError {
     /// The errno the kernel answered, if it answered one.
     pub fn errno(&self) -> Option<i32> {

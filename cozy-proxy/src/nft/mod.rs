@@ -41,6 +41,15 @@ pub enum NftError {
     Decode(#[from] DecodeError),
 }
 
+impl crate::datapath::ErrorKind for NftError {
+    fn kind(&self) -> &'static str {
+        match self {
+            NftError::Netlink(e) => crate::datapath::ErrorKind::kind(e),
+            NftError::Decode(_) => "decode",
+        }
+    }
+}
+
 /// An answer of the kernel that does not have the shape we wrote.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {

@@ -21,7 +21,7 @@ type Labels = Vec<(String, String)>;
 pub struct Metrics {
     registry: Registry,
     sync_duration: Histogram,
-    sync_errors: Counter,
+    sync_errors: Family<Labels, Counter>,
     services: Family<Labels, Gauge>,
     unmapped: Gauge,
     warnings: Family<Labels, Gauge>,
@@ -159,7 +159,7 @@ impl Metrics {
         let m = Metrics {
             // 100 us .. ~26 s
             sync_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
-            sync_errors: Counter::default(),
+            sync_errors: Family::default(),
             services: Family::default(),
             unmapped: Gauge::default(),
             warnings: Family::default(),
@@ -177,7 +177,9 @@ impl Metrics {
         );
         registry.register(
             "sync_errors",
-            "Syncs that failed (retried; the datapath keeps its last state)",
+            "Syncs that failed (retried; the datapath keeps its last state), by backend and kind \
+             of failure (refused: the kernel refused a change; map, full, load, attach, bpffs, \
+             decode, interrupted, ...)",
             m.sync_errors.clone(),
         );
         registry.register(
@@ -229,8 +231,10 @@ impl Metrics {
         self.sync_duration.observe(seconds);
     }
 
-    pub fn sync_failed(&self) {
-        self.sync_errors.inc();
+    pub fn sync_failed(&self, backend: &str, kind: &str) {
+        self.sync_errors
+            .get_or_create(&labels(&[("backend", backend), ("kind", kind)]))
+            .inc();
     }
 
     /// Updates the gauges derived from a plan.
