@@ -223,11 +223,11 @@ fn install(batch: &mut Batch, t: &Table, how: Install, dormant: bool) {
 pub(super) struct Element {
     pub(super) ip: IpAddr,
     pub(super) key: Vec<u8>,
-    value: Option<Vec<u8>>,
+    pub(super) value: Option<Vec<u8>>,
     /// The inclusive end of a concatenated interval (pipapo).
-    key_end: Option<Vec<u8>>,
+    pub(super) key_end: Option<Vec<u8>>,
     /// NFT_SET_ELEM_INTERVAL_END: the element closes an interval (rbtree).
-    interval_end: bool,
+    pub(super) interval_end: bool,
 }
 
 impl Element {
@@ -251,7 +251,7 @@ fn side<T>(c: &Change<T>, remove: bool) -> &[T] {
 }
 
 /// A set's element changes, made as they are encoded.
-type Elements<'a> = Box<dyn Iterator<Item = Element> + 'a>;
+pub(super) type Elements<'a> = Box<dyn Iterator<Item = Element> + 'a>;
 
 fn pairs(c: &Change<(IpAddr, IpAddr)>, remove: bool) -> Elements<'_> {
     Box::new(side(c, remove).iter().map(|(k, v)| Element {
@@ -317,11 +317,14 @@ fn guard(c: &Change<(IpAddr, u32)>, remove: bool, paths: bool) -> Elements<'_> {
     }
 }
 
-/// The element changes of `diff`: every removal first, then every
-/// addition (a changed map value is removed and added in the same batch).
-/// One message's elements at a time: at a full sync they are hundreds of
-/// thousands.
-fn elements(batch: &mut Batch, diff: &StateDiff, ip_guard: &Change<(IpAddr, u32)>) {
+/// A set's name and its element changes (`true`: the removals).
+pub(super) type Group<'a> = (&'a str, Box<dyn Fn(bool) -> Elements<'a> + 'a>);
+
+/// Every set's element changes in `diff`, in the order they are written.
+pub(super) fn groups<'a>(
+    diff: &'a StateDiff,
+    ip_guard: &'a Change<(IpAddr, u32)>,
+) -> [Group<'a>; 12] {
     // Every table of the diff, named: a table added to the state does not
     // compile until it has its sets here. `guard` arrives per family
     // (`ip_guard`), `routes` are the host's (`steer.rs`), `remote_hosts`
@@ -341,8 +344,7 @@ fn elements(batch: &mut Batch, diff: &StateDiff, ip_guard: &Change<(IpAddr, u32)
         routes: _,
         remote_hosts: _,
     } = diff;
-    type Group<'a> = (&'a str, Box<dyn Fn(bool) -> Elements<'a> + 'a>);
-    let groups: [Group; 12] = [
+    [
         (schema::POD_SVC, Box::new(|r| pairs(pod_svc, r))),
         (schema::SVC_POD, Box::new(|r| pairs(svc_pod, r))),
         (schema::REMOTE, Box::new(|r| pairs(remote, r))),
@@ -364,7 +366,15 @@ fn elements(batch: &mut Batch, diff: &StateDiff, ip_guard: &Change<(IpAddr, u32)
         ),
         (schema::GUARDED, Box::new(|r| guard(ip_guard, r, false))),
         (schema::GUARD_PATHS, Box::new(|r| guard(ip_guard, r, true))),
-    ];
+    ]
+}
+
+/// The element changes of `diff`: every removal first, then every
+/// addition (a changed map value is removed and added in the same batch).
+/// One message's elements at a time: at a full sync they are hundreds of
+/// thousands.
+fn elements(batch: &mut Batch, diff: &StateDiff, ip_guard: &Change<(IpAddr, u32)>) {
+    let groups = groups(diff, ip_guard);
     for remove in [true, false] {
         for (set, make) in &groups {
             for l in &LAYOUTS {

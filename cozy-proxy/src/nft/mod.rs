@@ -20,6 +20,8 @@ mod ports;
 mod read;
 pub mod schema;
 mod sys;
+#[cfg(test)]
+mod trace;
 
 use crate::datapath::{
     Applied, BackendKind, Capacity, DatapathState, Dump, Kernel, Paths, Routes, StateDiff,
