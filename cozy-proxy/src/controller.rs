@@ -72,6 +72,11 @@ where
     // (never later than the resync), not only at the next event.
     let mut failures = 0u32;
     let mut retry = std::pin::pin!(tokio::time::sleep(Duration::MAX / 4));
+    // The watcher thread and the datapath read the kernel's path news from
+    // two sockets: a wake may come before the news reaches the datapath's.
+    // A wake that found nothing is looked at again, twice, shortly after.
+    let mut late_news = std::pin::pin!(tokio::time::sleep(Duration::MAX / 4));
+    let mut late_checks: &[Duration] = &[];
     // The warnings of the periodic jobs, which fail again each period
     // while their cause lasts.
     let mut repeats = PeriodicWarnings::default();
@@ -139,14 +144,29 @@ where
                 pending = true;
                 full = true;
             }
-            _ = path_news.notified() => match datapath.call(|r| r.datapath_mut().paths_news()).await {
-                Ok(Ok(changed)) => {
-                    pending |= changed;
-                    repeats.paths.clear();
+            _ = path_news.notified() => {
+                let Some(changed) = paths_news(&datapath, &mut repeats.paths).await else {
+                    return;
+                };
+                pending |= changed;
+                late_checks = if changed { &[] } else { &LATE_NEWS };
+                if let Some(after) = late_checks.first() {
+                    late_news.as_mut().reset(tokio::time::Instant::now() + *after);
                 }
-                Ok(Err(e)) => warn_repeating!(repeats.paths, error = %e, "following the kernel's paths failed"),
-                Err(_) => return,
-            },
+            }
+            _ = &mut late_news, if !late_checks.is_empty() => {
+                let Some(changed) = paths_news(&datapath, &mut repeats.paths).await else {
+                    return;
+                };
+                if changed {
+                    info!(looked_again = late_checks.len(), "path news arrived after their wake");
+                }
+                pending |= changed;
+                late_checks = if changed { &[] } else { &late_checks[1..] };
+                if let Some(after) = late_checks.first() {
+                    late_news.as_mut().reset(tokio::time::Instant::now() + *after);
+                }
+            }
             _ = upkeep.tick() => match datapath.call(|r| r.datapath_mut().upkeep()).await {
                 Ok(Ok(paths_changed)) => {
                     pending |= paths_changed;
@@ -168,6 +188,29 @@ where
     }
     // No flush on exit: the kernel keeps translating while we restart.
     info!("stopping; the datapath stays in place (`cozy-proxy cleanup` removes it)");
+}
+
+/// When a wake that found no path news is looked at again (after the
+/// wake, then after the first look).
+const LATE_NEWS: [Duration; 2] = [Duration::from_millis(20), Duration::from_millis(200)];
+
+/// The kernel's path news, drained: whether a path may have changed
+/// (`None`: the datapath thread is gone).
+async fn paths_news<D: Datapath + 'static>(
+    datapath: &Worker<Reconciler<D>>,
+    repeats: &mut Repeats,
+) -> Option<bool> {
+    match datapath.call(|r| r.datapath_mut().paths_news()).await {
+        Ok(Ok(changed)) => {
+            repeats.clear();
+            Some(changed)
+        }
+        Ok(Err(e)) => {
+            warn_repeating!(repeats, error = %e, "following the kernel's paths failed");
+            Some(false)
+        }
+        Err(_) => None,
+    }
 }
 
 #[derive(Default)]
@@ -219,6 +262,7 @@ mod tests {
         world: FakeHandle,
         ready: Arc<Notify>,
         push: mpsc::UnboundedSender<Snapshot>,
+        path_news: Arc<Notify>,
         telemetry: Telemetry,
         warnings: Arc<Mutex<Vec<String>>>,
         stop: Arc<Notify>,
@@ -226,6 +270,11 @@ mod tests {
     }
 
     fn start(initial: Snapshot, resync: Duration) -> Harness {
+        start_with(initial, resync, Duration::from_millis(20))
+    }
+
+    /// With upkeep every `upkeep` (which follows the paths too).
+    fn start_with(initial: Snapshot, resync: Duration, upkeep: Duration) -> Harness {
         let (kernel, world) = FakeKernel::new();
         let datapath = Worker::spawn("test-datapath", move || {
             Ok::<_, std::io::Error>(Reconciler::new(Synced::new(kernel), Default::default()))
@@ -237,6 +286,7 @@ mod tests {
         let warnings = Arc::new(Mutex::new(Vec::new()));
         let seen = warnings.clone();
         let stop = Arc::new(Notify::new());
+        let path_news = Arc::new(Notify::new());
         let ctx = RunContext {
             datapath,
             source: TestSource {
@@ -248,14 +298,14 @@ mod tests {
             settings: LoopSettings {
                 debounce: Duration::from_millis(5),
                 resync,
-                upkeep: Duration::from_millis(20),
+                upkeep,
                 counters: Duration::from_secs(3600),
             },
             on_warnings: Box::new(move |w| {
                 let mut seen = seen.lock().expect("lock");
                 seen.extend(w.iter().map(|w| w.kind.as_str().to_string()));
             }),
-            path_news: Arc::new(Notify::new()),
+            path_news: path_news.clone(),
         };
         let stopped = stop.clone();
         let task =
@@ -264,6 +314,7 @@ mod tests {
             world,
             ready,
             push,
+            path_news,
             telemetry,
             warnings,
             stop,
@@ -355,6 +406,36 @@ mod tests {
         h.push.send(bad).expect("push");
         until("reported again after it came back", || {
             h.warnings.lock().expect("lock").len() == 2
+        })
+        .await;
+        h.stop.notify_one();
+        h.task.await.expect("loop");
+    }
+
+    #[tokio::test]
+    async fn path_news_that_arrive_after_their_wake_are_still_followed() {
+        let snap = snapshot(&service("a", "203.0.113.10", "192.0.2.11", "true"));
+        // Neither upkeep nor resync comes during the test: only path news
+        // follow the pod.
+        let h = start_with(
+            snap.clone(),
+            Duration::from_secs(3600),
+            Duration::from_secs(3600),
+        );
+        h.ready.notify_one();
+        until("first sync", || h.world.world().kernel == desired(&snap)).await;
+        let pod: std::net::IpAddr = "192.0.2.11".parse().expect("pod");
+        assert_eq!(h.world.world().kernel.guard.get(&pod), Some(&7));
+        {
+            let mut w = h.world.world();
+            w.moved = true;
+            // The wake finds nothing: the news reaches the datapath's
+            // socket only after it looked.
+            w.late_news = 1;
+        }
+        h.path_news.notify_one();
+        until("the guard follows the moved pod", || {
+            h.world.world().kernel.guard.get(&pod) == Some(&8)
         })
         .await;
         h.stop.notify_one();

@@ -56,8 +56,11 @@ pub struct FakeWorld {
     pub applies: usize,
     pub upkeeps: usize,
     /// The pods' paths go through another interface: the next upkeep
-    /// reports that the paths changed.
+    /// (or path news) reports that the paths changed.
     pub moved: bool,
+    /// The next this many path news find nothing: the kernel's
+    /// notification has not reached the socket that reads them yet.
+    pub late_news: usize,
 }
 
 /// The test's side of a [`FakeKernel`].
@@ -186,6 +189,17 @@ impl Kernel for FakeKernel {
     fn upkeep(&mut self) -> Result<bool, FakeError> {
         let mut w = self.world.world();
         w.upkeeps += 1;
+        let changed = w.moved != self.moved;
+        self.moved = w.moved;
+        Ok(changed)
+    }
+
+    fn paths_news(&mut self) -> Result<bool, FakeError> {
+        let mut w = self.world.world();
+        if w.late_news > 0 {
+            w.late_news -= 1;
+            return Ok(false);
+        }
         let changed = w.moved != self.moved;
         self.moved = w.moved;
         Ok(changed)

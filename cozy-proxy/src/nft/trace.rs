@@ -165,7 +165,7 @@ enum Ending {
     Fell,
 }
 
-fn header<'p>(p: &'p mut Packet, base: u32) -> &'p mut Vec<u8> {
+fn header(p: &mut Packet, base: u32) -> &mut Vec<u8> {
     if base == NFT_PAYLOAD_NETWORK_HEADER {
         &mut p.nh
     } else {
