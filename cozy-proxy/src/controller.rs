@@ -13,6 +13,9 @@ use crate::telemetry::{repeats::Repeats, Telemetry};
 use crate::warn_repeating;
 use std::{future::Future, time::Duration, time::Instant};
 use tracing::{error, info};
+use turns::Turns;
+
+mod turns;
 
 pub struct LoopSettings {
     /// How long after a change to wait for more before reconciling.
@@ -65,31 +68,19 @@ where
     resync.tick().await;
     let mut upkeep = tokio::time::interval(settings.upkeep);
     let mut counters = tokio::time::interval(settings.counters);
-    let mut pending = true;
-    // The first round and each resync read every object again.
-    let mut full = true;
-    // After a failed round, the next attempt comes after a growing pause
-    // (never later than the resync), not only at the next event.
-    let mut failures = 0u32;
+    let mut turns = Turns::new();
     let mut retry = std::pin::pin!(tokio::time::sleep(Duration::MAX / 4));
-    // The watcher thread and the datapath read the kernel's path news from
-    // two sockets: a wake may come before the news reaches the datapath's.
-    // A wake that found nothing is looked at again, twice, shortly after.
     let mut late_news = std::pin::pin!(tokio::time::sleep(Duration::MAX / 4));
-    let mut late_checks: &[Duration] = &[];
     // The warnings of the periodic jobs, which fail again each period
     // while their cause lasts.
     let mut repeats = PeriodicWarnings::default();
     loop {
         // A turn of the loop: /healthz fails when they stop.
         telemetry.beat();
-        if pending {
+        if turns.round_due() {
             let started = Instant::now();
-            let update = source.update(full);
+            let update = source.update(turns.round_starts());
             let was_full = matches!(update, Update::Full(_));
-            // Taken into the plan even when the sync fails: a retry needs
-            // only what changed since.
-            full = false;
             let round = datapath
                 .call(move |r| {
                     let backend = r.datapath().kind();
@@ -101,8 +92,7 @@ where
             }
             match round {
                 Ok(Ok(report)) => {
-                    pending = false;
-                    failures = 0;
+                    turns.round_succeeded();
                     let m = &telemetry.metrics;
                     m.observe_sync(started.elapsed().as_secs_f64());
                     m.observe_plan(&report.summary, report.sync.elements);
@@ -115,8 +105,7 @@ where
                 Ok(Err((backend, e))) => {
                     let kind = e.kind();
                     telemetry.metrics.sync_failed(&backend.to_string(), kind);
-                    let pause = retry_pause(failures, settings.resync);
-                    failures = failures.saturating_add(1);
+                    let pause = turns.round_failed(settings.resync);
                     retry.as_mut().reset(tokio::time::Instant::now() + pause);
                     error!(error = %e, retry_in = ?pause, "sync failed; the datapath keeps its last state");
                 }
@@ -134,42 +123,37 @@ where
                 if !settings.debounce.is_zero() {
                     tokio::time::sleep(settings.debounce).await;
                 }
-                pending = true;
+                turns.changed();
             }
-            _ = &mut retry, if pending => {}
+            _ = &mut retry, if turns.round_due() => {}
             _ = resync.tick() => {
                 if datapath.call(|r| r.datapath_mut().forget()).await.is_err() {
                     return;
                 }
-                pending = true;
-                full = true;
+                turns.resync();
             }
             _ = path_news.notified() => {
                 let Some(changed) = paths_news(&datapath, &mut repeats.paths).await else {
                     return;
                 };
-                pending |= changed;
-                late_checks = if changed { &[] } else { &LATE_NEWS };
-                if let Some(after) = late_checks.first() {
-                    late_news.as_mut().reset(tokio::time::Instant::now() + *after);
+                if let Some(after) = turns.path_news(changed, false) {
+                    late_news.as_mut().reset(tokio::time::Instant::now() + after);
                 }
             }
-            _ = &mut late_news, if !late_checks.is_empty() => {
+            _ = &mut late_news, if turns.next_late_check().is_some() => {
                 let Some(changed) = paths_news(&datapath, &mut repeats.paths).await else {
                     return;
                 };
                 if changed {
-                    info!(looked_again = late_checks.len(), "path news arrived after their wake");
+                    info!("path news arrived after their wake");
                 }
-                pending |= changed;
-                late_checks = if changed { &[] } else { &late_checks[1..] };
-                if let Some(after) = late_checks.first() {
-                    late_news.as_mut().reset(tokio::time::Instant::now() + *after);
+                if let Some(after) = turns.path_news(changed, true) {
+                    late_news.as_mut().reset(tokio::time::Instant::now() + after);
                 }
             }
             _ = upkeep.tick() => match datapath.call(|r| r.datapath_mut().upkeep()).await {
                 Ok(Ok(paths_changed)) => {
-                    pending |= paths_changed;
+                    turns.upkept(paths_changed);
                     repeats.upkeep.clear();
                 }
                 Ok(Err(e)) => warn_repeating!(repeats.upkeep, error = %e, "datapath upkeep failed"),
@@ -189,10 +173,6 @@ where
     // No flush on exit: the kernel keeps translating while we restart.
     info!("stopping; the datapath stays in place (`cozy-proxy cleanup` removes it)");
 }
-
-/// When a wake that found no path news is looked at again (after the
-/// wake, then after the first look).
-const LATE_NEWS: [Duration; 2] = [Duration::from_millis(20), Duration::from_millis(200)];
 
 /// The kernel's path news, drained: whether a path may have changed
 /// (`None`: the datapath thread is gone).
@@ -218,13 +198,6 @@ struct PeriodicWarnings {
     paths: Repeats,
     upkeep: Repeats,
     counters: Repeats,
-}
-
-/// 100 ms, doubling with each failed round, at most the resync period.
-fn retry_pause(failures: u32, resync: Duration) -> Duration {
-    Duration::from_millis(100)
-        .saturating_mul(1 << failures.min(16))
-        .min(resync)
 }
 
 #[cfg(test)]
