@@ -140,42 +140,25 @@ fn assert_never_unfiltered(plan: &ApplyPlan, to: &DatapathState) {
         (Some(i), Some(w)) => i > w,
         _ => true,
     };
-    let names = || -> Vec<String> { steps.iter().map(|s| s.to_string()).collect() };
-    assert!(
-        before_addrs(at(|s| matches!(s, Step::PrefilterUp { .. }))),
-        "{:#?}",
-        names()
-    );
-    assert!(
-        before_addrs(at(|s| matches!(s, Step::PortsIn(_)))),
-        "{:#?}",
-        names()
-    );
-    assert!(
-        before_addrs(at(|s| matches!(s, Step::RangesIn(_)))),
-        "{:#?}",
-        names()
-    );
-    assert!(
-        before_addrs(at(|s| matches!(s, Step::ForgetFlows(_)))),
-        "{:#?}",
-        names()
-    );
-    assert!(
-        after_addrs(at(|s| matches!(s, Step::PortsOut(_)))),
-        "{:#?}",
-        names()
-    );
-    assert!(
-        after_addrs(at(|s| matches!(s, Step::RangesOut(_)))),
-        "{:#?}",
-        names()
-    );
-    assert!(
-        after_addrs(at(|s| matches!(s, Step::PrefilterDown(_)))),
-        "{:#?}",
-        names()
-    );
+    let names: Vec<String> = steps.iter().map(|s| s.to_string()).collect();
+    type Is = fn(&Step) -> bool;
+    let before: [(&str, Is); 4] = [
+        ("prefilter up", |s| matches!(s, Step::PrefilterUp { .. })),
+        ("ports in", |s| matches!(s, Step::PortsIn(_))),
+        ("ranges in", |s| matches!(s, Step::RangesIn(_))),
+        ("flows forgotten", |s| matches!(s, Step::ForgetFlows(_))),
+    ];
+    let after: [(&str, Is); 3] = [
+        ("ports out", |s| matches!(s, Step::PortsOut(_))),
+        ("ranges out", |s| matches!(s, Step::RangesOut(_))),
+        ("prefilter down", |s| matches!(s, Step::PrefilterDown(_))),
+    ];
+    for (what, is) in before {
+        assert!(before_addrs(at(is)), "{what} after addrs: {names:#?}");
+    }
+    for (what, is) in after {
+        assert!(after_addrs(at(is)), "{what} before addrs: {names:#?}");
+    }
     // Nothing the target needs leaves.
     for k in &plan.ports_out {
         let p = AllowedPort {
