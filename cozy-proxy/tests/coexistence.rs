@@ -215,8 +215,12 @@ fn auto_takes_nft(env: &mut Env, extra: &[&str], why: &str) -> Result<()> {
             && l.contains(why)),
         "the backend metric does not say nft and {why:?}:\n{metrics}"
     );
-    let ruleset = ok_in(&env.topo.node(), &["nft", "list", "tables"])?;
-    ensure!(ruleset.contains("cozy_proxy"), "no nft table: {ruleset}");
+    // The backend is chosen before the first sync installs its table.
+    eventually(SETTLE, || {
+        let ruleset = ok_in(&env.topo.node(), &["nft", "list", "tables"])?;
+        ensure!(ruleset.contains("cozy_proxy"), "no nft table: {ruleset}");
+        Ok(())
+    })?;
     both_ways(env)
 }
 
