@@ -112,10 +112,10 @@ impl AddrWrites {
 /// One apply, phase by phase; [`ApplyPlan::steps`] gives their order.
 #[derive(Default, Debug)]
 pub struct ApplyPlan {
-    /// Addresses taking prefilter roles, and ranges entering the trie
-    /// (their hint bits); written when either is not empty.
+    /// Addresses taking prefilter roles; the prefilter is written before
+    /// the entries when they or the cluster ranges entering are not empty
+    /// (the ranges' hint bits).
     pub bits_up: Vec<(IpKey, u8)>,
-    pub cluster_up: Vec<Cidr>,
     pub ports_in: Vec<PortKey>,
     pub ranges_in: Ranges,
     /// Pods whose remembered flows are forgotten before their entries.
@@ -154,10 +154,10 @@ impl ApplyPlan {
     /// rule).
     pub fn steps(&self) -> Vec<Step<'_>> {
         let mut out = Vec::new();
-        if !self.bits_up.is_empty() || !self.cluster_up.is_empty() {
+        if !self.bits_up.is_empty() || !self.ranges_in.cluster.is_empty() {
             out.push(Step::PrefilterUp {
                 addrs: &self.bits_up,
-                cluster: &self.cluster_up,
+                cluster: &self.ranges_in.cluster,
             });
         }
         if !self.ports_in.is_empty() {
@@ -243,11 +243,10 @@ pub fn plan(
             plan.bits_down.push((key(a), had & !has));
         }
     }
-    plan.cluster_up = diff.cluster.add.iter().flat_map(IpRange::cidrs).collect();
     plan.ports_in = diff.allowed_ports.add.iter().map(port_key).collect();
     plan.ports_out = diff.allowed_ports.remove.iter().map(port_key).collect();
     plan.ranges_in = Ranges {
-        cluster: plan.cluster_up.clone(),
+        cluster: diff.cluster.add.iter().flat_map(IpRange::cidrs).collect(),
         sources: (diff.source_ranges.add.iter())
             .flat_map(|(lb, r)| r.cidrs().into_iter().map(move |c| (*lb, c)))
             .collect(),

@@ -211,9 +211,23 @@ impl Maps {
             return Ok(());
         }
         self.standby = false;
-        let cidrs = trie_cidrs(&self.cluster)?;
+        self.rewrite_prefilter(&[], |_| {})
+    }
+
+    /// Writes the prefilter: the believed address bits, changed by
+    /// `change` first, and the hint bits of the `cluster` trie's prefixes
+    /// with `entering` (prefixes about to enter it: the hint covers a
+    /// prefix before the trie holds it).
+    fn rewrite_prefilter(
+        &mut self,
+        entering: &[Cidr],
+        change: impl FnOnce(&mut AddrBits),
+    ) -> Result<(), EbpfError> {
+        let mut cidrs = trie_cidrs(&self.cluster)?;
+        cidrs.extend(entering.iter().copied());
         let belief = loaded(&mut self.belief, &self.addrs)?;
-        write_prefilter(&mut self.prefilter, false, &belief.bits, &cidrs)
+        change(&mut belief.bits);
+        write_prefilter(&mut self.prefilter, self.standby, &belief.bits, &cidrs)
     }
 
     /// `addrs` as this process believes it holds it, read when not known.
@@ -316,13 +330,11 @@ impl Maps {
         for step in plan.steps() {
             match step {
                 Step::PrefilterUp { addrs, cluster } => {
-                    let mut cidrs = trie_cidrs(&self.cluster)?;
-                    cidrs.extend(cluster.iter().copied());
-                    let belief = loaded(&mut self.belief, &self.addrs)?;
-                    for (k, roles) in addrs {
-                        belief.bits.add(*k, *roles);
-                    }
-                    write_prefilter(&mut self.prefilter, self.standby, &belief.bits, &cidrs)?;
+                    self.rewrite_prefilter(cluster, |bits| {
+                        for (k, roles) in addrs {
+                            bits.add(*k, *roles);
+                        }
+                    })?
                 }
                 Step::PortsIn(keys) => {
                     // As many as a batch takes; the rest (a full map) one
@@ -375,14 +387,11 @@ impl Maps {
                 }
                 Step::RangesOut(r) => self.remove_ranges(r)?,
                 Step::PortsOut(keys) => self.remove_ports(keys)?,
-                Step::PrefilterDown(addrs) => {
-                    let cidrs = trie_cidrs(&self.cluster)?;
-                    let belief = loaded(&mut self.belief, &self.addrs)?;
+                Step::PrefilterDown(addrs) => self.rewrite_prefilter(&[], |bits| {
                     for (k, roles) in addrs {
-                        belief.bits.remove(k, *roles);
+                        bits.remove(k, *roles);
                     }
-                    write_prefilter(&mut self.prefilter, self.standby, &belief.bits, &cidrs)?;
-                }
+                })?,
             }
         }
         Ok(())
@@ -448,11 +457,8 @@ impl Maps {
         if adding.is_empty() && removing.is_empty() {
             return Ok(());
         }
-        // The hint covers an address before the trie holds it.
-        let mut cidrs = trie_cidrs(&self.cluster)?;
-        cidrs.extend(adding.iter().map(|a| Cidr::host(*a)));
-        let belief = loaded(&mut self.belief, &self.addrs)?;
-        write_prefilter(&mut self.prefilter, self.standby, &belief.bits, &cidrs)?;
+        let hosts: Vec<Cidr> = adding.iter().map(|a| Cidr::host(*a)).collect();
+        self.rewrite_prefilter(&hosts, |_| {})?;
         for a in &adding {
             self.cluster
                 .insert(&cluster_key(&Cidr::host(*a)), NODE_ADDRESS, 0)
@@ -462,9 +468,7 @@ impl Maps {
             absent_ok(self.cluster.remove(&cluster_key(&Cidr::host(*a))))
                 .map_err(named(names::CLUSTER))?;
         }
-        let cidrs = trie_cidrs(&self.cluster)?;
-        let belief = loaded(&mut self.belief, &self.addrs)?;
-        write_prefilter(&mut self.prefilter, self.standby, &belief.bits, &cidrs)
+        self.rewrite_prefilter(&[], |_| {})
     }
 
     /// Forgets what this process believes the maps hold: the next apply
