@@ -796,4 +796,28 @@ mod tests {
         }
         assert_eq!(s.pods(), BTreeSet::from([pod, host]));
     }
+
+    /// Two families' states read apart make one: every table of each,
+    /// the planned-only ones included.
+    #[test]
+    fn merge_takes_in_every_table() {
+        let v4 = DatapathState {
+            svc_pod: BTreeMap::from([(ip("203.0.113.10"), ip("192.0.2.10"))]),
+            filtered_pods: BTreeSet::from([ip("192.0.2.10")]),
+            guard: BTreeMap::from([(ip("192.0.2.10"), 3)]),
+            ..Default::default()
+        };
+        let v6 = DatapathState {
+            svc_pod: BTreeMap::from([(ip("2001:db8::10"), ip("2001:db8:1::10"))]),
+            remote_hosts: BTreeMap::from([(ip("2001:db8::11"), ip("2001:db8:2::1"))]),
+            ..Default::default()
+        };
+        let mut merged = v4.clone();
+        merged.merge(v6.clone());
+        assert_eq!(merged.svc_pod.len(), 2);
+        assert_eq!(merged.filtered_pods, v4.filtered_pods);
+        assert_eq!(merged.guard, v4.guard);
+        assert_eq!(merged.remote_hosts, v6.remote_hosts);
+        assert_eq!(merged.len(), v4.len() + v6.len());
+    }
 }

@@ -1,6 +1,6 @@
 //! The datapath's tables, declared once (`datapath_tables!` in
 //! `state.rs`): the declaration generates [`DatapathState`], [`StateDiff`],
-//! their sizes, diff and apply. A backend reads a state back by
+//! their sizes, diff, merge and apply. A backend reads a state back by
 //! building a `DatapathState` literal and writes a diff by destructuring a
 //! `StateDiff` whole, so a table added here and forgotten there does not
 //! compile.
@@ -24,6 +24,8 @@ pub trait StateTable {
         name: &'static str,
     ) -> Result<(), &'static str>;
     fn count(&self) -> usize;
+    /// Takes in `other`'s elements (an entry of `other` wins).
+    fn take_in(&mut self, other: Self);
 }
 
 impl<T: Ord + Clone> StateTable for BTreeSet<T> {
@@ -44,6 +46,10 @@ impl<T: Ord + Clone> StateTable for BTreeSet<T> {
     fn count(&self) -> usize {
         self.len()
     }
+
+    fn take_in(&mut self, other: Self) {
+        self.extend(other);
+    }
 }
 
 impl<K: Ord + Clone, V: Ord + Clone> StateTable for BTreeMap<K, V> {
@@ -63,6 +69,10 @@ impl<K: Ord + Clone, V: Ord + Clone> StateTable for BTreeMap<K, V> {
 
     fn count(&self) -> usize {
         self.len()
+    }
+
+    fn take_in(&mut self, other: Self) {
+        self.extend(other);
     }
 }
 
@@ -112,6 +122,14 @@ macro_rules! datapath_tables {
             pub fn apply_resolved(&mut self, diff: &StateDiff) -> Result<(), &'static str> {
                 $( self.$res.apply_change(&diff.$res, stringify!($res))?; )*
                 Ok(())
+            }
+
+            /// Takes in every table of `other` (states read apart, one
+            /// per family, made one).
+            pub fn merge(&mut self, other: DatapathState) {
+                $( self.$held.take_in(other.$held); )*
+                $( self.$res.take_in(other.$res); )*
+                $( self.$plan.take_in(other.$plan); )*
             }
 
             /// What turns `self` into `target`.

@@ -5,8 +5,8 @@ use super::apply_plan::{self, ip, key, AddrWrites, ApplyPlan, Belief, Ranges, St
 use super::flow_sweep::FlowSweep;
 use super::slots::Written;
 use super::{batch, EbpfError};
-use crate::datapath::{AllowedPort, DatapathState, StateDiff};
-use crate::model::{merge_ranges, Cidr};
+use crate::datapath::{AllowedPort, DatapathState, NextHop, StateDiff};
+use crate::model::{merge_ranges, Cidr, IpRange};
 use aya::maps::{lpm_trie::Key, Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray};
 use cozy_proxy_common::{
     addr, maps as names, prefilter, AddrInfo, Config, Counter, FlowKey, FlowState, IpKey, LbSource,
@@ -240,44 +240,44 @@ impl Maps {
         entries(&self.addrs)
     }
 
-    /// The state the maps hold (all but the routes).
-    pub fn read_state(&self) -> Result<DatapathState, EbpfError> {
-        let mut s = DatapathState::default();
-        for (k, info) in self.entries()? {
-            let (x, peer) = (ip(&k), ip(&info.peer));
-            let f = info.flags;
-            s.guard.insert(x, info.src_ifindex);
-            if f & addr::UNMAPPED != 0 {
-                s.unmapped_lbs.insert(x);
-                continue;
-            }
-            if f & addr::LB != 0 {
-                if f & addr::RANGED != 0 {
-                    s.ranged_lbs.insert(x);
-                }
-                if f & addr::LOCAL != 0 {
-                    s.svc_pod.insert(x, peer);
-                } else {
-                    s.remote.insert(x, peer);
-                }
-            } else if f & addr::POD != 0 && f & addr::LOCAL != 0 {
-                s.pod_svc.insert(x, peer);
-                if f & addr::FILTERED != 0 {
-                    s.filtered_pods.insert(x);
-                    if f & addr::ICMP_ALLOWED != 0 {
-                        s.icmp_allowed_pods.insert(x);
-                    }
-                }
-            }
-        }
+    /// The state the maps hold, with `routes` (the backend's, not a
+    /// map's). Built as a literal naming every table, so a table added to
+    /// the declaration and not read here does not compile.
+    pub fn read_state(
+        &self,
+        routes: BTreeMap<IpAddr, NextHop>,
+    ) -> Result<DatapathState, EbpfError> {
+        let addrs = AddrTables::read(self.entries()?);
+        let mut allowed_ports = BTreeSet::new();
         for k in self.allowed_ports.keys() {
             let k = k.map_err(named(names::ALLOWED_PORTS))?;
-            s.allowed_ports.insert(AllowedPort {
+            allowed_ports.insert(AllowedPort {
                 pod: ip(&k.pod),
                 proto: k.proto,
                 port: k.port,
             });
         }
+        Ok(DatapathState {
+            pod_svc: addrs.pod_svc,
+            svc_pod: addrs.svc_pod,
+            remote: addrs.remote,
+            filtered_pods: addrs.filtered_pods,
+            allowed_ports,
+            icmp_allowed_pods: addrs.icmp_allowed_pods,
+            unmapped_lbs: addrs.unmapped_lbs,
+            cluster: self.read_cluster()?,
+            ranged_lbs: addrs.ranged_lbs,
+            source_ranges: self.read_source_ranges()?,
+            guard: addrs.guard,
+            routes,
+            // Planned only: never held.
+            remote_hosts: BTreeMap::new(),
+        })
+    }
+
+    /// The in-cluster ranges of the `cluster` trie (not the node's own
+    /// addresses the backend keeps there), merged.
+    fn read_cluster(&self) -> Result<BTreeSet<IpRange>, EbpfError> {
         let mut cluster = Vec::new();
         for entry in self.cluster.iter() {
             let (k, v) = entry.map_err(named(names::CLUSTER))?;
@@ -285,7 +285,11 @@ impl Maps {
                 cluster.extend(cidr_of(&k.data(), k.prefix_len(), 0));
             }
         }
-        s.cluster = merge_ranges(cluster);
+        Ok(merge_ranges(cluster))
+    }
+
+    /// `(LB IP, source range)` of the `src_ranges` trie, merged per LB IP.
+    fn read_source_ranges(&self) -> Result<BTreeSet<(IpAddr, IpRange)>, EbpfError> {
         let mut ranges: BTreeMap<IpAddr, Vec<Cidr>> = BTreeMap::new();
         for k in self.src_ranges.keys() {
             let k = k.map_err(named(names::SRC_RANGES))?;
@@ -294,11 +298,10 @@ impl Maps {
                 ranges.entry(ip(&d.lb)).or_default().push(c);
             }
         }
-        for (lb, cidrs) in ranges {
-            s.source_ranges
-                .extend(merge_ranges(cidrs).into_iter().map(|r| (lb, r)));
-        }
-        Ok(s)
+        Ok(ranges
+            .into_iter()
+            .flat_map(|(lb, cidrs)| merge_ranges(cidrs).into_iter().map(move |r| (lb, r)))
+            .collect())
     }
 
     /// Makes the maps hold `desired` (`diff` from what they hold), in the
@@ -506,5 +509,53 @@ fn mark_cluster(bits: &mut Prefilter, c: &Cidr) {
             bits.cluster[word] |= bit;
         }
         IpAddr::V6(_) => bits.cluster_v6_wide = 1,
+    }
+}
+
+/// The tables the `addrs` map holds, one entry per address: its flags say
+/// which tables the address is in.
+#[derive(Default)]
+struct AddrTables {
+    pod_svc: BTreeMap<IpAddr, IpAddr>,
+    svc_pod: BTreeMap<IpAddr, IpAddr>,
+    remote: BTreeMap<IpAddr, IpAddr>,
+    filtered_pods: BTreeSet<IpAddr>,
+    icmp_allowed_pods: BTreeSet<IpAddr>,
+    unmapped_lbs: BTreeSet<IpAddr>,
+    ranged_lbs: BTreeSet<IpAddr>,
+    guard: BTreeMap<IpAddr, u32>,
+}
+
+impl AddrTables {
+    fn read(entries: Vec<(IpKey, AddrInfo)>) -> Self {
+        let mut t = AddrTables::default();
+        for (k, info) in entries {
+            let (x, peer) = (ip(&k), ip(&info.peer));
+            let f = info.flags;
+            t.guard.insert(x, info.src_ifindex);
+            if f & addr::UNMAPPED != 0 {
+                t.unmapped_lbs.insert(x);
+                continue;
+            }
+            if f & addr::LB != 0 {
+                if f & addr::RANGED != 0 {
+                    t.ranged_lbs.insert(x);
+                }
+                if f & addr::LOCAL != 0 {
+                    t.svc_pod.insert(x, peer);
+                } else {
+                    t.remote.insert(x, peer);
+                }
+            } else if f & addr::POD != 0 && f & addr::LOCAL != 0 {
+                t.pod_svc.insert(x, peer);
+                if f & addr::FILTERED != 0 {
+                    t.filtered_pods.insert(x);
+                    if f & addr::ICMP_ALLOWED != 0 {
+                        t.icmp_allowed_pods.insert(x);
+                    }
+                }
+            }
+        }
+        t
     }
 }

@@ -627,9 +627,8 @@ impl Kernel for EbpfKernel {
         if let Some(p) = self.programs.as_mut() {
             p.attached.clear();
         }
-        let mut state = self.maps()?.read_state()?;
-        state.routes = self.steering.routes()?;
-        Ok((state, ()))
+        let routes = self.steering.routes()?;
+        Ok((self.maps()?.read_state(routes)?, ()))
     }
 
     /// Routes that go first, then the maps, then the routes that come: an
@@ -765,8 +764,7 @@ impl Kernel for EbpfKernel {
             .map(|(index, path)| json!({ "ifindex": index, "interface": name_of(index), "pin": path }))
             .collect();
         let chains = self.chains(&links_by_index)?;
-        let mut state = maps.read_state()?;
-        state.routes = self.steering.routes()?;
+        let state = maps.read_state(self.steering.routes()?)?;
         let routes: Vec<String> = state
             .routes
             .iter()

@@ -178,20 +178,6 @@ fn about_our_table(msg_type: u16, payload: &[u8]) -> bool {
     })
 }
 
-fn merge(into: &mut DatapathState, from: DatapathState) {
-    into.pod_svc.extend(from.pod_svc);
-    into.svc_pod.extend(from.svc_pod);
-    into.remote.extend(from.remote);
-    into.filtered_pods.extend(from.filtered_pods);
-    into.allowed_ports.extend(from.allowed_ports);
-    into.icmp_allowed_pods.extend(from.icmp_allowed_pods);
-    into.unmapped_lbs.extend(from.unmapped_lbs);
-    into.cluster.extend(from.cluster);
-    into.ranged_lbs.extend(from.ranged_lbs);
-    into.source_ranges.extend(from.source_ranges);
-    into.guard.extend(from.guard);
-}
-
 /// How a sync installs table `t` found as `found` (`None`: absent):
 /// `(current, chains intact)`.
 fn install_of(t: &Table, found: Option<(bool, bool)>) -> Install {
@@ -244,7 +230,7 @@ impl Kernel for NftKernel {
             let found = read::read_table(&self.sock, &l)?;
             let how = install_of(&t, found.as_ref().map(|f| (f.current, f.chains_intact)));
             if let Some(f) = found.filter(|f| f.current) {
-                merge(&mut live, f.state);
+                live.merge(f.state);
             }
             installs.push((t, how));
         }
@@ -324,7 +310,7 @@ impl Kernel for NftKernel {
         for l in &LAYOUTS {
             if let Some(t) = read::read_table(&self.sock, l)? {
                 installed = true;
-                merge(&mut state, t.state);
+                state.merge(t.state);
                 tables.push(read::chain_details(&self.sock, &l.table())?);
             }
         }

@@ -9,7 +9,10 @@ use crate::model::IpRange;
 use crate::netlink::wire::{attr, attr_data, attr_str, attr_u32, attr_u64, attrs};
 use crate::netlink::NlSocket;
 use serde_json::json;
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 /// Length of the nfgenmsg header before an answer's attributes.
 const NFGENMSG_LEN: usize = 4;
@@ -168,10 +171,10 @@ pub fn read_table(sock: &NlSocket, l: &Layout) -> Result<Option<LiveTable>, NftE
     let Some((current, chains_intact)) = check_table(sock, &l.table())? else {
         return Ok(None);
     };
-    let mut state = DatapathState::default();
-    if current {
-        read_state_into(sock, l, &mut state)?;
-    }
+    let state = match current {
+        true => read_state(sock, l)?,
+        false => DatapathState::default(),
+    };
     Ok(Some(LiveTable {
         current,
         chains_intact,
@@ -195,7 +198,10 @@ fn chain_rules(
     }
 }
 
-fn read_state_into(sock: &NlSocket, l: &Layout, s: &mut DatapathState) -> Result<(), NftError> {
+/// The elements of one family's table. The state is built as a literal
+/// naming every table, so a table added to the declaration and not read
+/// here does not compile.
+fn read_state(sock: &NlSocket, l: &Layout) -> Result<DatapathState, NftError> {
     let addr = |b: &[u8], set: &'static str| {
         l.addr_from_bytes(b).ok_or(DecodeError::ElementSize {
             set,
@@ -203,61 +209,93 @@ fn read_state_into(sock: &NlSocket, l: &Layout, s: &mut DatapathState) -> Result
             expected: l.addr_len as usize,
         })
     };
+    let map = |set: &'static str| -> Result<BTreeMap<IpAddr, IpAddr>, NftError> {
+        read_elements(sock, l.nfproto, set)?
+            .iter()
+            .map(|e| Ok((addr(&e.key, set)?, addr(&e.value, set)?)))
+            .collect()
+    };
+    let set = |set: &'static str| -> Result<BTreeSet<IpAddr>, NftError> {
+        read_elements(sock, l.nfproto, set)?
+            .iter()
+            .map(|e| Ok(addr(&e.key, set)?))
+            .collect()
+    };
+    let allowed_ports = read_elements(sock, l.nfproto, schema::ALLOWED_PORTS)?
+        .iter()
+        .map(|e| {
+            let (pod, proto, port) = l
+                .parse_port_key(&e.key)
+                .ok_or(DecodeError::PortKey { len: e.key.len() })?;
+            Ok(AllowedPort { pod, proto, port })
+        })
+        .collect::<Result<_, NftError>>()?;
+    Ok(DatapathState {
+        pod_svc: map(schema::POD_SVC)?,
+        svc_pod: map(schema::SVC_POD)?,
+        remote: map(schema::REMOTE)?,
+        filtered_pods: set(schema::FILTERED_PODS)?,
+        allowed_ports,
+        icmp_allowed_pods: set(schema::ICMP_ALLOWED_PODS)?,
+        unmapped_lbs: set(schema::UNMAPPED_LBS)?,
+        cluster: intervals(read_elements(sock, l.nfproto, schema::CLUSTER)?, l)?
+            .into_iter()
+            .collect(),
+        ranged_lbs: set(schema::RANGED_LBS)?,
+        source_ranges: source_ranges(sock, l)?,
+        guard: guard(sock, l)?,
+        // Routes are the backend's, not a table's (`Nft::read`); the
+        // planned-only tables are never held.
+        routes: BTreeMap::new(),
+        remote_hosts: BTreeMap::new(),
+    })
+}
+
+/// `source_ranges`: each element an `LB IP . first` key up to `LB IP . last`.
+fn source_ranges(sock: &NlSocket, l: &Layout) -> Result<BTreeSet<(IpAddr, IpRange)>, NftError> {
     let n = l.addr_len as usize;
-    for (set, out) in [
-        (schema::POD_SVC, &mut s.pod_svc),
-        (schema::SVC_POD, &mut s.svc_pod),
-        (schema::REMOTE, &mut s.remote),
-    ] {
-        for e in read_elements(sock, l.nfproto, set)? {
-            out.insert(addr(&e.key, set)?, addr(&e.value, set)?);
-        }
-    }
-    for (set, out) in [
-        (schema::FILTERED_PODS, &mut s.filtered_pods),
-        (schema::ICMP_ALLOWED_PODS, &mut s.icmp_allowed_pods),
-        (schema::UNMAPPED_LBS, &mut s.unmapped_lbs),
-        (schema::RANGED_LBS, &mut s.ranged_lbs),
-    ] {
-        for e in read_elements(sock, l.nfproto, set)? {
-            out.insert(addr(&e.key, set)?);
-        }
-    }
-    for e in read_elements(sock, l.nfproto, schema::ALLOWED_PORTS)? {
-        let (pod, proto, port) = l
-            .parse_port_key(&e.key)
-            .ok_or(DecodeError::PortKey { len: e.key.len() })?;
-        s.allowed_ports.insert(AllowedPort { pod, proto, port });
-    }
-    s.cluster.extend(intervals(
-        read_elements(sock, l.nfproto, schema::CLUSTER)?,
-        l,
-    )?);
+    let mut out = BTreeSet::new();
     for e in read_elements(sock, l.nfproto, schema::SOURCE_RANGES)? {
-        let bad = |_| DecodeError::ElementSize {
+        let bad = DecodeError::ElementSize {
             set: schema::SOURCE_RANGES,
             len: e.key.len(),
             expected: 2 * n,
         };
-        let (lb, first) = (
-            addr(e.key.get(..n).unwrap_or(&[]), schema::SOURCE_RANGES).map_err(bad)?,
-            addr(e.key.get(n..).unwrap_or(&[]), schema::SOURCE_RANGES).map_err(bad)?,
-        );
-        let last = addr(e.key_end.get(n..).unwrap_or(&[]), schema::SOURCE_RANGES).map_err(bad)?;
-        s.source_ranges.insert((lb, IpRange { first, last }));
+        let part = |b: &[u8], range: std::ops::RangeFrom<usize>| {
+            b.get(range).and_then(|b| l.addr_from_bytes(b))
+        };
+        let (Some(lb), Some(first), Some(last)) = (
+            e.key.get(..n).and_then(|b| l.addr_from_bytes(b)),
+            part(&e.key, n..),
+            part(&e.key_end, n..),
+        ) else {
+            return Err(bad.into());
+        };
+        out.insert((lb, IpRange { first, last }));
     }
-    let mut paths = std::collections::BTreeMap::new();
+    Ok(out)
+}
+
+/// `guard`: the guarded addresses, each with its interface from
+/// `guard_paths` (0: none).
+fn guard(sock: &NlSocket, l: &Layout) -> Result<BTreeMap<IpAddr, u32>, NftError> {
+    let mut paths = BTreeMap::new();
     for e in read_elements(sock, l.nfproto, schema::GUARD_PATHS)? {
         let (ip, index) = l
             .parse_path_key(&e.key)
             .ok_or(DecodeError::PathKey { len: e.key.len() })?;
         paths.insert(ip, index);
     }
+    let mut out = BTreeMap::new();
     for e in read_elements(sock, l.nfproto, schema::GUARDED)? {
-        let ip = addr(&e.key, schema::GUARDED)?;
-        s.guard.insert(ip, paths.get(&ip).copied().unwrap_or(0));
+        let ip = l.addr_from_bytes(&e.key).ok_or(DecodeError::ElementSize {
+            set: schema::GUARDED,
+            len: e.key.len(),
+            expected: l.addr_len as usize,
+        })?;
+        out.insert(ip, paths.get(&ip).copied().unwrap_or(0));
     }
-    Ok(())
+    Ok(out)
 }
 
 /// The ranges of an rbtree interval set: each start element, up to the
