@@ -9,7 +9,7 @@ use aya::{
 };
 use cozy_proxy::ebpf::layouts::pin_path;
 use cozy_proxy::{
-    datapath::{DatapathState, Kernel},
+    datapath::{Applied, DatapathState, Desired, Kernel, RemotePods},
     ebpf::{EbpfConfig, EbpfKernel, Interfaces, OBJECT},
 };
 use cozy_proxy_common::maps as names;
@@ -141,8 +141,7 @@ impl World {
         };
         let mut kernel = EbpfKernel::start(cfg)?;
         let desired = state(ifs);
-        let diff = DatapathState::default().diff(&desired);
-        kernel.apply(&diff, &desired, Some(()))?;
+        apply_state(&mut kernel, &DatapathState::default(), &desired, Some(()))?;
         let mut loader = EbpfLoader::new();
         for name in names::ALL {
             loader.map_pin_path(name, pin_path(&pin_dir, name));
@@ -238,4 +237,20 @@ impl World {
         let r = self.program(prog)?.test_run(opts).map_err(io_error)?;
         Ok((r.return_value, r.duration))
     }
+}
+
+/// Moves `kernel` from holding `from` to holding `to`, as the sync layer
+/// does (`found`: the first apply after a read).
+pub fn apply_state<K: Kernel>(
+    kernel: &mut K,
+    from: &DatapathState,
+    to: &DatapathState,
+    found: Option<K::Found>,
+) -> Result<Applied, K::Error> {
+    let remote_pods = RemotePods::of(to);
+    let desired = Desired {
+        state: to,
+        remote_pods: &remote_pods,
+    };
+    kernel.apply(&from.diff(to), desired, found)
 }

@@ -13,7 +13,7 @@ use cozy_proxy::{
 };
 use cozy_proxy_common::{maps as names, FlowKey, FlowState, IpKey, RevKey, RevValue};
 use cozy_proxy_testkit::{
-    bpf::{Ifaces, World, DROP, PASS, REDIRECT},
+    bpf::{apply_state, Ifaces, World, DROP, PASS, REDIRECT},
     frames::{inspect, Spec, GRE, ICMP, ICMPV6, TCP, UDP},
 };
 use std::{net::IpAddr, sync::Mutex};
@@ -695,15 +695,11 @@ fn a_removed_pods_flows_are_forgotten_before_its_ip_is_filtered_again_or_at_the_
             }
         };
         start_flows(w);
-        w.kernel
-            .apply(&full.diff(&without), &without, None)
-            .expect("mapping removed");
+        apply_state(&mut w.kernel, &full, &without, None).expect("mapping removed");
         for k in &keys {
             assert!(flows.get(k, 0).is_ok(), "left to the sweep");
         }
-        w.kernel
-            .apply(&without.diff(&full), &full, None)
-            .expect("IP mapped and filtered again");
+        apply_state(&mut w.kernel, &without, &full, None).expect("IP mapped and filtered again");
         for k in &keys {
             assert!(flows.get(k, 0).is_err(), "forgotten before it is filtered");
         }
@@ -716,16 +712,12 @@ fn a_removed_pods_flows_are_forgotten_before_its_ip_is_filtered_again_or_at_the_
             );
         }
         start_flows(w);
-        w.kernel
-            .apply(&full.diff(&without), &without, None)
-            .expect("mapping removed");
+        apply_state(&mut w.kernel, &full, &without, None).expect("mapping removed");
         w.kernel.expire_flows().expect("sweep");
         for k in &keys {
             assert!(flows.get(k, 0).is_err(), "forgotten by the sweep");
         }
-        w.kernel
-            .apply(&without.diff(&full), &full, None)
-            .expect("restored");
+        apply_state(&mut w.kernel, &without, &full, None).expect("restored");
     })
 }
 
@@ -749,13 +741,9 @@ fn reverse_translations_leave_with_their_mapping() {
             let own = Spec::new(n.node, n.lb, TCP).ports(37000, 80).build();
             assert_eq!(run_in(w, "cozy_egress", &own, 0, i.pod).0, PASS);
         }
-        w.kernel
-            .apply(&full.diff(&without), &without, None)
-            .expect("mapping removed");
+        apply_state(&mut w.kernel, &full, &without, None).expect("mapping removed");
         w.kernel.expire_flows().expect("sweep");
-        w.kernel
-            .apply(&without.diff(&full), &full, None)
-            .expect("mapped again");
+        apply_state(&mut w.kernel, &without, &full, None).expect("mapped again");
         for n in nets() {
             let back = Spec::new(n.pod, n.node, TCP).ports(80, 37000).build();
             assert_eq!(

@@ -3,8 +3,8 @@
 //! of the world: change the "kernel" behind the backend's back (drift),
 //! make the next operations fail, and see what was applied.
 use super::{
-    Applied, BackendKind, Capacity, DatapathState, Dump, Entries, Kernel, Path, Paths, Routes,
-    StateDiff,
+    Applied, BackendKind, Capacity, DatapathState, Desired, Dump, Entries, Kernel, Path, Paths,
+    Routes, StateDiff,
 };
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -141,7 +141,7 @@ impl Kernel for FakeKernel {
     fn apply_routed(
         &mut self,
         diff: &StateDiff,
-        _desired: &DatapathState,
+        _desired: Desired<'_>,
         found: Option<bool>,
         routes: Routes,
     ) -> Result<Applied, FakeError> {

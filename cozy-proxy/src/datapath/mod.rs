@@ -28,8 +28,8 @@ pub use hosting::{SharedMapping, Sharing};
 pub use placement::{placements, ControllerWord, Placement};
 pub use render::render_text;
 pub use state::{
-    away, away_via, repack, shared_pods, AllowedPort, Change, DatapathState, Elsewhere, NextHop,
-    NodeView, Path, PathOf, Paths, RemotePods, StateDiff, NONE_AWAY,
+    away, away_via, repack, shared_pods, AllowedPort, Change, DatapathState, Desired, Elsewhere,
+    NextHop, NodeView, Path, PathOf, Paths, RemotePods, StateDiff, NONE_AWAY,
 };
 pub use sync::{Synced, PART_LBS};
 
@@ -142,7 +142,7 @@ pub trait Kernel {
     fn apply_routed(
         &mut self,
         diff: &StateDiff,
-        desired: &DatapathState,
+        desired: Desired<'_>,
         found: Option<Self::Found>,
         routes: Routes,
     ) -> Result<Applied, Self::Error>;
@@ -151,7 +151,7 @@ pub trait Kernel {
     fn apply(
         &mut self,
         diff: &StateDiff,
-        desired: &DatapathState,
+        desired: Desired<'_>,
         found: Option<Self::Found>,
     ) -> Result<Applied, Self::Error> {
         self.apply_routed(diff, desired, found, Routes::Now)
@@ -163,7 +163,7 @@ pub trait Kernel {
     fn apply_step(
         &mut self,
         diff: &StateDiff,
-        desired: &DatapathState,
+        desired: Desired<'_>,
         found: Option<Self::Found>,
     ) -> Result<Applied, Self::Error> {
         self.apply_routed(diff, desired, found, Routes::Overlapped)

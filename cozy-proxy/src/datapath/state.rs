@@ -140,6 +140,14 @@ datapath_tables! {
     }
 }
 
+/// What a kernel is asked to hold: the state, and the index of its remote
+/// pods the sync layer keeps beside it (one copy, not one per backend).
+#[derive(Clone, Copy, Debug)]
+pub struct Desired<'a> {
+    pub state: &'a DatapathState,
+    pub remote_pods: &'a RemotePods,
+}
+
 /// The reverse of a state's `remote` (pod -> LB IP): a remote pod is
 /// looked up by its address (its guard, its `addrs` entry). Kept beside
 /// the state it mirrors, changed with it.

@@ -3,8 +3,8 @@
 //! the diff, and the retry policy, for every backend alike.
 use super::Counters;
 use super::{
-    BackendKind, Capacity, Change, Datapath, DatapathState, Dump, Entries, Kernel, Overflow,
-    PathOf, Paths, RemotePods, StateDiff, SyncReport,
+    BackendKind, Capacity, Change, Datapath, DatapathState, Desired, Dump, Entries, Kernel,
+    Overflow, PathOf, Paths, RemotePods, StateDiff, SyncReport,
 };
 use std::{collections::BTreeSet, net::IpAddr};
 use tracing::{debug, info, warn};
@@ -17,8 +17,9 @@ pub struct Synced<K: Kernel> {
     planned: DatapathState,
     /// What the kernel holds, as of our last successful change.
     known: Known,
-    /// The reverse of the held state's `remote`: the guards of an
-    /// incremental sync look a remote pod up by its address.
+    /// The reverse of the state last asked of the kernel's `remote`: the
+    /// guards of an incremental sync and the backend's apply
+    /// ([`Desired`]) look a remote pod up by its address.
     remote_pods: RemotePods,
     /// The kernel's paths may have changed since the held state was
     /// resolved: the next sync resolves every address again.
@@ -146,17 +147,21 @@ impl<K: Kernel> Synced<K> {
             true => target.lb_ips(),
             false => Vec::new(),
         };
+        self.remote_pods = RemotePods::of(target);
+        let desired = Desired {
+            state: target,
+            remote_pods: &self.remote_pods,
+        };
         let (changed_elements, applied, complete) = if lbs.len() > self.part_lbs {
-            install_in_parts(&mut self.kernel, held, target, &lbs, self.part_lbs, found)?
+            install_in_parts(&mut self.kernel, held, desired, &lbs, self.part_lbs, found)?
         } else {
             let diff = held.diff(target);
             drop(held);
-            let applied = self.kernel.apply(&diff, target, found)?;
+            let applied = self.kernel.apply(&diff, desired, found)?;
             (diff.size(), applied, true)
         };
         debug!(elements = changed_elements, took = ?started.elapsed(), "kernel changed");
         self.known_needs = needs;
-        self.remote_pods = RemotePods::of(target);
         let elements = target.len();
         // What we computed is what the kernel holds now: kept, not copied.
         self.known = match fitted {
@@ -240,7 +245,11 @@ impl<K: Kernel> Synced<K> {
             );
             return self.try_sync(None);
         }
-        let applied = self.kernel.apply(&diff, &self.planned, None)?;
+        let desired = Desired {
+            state: &self.planned,
+            remote_pods: &self.remote_pods,
+        };
+        let applied = self.kernel.apply(&diff, desired, None)?;
         self.known = Known::Planned;
         self.known_needs = needs;
         self.stale_paths = false;
@@ -266,7 +275,7 @@ impl<K: Kernel> Synced<K> {
 fn install_in_parts<K: Kernel>(
     kernel: &mut K,
     held: DatapathState,
-    target: &DatapathState,
+    desired: Desired<'_>,
     lbs: &[IpAddr],
     part_lbs: usize,
     mut found: Option<K::Found>,
@@ -279,6 +288,7 @@ fn install_in_parts<K: Kernel>(
     let mut from = Some(held);
     let (mut changed, mut installed, mut parts_len) = (0, false, 0);
     let mut extra = 0;
+    let target = desired.state;
     for step in lbs.chunks(part_lbs) {
         let mut part = target.part_of(step);
         let diff = match from.take() {
@@ -290,7 +300,7 @@ fn install_in_parts<K: Kernel>(
         };
         parts_len += part.len();
         drop(part);
-        let applied = match kernel.apply_step(&diff, target, found.take()) {
+        let applied = match kernel.apply_step(&diff, desired, found.take()) {
             Ok(applied) => applied,
             Err(e) => {
                 // The first failure is the one told; nothing is left in

@@ -17,7 +17,7 @@ use super::addr_bits::AddrBits;
 use super::flow_sweep::FlowSweep;
 use super::slots::{Slots, Written};
 use super::EbpfError;
-use crate::datapath::{AllowedPort, Change, DatapathState, RemotePods, StateDiff};
+use crate::datapath::{AllowedPort, Change, DatapathState, Desired, RemotePods, StateDiff};
 use crate::model::{Cidr, IpRange};
 use cozy_proxy_common::{addr, prefilter, AddrInfo, IpKey, PortKey};
 use std::{
@@ -53,9 +53,6 @@ pub struct Belief {
     pub slots: Slots,
     /// The prefilter's address bits, those of `addrs`' entries.
     pub bits: AddrBits,
-    /// Pod -> LB IP of the remote mappings of the state last applied
-    /// (`None`: built from the next state).
-    pub remote_pods: Option<RemotePods>,
     /// The prefilter was written in full since the belief was read: the
     /// first apply after a read rewrites it, repairing one lost or stale.
     pub prefilter_written: bool,
@@ -68,7 +65,6 @@ impl Belief {
             bits: AddrBits::of(addrs.iter().map(|(a, w)| (key(a), w.flags))),
             slots: Slots::of(&addrs),
             addrs,
-            remote_pods: None,
             prefilter_written: false,
         }
     }
@@ -195,11 +191,15 @@ impl ApplyPlan {
 /// peer is a pod's end (see [`addr::PATH_PEER`]).
 pub fn plan(
     diff: &StateDiff,
-    desired: &DatapathState,
+    desired: Desired<'_>,
     belief: &mut Belief,
     sweep: &mut FlowSweep,
     peer_links: &BTreeSet<u32>,
 ) -> Result<ApplyPlan, EbpfError> {
+    let Desired {
+        state: desired,
+        remote_pods,
+    } = desired;
     // Every table of the diff, and where it goes: a table added to the
     // state does not compile until it has its place here.
     let StateDiff {
@@ -217,18 +217,11 @@ pub fn plan(
         routes: _,            // `addrs` (`path_ifindex`); the routes: `steer.rs`
         remote_hosts: _,      // planned only
     } = diff;
-    let remote_pods = match belief.remote_pods.take() {
-        Some(mut m) => {
-            m.apply(&diff.remote);
-            m
-        }
-        None => RemotePods::of(desired),
-    };
     // What `addrs` is to say of each address the diff touches, decided
     // once (a full sync's step asks it of 8 000 addresses).
     let wanted: Vec<(IpAddr, Option<AddrInfo>)> = touched_addresses(diff, desired)
         .into_iter()
-        .map(|a| (a, entry(&a, desired, &remote_pods, peer_links)))
+        .map(|a| (a, entry(&a, desired, remote_pods, peer_links)))
         .collect();
     let mut plan = ApplyPlan::default();
     // The addresses with a bit are those `addrs` holds, in the bitmaps of
@@ -264,7 +257,6 @@ pub fn plan(
     plan.rewrite_prefilter =
         !plan.bits_down.is_empty() || !diff.cluster.remove.is_empty() || !belief.prefilter_written;
     belief.prefilter_written = true;
-    belief.remote_pods = Some(remote_pods);
     Ok(plan)
 }
 

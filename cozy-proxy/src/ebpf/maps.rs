@@ -5,7 +5,7 @@ use super::apply_plan::{self, ip, key, AddrWrites, ApplyPlan, Belief, Ranges, St
 use super::flow_sweep::FlowSweep;
 use super::slots::Written;
 use super::{batch, EbpfError};
-use crate::datapath::{AllowedPort, DatapathState, NextHop, StateDiff};
+use crate::datapath::{AllowedPort, DatapathState, Desired, NextHop, StateDiff};
 use crate::model::{merge_ranges, Cidr, IpRange};
 use aya::maps::{lpm_trie::Key, Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray};
 use cozy_proxy_common::{
@@ -312,7 +312,7 @@ impl Maps {
     pub fn apply(
         &mut self,
         diff: &StateDiff,
-        desired: &DatapathState,
+        desired: Desired<'_>,
         peer_links: &BTreeSet<u32>,
     ) -> Result<(), EbpfError> {
         let belief = loaded(&mut self.belief, &self.addrs)?;

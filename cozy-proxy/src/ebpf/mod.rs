@@ -16,7 +16,8 @@ pub mod shape;
 mod slots;
 
 use crate::datapath::{
-    Applied, BackendKind, Capacity, Counters, DatapathState, Dump, Kernel, Paths, Routes, StateDiff,
+    Applied, BackendKind, Capacity, Counters, DatapathState, Desired, Dump, Kernel, Paths, Routes,
+    StateDiff,
 };
 use crate::netlink::{route, NetlinkError, NlSocket};
 use crate::steer::Steering;
@@ -637,7 +638,7 @@ impl Kernel for EbpfKernel {
     fn apply_routed(
         &mut self,
         diff: &StateDiff,
-        desired: &DatapathState,
+        desired: Desired<'_>,
         found: Option<()>,
         how: Routes,
     ) -> Result<Applied, EbpfError> {

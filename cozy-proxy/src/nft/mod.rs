@@ -24,7 +24,7 @@ mod sys;
 mod trace;
 
 use crate::datapath::{
-    Applied, BackendKind, Capacity, DatapathState, Dump, Kernel, Paths, Routes, StateDiff,
+    Applied, BackendKind, Capacity, DatapathState, Desired, Dump, Kernel, Paths, Routes, StateDiff,
 };
 pub use crate::netlink::NetlinkError;
 use crate::netlink::NlSocket;
@@ -245,7 +245,7 @@ impl Kernel for NftKernel {
     fn apply_routed(
         &mut self,
         diff: &StateDiff,
-        _desired: &DatapathState,
+        _desired: Desired<'_>,
         found: Option<Self::Found>,
         routes: Routes,
     ) -> Result<Applied, NftError> {

@@ -62,8 +62,23 @@ fn steps(
     belief: &mut Belief,
     sweep: &mut FlowSweep,
 ) -> Vec<String> {
-    let plan = plan(&from.diff(to), to, belief, sweep, &BTreeSet::new()).expect("plan");
+    let plan = plan_from(from, to, belief, sweep);
     plan.steps().iter().map(|s| s.to_string()).collect()
+}
+
+/// The plan of going from `from` to `to`.
+fn plan_from(
+    from: &DatapathState,
+    to: &DatapathState,
+    belief: &mut Belief,
+    sweep: &mut FlowSweep,
+) -> ApplyPlan {
+    let remote_pods = RemotePods::of(to);
+    let desired = Desired {
+        state: to,
+        remote_pods: &remote_pods,
+    };
+    plan(&from.diff(to), desired, belief, sweep, &BTreeSet::new()).expect("plan")
 }
 
 fn empty_belief() -> Belief {
@@ -190,22 +205,8 @@ fn every_kind_of_change_keeps_policies_around_the_entries() {
         for to in &states {
             let (mut belief, mut sweep) = (empty_belief(), FlowSweep::default());
             let none = DatapathState::default();
-            plan(
-                &none.diff(from),
-                from,
-                &mut belief,
-                &mut sweep,
-                &BTreeSet::new(),
-            )
-            .expect("plan");
-            let p = plan(
-                &from.diff(to),
-                to,
-                &mut belief,
-                &mut sweep,
-                &BTreeSet::new(),
-            )
-            .expect("plan");
+            plan_from(&none, from, &mut belief, &mut sweep);
+            let p = plan_from(from, to, &mut belief, &mut sweep);
             assert_never_unfiltered(&p, to);
         }
     }
