@@ -6,16 +6,20 @@ use super::{
     BackendKind, Capacity, Change, Datapath, DatapathState, Desired, Dump, Entries, Kernel,
     Overflow, PathOf, Paths, RemotePods, StateDiff, SyncReport,
 };
+use known::{Known, Way};
 use std::{collections::BTreeSet, net::IpAddr};
 use tracing::{debug, info, warn};
+
+mod known;
 
 pub struct Synced<K: Kernel> {
     kernel: K,
     /// What the caller asks the kernel to hold, changed by every sync; its
     /// `guard` and `routes` are those of the last sync that applied it
-    /// whole (see [`Known::Planned`]).
+    /// whole.
     planned: DatapathState,
-    /// What the kernel holds, as of our last successful change.
+    /// What the kernel holds, as of our last successful change (see
+    /// [`Known`] for the rule its transitions keep).
     known: Known,
     /// The reverse of the state last asked of the kernel's `remote`: the
     /// guards of an incremental sync and the backend's apply
@@ -38,20 +42,6 @@ pub struct Synced<K: Kernel> {
 /// (or BPF map writes) of every Service are never held at once, so a
 /// fresh install's peak stays the synced size.
 pub const PART_LBS: usize = 4096;
-
-/// What the kernel holds. One copy of the state in the usual case, never
-/// a second kept or cloned at a full sync: the state is a large part of
-/// the controller's memory.
-enum Known {
-    /// Not known (before the first sync, after a failure, after
-    /// [`Datapath::forget`]): the next sync reads the kernel.
-    Unread,
-    /// `planned`, guards and routes included.
-    Planned,
-    /// Another state: what its tables could hold of `planned`, or
-    /// `planned` before it changed (the way to the new one failed).
-    State(Box<DatapathState>),
-}
 
 impl<K: Kernel> Synced<K> {
     pub fn new(kernel: K) -> Self {
@@ -83,113 +73,81 @@ impl<K: Kernel> Synced<K> {
         &mut self.kernel
     }
 
-    /// What the kernel holds, taken out of `known` (which becomes
-    /// [`Known::Unread`] until a sync succeeds); `None`: to be read.
-    /// `planned_copy`: the kernel holds `planned` itself, and `planned` is
-    /// about to change in place (a full way taken for a change).
-    fn take_held(&mut self, planned_copy: bool) -> Option<DatapathState> {
-        match std::mem::replace(&mut self.known, Known::Unread) {
-            Known::Unread => None,
-            Known::Planned if planned_copy => Some(self.planned.clone()),
-            Known::Planned => Some(std::mem::take(&mut self.planned)),
-            Known::State(s) => Some(*s),
+    /// The kernel's state read afresh (what a previous instance, or our
+    /// own last run, left), and what its schema needs.
+    fn read(&mut self) -> Result<(DatapathState, K::Found), K::Error> {
+        let started = std::time::Instant::now();
+        let (mut live, found) = self.kernel.read()?;
+        // Planned only: what the kernel "holds" of it is the plan.
+        live.remote_hosts = self.planned.remote_hosts.clone();
+        debug!(took = ?started.elapsed(), "kernel read");
+        if live.has_mappings() {
+            info!(backend = %self.kernel.kind(), elements = live.len(), "adopting the datapath found in the kernel");
         }
+        Ok((live, found))
     }
 
     /// The full way from `held` (what the kernel holds; `None`: read it)
-    /// to `planned`: everything resolved and compared.
+    /// to `planned`: what the tables can hold of it, every address
+    /// resolved, everything compared and written.
     fn try_sync(&mut self, held: Option<DatapathState>) -> Result<SyncReport, K::Error> {
-        let started = std::time::Instant::now();
         let (held, found) = match held {
             Some(held) => (held, None),
-            None => {
-                let (mut live, found) = self.kernel.read()?;
-                // Planned only: what the kernel "holds" of it is the plan.
-                live.remote_hosts = self.planned.remote_hosts.clone();
-                debug!(took = ?started.elapsed(), "kernel read");
-                (adopt(self.kernel.kind(), live), Some(found))
-            }
+            None => self.read().map(|(held, found)| (held, Some(found)))?,
         };
-        let capacity = self.kernel.capacity();
-        let needs = Entries::of_state(&self.planned);
-        // What the tables can hold of `planned`: a copy only where they
-        // cannot hold it all.
-        let mut fitted = (!needs.fits(&capacity)).then(|| self.planned.clone());
-        let (overflow, needs) = match &mut fitted {
-            Some(f) => f.fit(&capacity, Some(&held)),
-            None => (Overflow::default(), needs),
-        };
-        if !overflow.is_empty() {
-            warn!(
-                backend = %self.kernel.kind(),
-                left_out = overflow.left_out.len(),
-                full = ?overflow.full,
-                "the datapath's tables are full: LB IPs left out (the rest is applied)"
-            );
-        }
+        let Fitted {
+            mut fitted,
+            overflow,
+            needs,
+        } = fit(
+            &self.planned,
+            &held,
+            &self.kernel.capacity(),
+            self.kernel.kind(),
+        );
         let whole = fitted.is_none();
         let target = match &mut fitted {
             Some(f) => f,
             None => &mut self.planned,
         };
         let started = std::time::Instant::now();
-        let paths = match self.kernel.paths(&target.pods()) {
-            Ok(p) => p,
-            Err(e) => {
-                self.known = Known::State(Box::new(held));
-                return Err(e);
-            }
-        };
+        let paths = self.kernel.paths(&target.pods())?;
         debug!(pods = paths.len(), took = ?started.elapsed(), "paths toward the pods");
         target.resolve(paths);
-        let started = std::time::Instant::now();
-        let lbs = match whole && !held.has_mappings() {
-            true => target.lb_ips(),
-            false => Vec::new(),
-        };
         self.remote_pods = RemotePods::of(target);
         let desired = Desired {
             state: target,
             remote_pods: &self.remote_pods,
         };
-        let (changed_elements, applied, complete) = if lbs.len() > self.part_lbs {
+        let lbs = match whole && !held.has_mappings() {
+            true => target.lb_ips(),
+            false => Vec::new(),
+        };
+        let written = if lbs.len() > self.part_lbs {
             install_in_parts(&mut self.kernel, held, desired, &lbs, self.part_lbs, found)?
         } else {
-            let diff = held.diff(target);
-            drop(held);
-            let applied = self.kernel.apply(&diff, desired, found)?;
-            (diff.size(), applied, true)
+            write(&mut self.kernel, held, desired, found)?
         };
-        debug!(elements = changed_elements, took = ?started.elapsed(), "kernel changed");
-        self.known_needs = needs;
         let elements = target.len();
-        // What we computed is what the kernel holds now: kept, not copied.
-        self.known = match fitted {
-            _ if !complete => Known::Unread,
-            Some(f) => Known::State(Box::new(f)),
-            None => Known::Planned,
-        };
+        self.known = Known::written(fitted, written.complete);
+        self.known_needs = needs;
         self.stale_paths = false;
         self.overflow = overflow.clone();
         Ok(SyncReport {
-            changed_elements: changed_elements + applied.extra_changes,
-            installed_schema: applied.installed_schema,
+            changed_elements: written.changed + written.applied.extra_changes,
+            installed_schema: written.applied.installed_schema,
             overflow,
             elements,
         })
     }
 
-    /// [`Synced::try_sync`], and once more from a fresh read of the kernel
-    /// if it fails.
-    fn sync_full(&mut self, held: Option<DatapathState>) -> Result<SyncReport, K::Error> {
-        match self.try_sync(held) {
-            Ok(report) => Ok(report),
-            Err(e) => {
-                warn!(backend = %self.kernel.kind(), error = %e, "sync failed; re-reading the kernel's state and retrying");
-                self.known = Known::Unread;
-                self.try_sync(None)
-            }
-        }
+    /// `first`, or if it failed one more attempt, the full way from a
+    /// fresh read of the kernel.
+    fn retried(&mut self, first: Result<SyncReport, K::Error>) -> Result<SyncReport, K::Error> {
+        first.or_else(|e| {
+            warn!(backend = %self.kernel.kind(), error = %e, "sync failed; re-reading the kernel's state and retrying");
+            self.try_sync(None)
+        })
     }
 
     /// The kernel from `planned` before `change` to `planned` now (the
@@ -250,7 +208,7 @@ impl<K: Kernel> Synced<K> {
             remote_pods: &self.remote_pods,
         };
         let applied = self.kernel.apply(&diff, desired, None)?;
-        self.known = Known::Planned;
+        self.known = Known::written(None, true);
         self.known_needs = needs;
         self.stale_paths = false;
         Ok(SyncReport {
@@ -279,7 +237,7 @@ fn install_in_parts<K: Kernel>(
     lbs: &[IpAddr],
     part_lbs: usize,
     mut found: Option<K::Found>,
-) -> Result<(usize, super::Applied, bool), K::Error> {
+) -> Result<Written, K::Error> {
     info!(
         lb_ips = lbs.len(),
         steps = lbs.len().div_ceil(part_lbs),
@@ -326,14 +284,14 @@ fn install_in_parts<K: Kernel>(
             "a fresh install in parts left elements out"
         );
     }
-    Ok((
+    Ok(Written {
         changed,
-        super::Applied {
+        applied: super::Applied {
             extra_changes: extra,
             installed_schema: installed,
         },
         complete,
-    ))
+    })
 }
 
 /// Records in `change` that the entry of `key` goes from `old` to `new`.
@@ -350,13 +308,76 @@ fn changed_entry<V: Copy + PartialEq>(
     change.add.extend(new.map(|v| (*key, *v)));
 }
 
-/// The state a datapath found in the kernel at a fresh read: what a
-/// previous instance (or our own last run) left, taken over as it is.
-fn adopt(kind: BackendKind, live: DatapathState) -> DatapathState {
-    if live.has_mappings() {
-        info!(backend = %kind, elements = live.len(), "adopting the datapath found in the kernel");
+/// What the tables can hold of a plan.
+struct Fitted {
+    /// `None`: the whole plan (no copy made); else what of it fits.
+    fitted: Option<DatapathState>,
+    /// What is left out for lack of room.
+    overflow: Overflow,
+    /// What the target needs of the tables.
+    needs: Entries,
+}
+
+/// What the tables of `capacity` can hold of `planned`, the kernel
+/// holding `held` (what it holds keeps its place): a copy only where
+/// they cannot hold it all.
+fn fit(
+    planned: &DatapathState,
+    held: &DatapathState,
+    capacity: &Capacity,
+    kind: BackendKind,
+) -> Fitted {
+    let needs = Entries::of_state(planned);
+    if needs.fits(capacity) {
+        return Fitted {
+            fitted: None,
+            overflow: Overflow::default(),
+            needs,
+        };
     }
-    live
+    let mut fitted = planned.clone();
+    let (overflow, needs) = fitted.fit(capacity, Some(held));
+    if !overflow.is_empty() {
+        warn!(
+            backend = %kind,
+            left_out = overflow.left_out.len(),
+            full = ?overflow.full,
+            "the datapath's tables are full: LB IPs left out (the rest is applied)"
+        );
+    }
+    Fitted {
+        fitted: Some(fitted),
+        overflow,
+        needs,
+    }
+}
+
+/// What writing a state did.
+struct Written {
+    /// Elements removed plus added.
+    changed: usize,
+    applied: super::Applied,
+    /// The kernel holds the whole target (else it is to be read again).
+    complete: bool,
+}
+
+/// `desired` written in one apply onto a kernel holding `held`.
+fn write<K: Kernel>(
+    kernel: &mut K,
+    held: DatapathState,
+    desired: Desired<'_>,
+    found: Option<K::Found>,
+) -> Result<Written, K::Error> {
+    let started = std::time::Instant::now();
+    let diff = held.diff(desired.state);
+    drop(held);
+    let applied = kernel.apply(&diff, desired, found)?;
+    debug!(elements = diff.size(), took = ?started.elapsed(), "kernel changed");
+    Ok(Written {
+        changed: diff.size(),
+        applied,
+        complete: true,
+    })
 }
 
 impl<K: Kernel> Datapath for Synced<K> {
@@ -375,48 +396,37 @@ impl<K: Kernel> Datapath for Synced<K> {
     /// one more from a fresh read of the kernel. A second failure is
     /// returned: the kernel keeps its last state and the caller retries.
     fn sync(&mut self, desired: DatapathState) -> Result<SyncReport, K::Error> {
-        let held = self.take_held(false);
+        let held = self.known.start(&mut self.planned);
         self.planned = desired;
-        self.sync_full(held)
+        let first = self.try_sync(held);
+        self.retried(first)
     }
 
-    /// Incremental when it can be (the kernel holds `planned`, nothing
-    /// is left out, the change fits: [`Synced::try_sync_change`]); else,
-    /// or on a failure, the full way.
+    /// Incremental when [`Known::way`] says so
+    /// ([`Synced::try_sync_change`]); else, or on a failure, the full way.
     fn sync_change(&mut self, change: &StateDiff) -> Result<Option<SyncReport>, K::Error> {
         let (added, removed) = change.needs();
         let needs = self.known_needs.plus(added).minus(removed);
-        let incremental = matches!(self.known, Known::Planned)
-            && self.overflow.is_empty()
-            && needs.fits(&self.kernel.capacity());
+        let way = self.known.way(
+            self.overflow.is_empty(),
+            needs.fits(&self.kernel.capacity()),
+        );
         // What the kernel holds, before `planned` changes.
-        let held = if incremental {
-            self.known = Known::Unread;
-            None
-        } else {
-            self.take_held(true)
-        };
+        let held = self.known.start_change(way, &self.planned);
         if let Err(collection) = self.planned.apply(change) {
             // Never expected (the plan and its state move together); the
-            // caller gives the whole state.
+            // caller gives the whole state, and the kernel is read again.
             warn!(
                 collection,
                 "the planned state lost track of the plan; computing it again"
             );
-            self.known = held.map_or(Known::Unread, |h| Known::State(Box::new(h)));
             return Ok(None);
         }
-        if !incremental {
-            return self.sync_full(held).map(Some);
-        }
-        match self.try_sync_change(change, needs) {
-            Ok(report) => Ok(Some(report)),
-            Err(e) => {
-                warn!(backend = %self.kernel.kind(), error = %e, "sync failed; re-reading the kernel's state and retrying");
-                self.known = Known::Unread;
-                self.try_sync(None).map(Some)
-            }
-        }
+        let first = match way {
+            Way::Incremental => self.try_sync_change(change, needs),
+            Way::Full => self.try_sync(held),
+        };
+        self.retried(first).map(Some)
     }
 
     fn forget(&mut self) {
