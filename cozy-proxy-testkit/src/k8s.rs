@@ -704,7 +704,7 @@ impl ControlPlane {
         ])?;
         let mut held = svc.clone().created(created.trim());
         if held.ports.is_empty() {
-            held.ports = vec![("TCP".into(), PLACEHOLDER_PORT)];
+            held.ports = vec![("TCP".into(), PLACEHOLDER_PORT.into())];
         }
         Ok(held)
     }

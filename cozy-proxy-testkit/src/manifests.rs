@@ -3,113 +3,17 @@
 use anyhow::{Context, Result};
 use std::{
     fs,
-    net::IpAddr,
     path::{Path, PathBuf},
 };
 
-#[derive(Clone, Debug)]
-pub struct Svc {
-    pub name: String,
-    /// Selected by the service-proxy-name label (else only by annotation).
-    pub label: bool,
-    pub whole_ip: Option<String>,
-    pub allow_icmp: Option<String>,
-    /// `(protocol, port)`, e.g. `("TCP", 22)`.
-    pub ports: Vec<(String, u16)>,
-    /// Raw strings for `status.loadBalancer.ingress[].ip`.
-    pub lb_ips: Vec<String>,
-    pub hostname: Option<String>,
-    pub created: Option<String>,
-    /// `spec.loadBalancerSourceRanges`, as written.
-    pub source_ranges: Vec<String>,
-}
+pub use cozy_proxy::fixtures::{Slice, Svc};
 
-impl Svc {
-    /// A labelled passthrough Service with one LoadBalancer IP.
-    pub fn new(name: &str, lb: IpAddr) -> Svc {
-        Svc {
-            name: name.into(),
-            label: true,
-            whole_ip: None,
-            allow_icmp: None,
-            ports: vec![],
-            lb_ips: vec![lb.to_string()],
-            hostname: None,
-            created: None,
-            source_ranges: vec![],
-        }
-    }
-
-    pub fn filter(mut self, ports: &[(&str, u16)]) -> Svc {
-        self.whole_ip = Some("false".into());
-        self.ports = ports.iter().map(|(p, n)| (p.to_string(), *n)).collect();
-        self
-    }
-
-    pub fn created(mut self, ts: &str) -> Svc {
-        self.created = Some(ts.into());
-        self
-    }
-
-    pub fn yaml(&self) -> String {
-        let mut y = format!(
-            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {}\n  namespace: default\n",
-            self.name
-        );
-        if let Some(c) = &self.created {
-            y += &format!("  creationTimestamp: \"{c}\"\n");
-        }
-        if self.label {
-            y += "  labels:\n    service.kubernetes.io/service-proxy-name: cozy-proxy\n";
-        }
-        let mut ann = Vec::new();
-        if let Some(v) = &self.whole_ip {
-            ann.push(format!("    networking.cozystack.io/wholeIP: \"{v}\"\n"));
-        }
-        if let Some(v) = &self.allow_icmp {
-            ann.push(format!("    networking.cozystack.io/allowICMP: \"{v}\"\n"));
-        }
-        if !ann.is_empty() {
-            y += "  annotations:\n";
-            y += &ann.concat();
-        }
-        y += "spec:\n  type: LoadBalancer\n";
-        if !self.source_ranges.is_empty() {
-            y += "  loadBalancerSourceRanges:\n";
-            for r in &self.source_ranges {
-                y += &format!("  - \"{r}\"\n");
-            }
-        }
-        if !self.ports.is_empty() {
-            y += "  ports:\n";
-            for (proto, port) in &self.ports {
-                y += &format!("  - {{port: {port}, protocol: {proto}}}\n");
-            }
-        }
-        y += "status:\n  loadBalancer:\n    ingress:\n";
-        for ip in &self.lb_ips {
-            y += &format!("    - ip: \"{ip}\"\n");
-        }
-        if let Some(h) = &self.hostname {
-            y += &format!("    - hostname: \"{h}\"\n");
-        }
-        y
-    }
-}
-
-/// An EndpointSlice of `service` with `(address, ready)` endpoints.
+/// The YAML of an EndpointSlice of `service` (namespace `default`) with
+/// `(address, ready)` endpoints: [`Slice`] in one call.
 pub fn slice(service: &str, address_type: &str, endpoints: &[(String, Option<bool>)]) -> String {
-    let mut y = format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {service}-{}\n  namespace: default\n  labels:\n    kubernetes.io/service-name: {service}\naddressType: {address_type}\nendpoints:\n",
-        address_type.to_lowercase()
-    );
-    for (addr, ready) in endpoints {
-        y += &format!("- addresses: [\"{addr}\"]\n");
-        if let Some(r) = ready {
-            y += &format!("  conditions: {{ready: {r}}}\n");
-        }
-    }
-    y
+    let endpoints: Vec<(&str, Option<bool>)> =
+        endpoints.iter().map(|(a, r)| (a.as_str(), *r)).collect();
+    Slice::new(service, address_type, &endpoints).yaml()
 }
 
 /// The watched directory, removed when dropped.

@@ -18,6 +18,8 @@ pub mod datapath;
 pub mod ebpf;
 pub mod events;
 pub mod fingerprint;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 pub mod memory;
 pub mod model;
 pub mod netlink;

@@ -355,6 +355,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::datapath::fake::{FakeHandle, FakeKernel};
     use crate::datapath::{Capacity, Synced};
+    use crate::fixtures::{Slice, Svc};
     use crate::model::compute_plan;
     use crate::source::manifests;
 
@@ -371,12 +372,12 @@ pub(crate) mod tests {
     }
 
     pub fn service(name: &str, lb: &str, pod: &str, whole_ip: &str) -> String {
-        format!(
-            "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: t\n  labels: {{service.kubernetes.io/service-proxy-name: cozy-proxy}}\n  annotations: {{networking.cozystack.io/wholeIP: \"{whole_ip}\"}}\n\
-             spec:\n  ports: [{{port: 22}}]\nstatus:\n  loadBalancer:\n    ingress: [{{ip: \"{lb}\"}}]\n\
-             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-e\n  namespace: t\n  labels: {{kubernetes.io/service-name: {name}}}\n\
-             addressType: IPv4\nendpoints: [{{addresses: [\"{pod}\"]}}]\n"
-        )
+        let svc = Svc::new(name, lb)
+            .in_namespace("t")
+            .whole_ip(whole_ip)
+            .ports(&[("TCP", 22)]);
+        let slice = Slice::new(name, "IPv4", &[(pod, None)]).in_namespace("t");
+        format!("---\n{}---\n{}", svc.yaml(), slice.yaml())
     }
 
     fn reconciler() -> (Reconciler<Synced<FakeKernel>>, FakeHandle) {

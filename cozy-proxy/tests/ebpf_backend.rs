@@ -6,7 +6,7 @@ use cozy_proxy_testkit as harness;
 use anyhow::{ensure, Context, Result};
 use cozy_proxy::ebpf::layouts::pin_path;
 use harness::{
-    manifests::{slice, Svc},
+    manifests::{slice, Slice, Svc},
     net::Fam,
     refuse,
     sh::{ok, ok_in},
@@ -611,14 +611,10 @@ fn a_namespace_past_its_share_is_left_out_and_the_others_are_not() -> Result<()>
     let greedy = |name: &str, lb: &str, pod: &str, ports: u16| -> Result<IpAddr> {
         let list: Vec<(&str, u16)> = (1..=ports).map(|p| ("TCP", p)).collect();
         let lb: IpAddr = lb.parse()?;
-        let yaml = Svc::new(name, lb).filter(&list).yaml();
-        let eps = slice(name, "IPv4", &[(pod.to_string(), None)]);
-        for (file, text) in [(name.to_string(), yaml), (format!("{name}-eps"), eps)] {
-            env.dir.put(
-                &file,
-                &text.replace("namespace: default", "namespace: greedy"),
-            )?;
-        }
+        let yaml = Svc::new(name, lb).in_namespace("greedy").filter(&list);
+        let eps = Slice::new(name, "IPv4", &[(pod, None)]).in_namespace("greedy");
+        env.dir.put(name, &yaml.yaml())?;
+        env.dir.put(&format!("{name}-eps"), &eps.yaml())?;
         Ok(lb)
     };
     let big = greedy("big", "203.0.113.100", "192.0.2.100", 4096)?;

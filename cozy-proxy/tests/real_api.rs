@@ -430,7 +430,7 @@ fn kube_proxy_skips_our_services(backend: Backend) -> Result<()> {
     env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
     let mut theirs = Svc::new("web", env.lb(1));
     theirs.label = false;
-    theirs.ports = vec![("TCP".into(), WEB)];
+    theirs.ports = vec![("TCP".into(), WEB.into())];
     env.put_service(&theirs, &[env.pod_ip(2)])?;
     env.settle()?;
     let api = api(&env)?;

@@ -10,6 +10,7 @@
 use cozy_proxy_testkit as harness;
 
 use anyhow::{bail, Context, Result};
+use cozy_proxy::fixtures::{Slice, Svc};
 use cozy_proxy::{
     datapath::{Datapath, DatapathState, NodeView, Synced},
     ebpf::{EbpfConfig, EbpfKernel, Interfaces},
@@ -132,17 +133,16 @@ fn manifest(i: usize, pod: Option<&str>) -> String {
     let (lb, default_pod) = addresses(i);
     let pod = pod.unwrap_or(&default_pod);
     let family = if lb.contains(':') { "IPv6" } else { "IPv4" };
-    let filter = if i.is_multiple_of(3) {
-        "  annotations: {networking.cozystack.io/wholeIP: \"false\"}\n"
-    } else {
-        ""
+    let name = format!("s{i}");
+    let svc = Svc::new(&name, &lb)
+        .in_namespace("bench")
+        .ports(&[("TCP", 22), ("UDP", 53)]);
+    let svc = match i.is_multiple_of(3) {
+        true => svc.whole_ip("false"),
+        false => svc,
     };
-    format!(
-        "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: s{i}\n  namespace: bench\n  labels: {{service.kubernetes.io/service-proxy-name: cozy-proxy}}\n{filter}\
-         spec:\n  ports: [{{port: 22}}, {{port: 53, protocol: UDP}}]\nstatus:\n  loadBalancer:\n    ingress: [{{ip: \"{lb}\"}}]\n\
-         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: s{i}-e\n  namespace: bench\n  labels: {{kubernetes.io/service-name: s{i}}}\n\
-         addressType: {family}\nendpoints: [{{addresses: [\"{pod}\"]}}]\n"
-    )
+    let slice = Slice::new(&name, family, &[(pod, None)]).in_namespace("bench");
+    format!("---\n{}---\n{}", svc.yaml(), slice.yaml())
 }
 
 /// A network namespace the bench enters for one backend run.

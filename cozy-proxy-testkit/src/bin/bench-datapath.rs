@@ -203,7 +203,10 @@ mod datapath {
         cp.start_kube_proxy("node1")?;
         let mut svc = Svc::new("vm1", net.lbs[0]);
         svc.label = false;
-        svc.ports = PORTS.iter().map(|(p, n)| (p.to_string(), *n)).collect();
+        svc.ports = PORTS
+            .iter()
+            .map(|(p, n)| (p.to_string(), i32::from(*n)))
+            .collect();
         cp.put_service(&svc, "IPv4", &[(net.pods[0].to_string(), None)], "node1")?;
         cp.kubectl(&[
             "patch",

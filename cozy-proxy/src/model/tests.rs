@@ -1,12 +1,11 @@
 //! Unit and property tests of the desired-state model.
 use super::*;
+use crate::fixtures::{Slice, Svc};
 use k8s_openapi::api::{
-    core::v1::{
-        LoadBalancerIngress, LoadBalancerStatus, Service, ServicePort, ServiceSpec, ServiceStatus,
-    },
+    core::v1::Service,
     discovery::v1::{Endpoint, EndpointConditions, EndpointSlice},
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use proptest::prelude::*;
 /// No EndpointSlices (typed, for `compute_plan`).
 const NO_SLICES: &[EndpointSlice] = &[];
@@ -21,118 +20,28 @@ fn ip(s: &str) -> IpAddr {
     s.parse().expect("test constant")
 }
 
-struct SvcSpec<'a> {
-    name: &'a str,
-    label: bool,
-    annotations: &'a [(&'a str, &'a str)],
-    lb: &'a [&'a str],
-    ports: &'a [(&'a str, i32)],
-    created: Option<i64>,
+/// Service `name` of namespace `ns` on 203.0.113.10: labelled,
+/// passthrough, no ports.
+fn svc(name: &str) -> Svc {
+    Svc::new(name, "203.0.113.10").in_namespace("ns")
 }
 
-impl Default for SvcSpec<'_> {
-    fn default() -> Self {
-        SvcSpec {
-            name: "vm",
-            label: true,
-            annotations: &[],
-            lb: &["203.0.113.10"],
-            ports: &[],
-            created: None,
-        }
-    }
+/// [`svc`] `vm`.
+fn vm() -> Svc {
+    svc("vm")
 }
 
-fn service(s: SvcSpec<'_>) -> Service {
-    let mut labels = BTreeMap::new();
-    if s.label {
-        labels.insert(PROXY_NAME_LABEL.to_string(), PROXY_NAME.to_string());
-    }
-    Service {
-        metadata: ObjectMeta {
-            name: Some(s.name.into()),
-            namespace: Some("ns".into()),
-            labels: Some(labels),
-            annotations: Some(
-                s.annotations
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
-            creation_timestamp: s
-                .created
-                .map(|secs| Time(k8s_openapi::jiff::Timestamp::from_second(secs).expect("valid"))),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            ports: Some(
-                s.ports
-                    .iter()
-                    .map(|(proto, port)| ServicePort {
-                        port: *port,
-                        protocol: Some(proto.to_string()),
-                        ..Default::default()
-                    })
-                    .collect(),
-            ),
-            ..Default::default()
-        }),
-        status: Some(ServiceStatus {
-            load_balancer: Some(LoadBalancerStatus {
-                ingress: Some(
-                    s.lb.iter()
-                        .map(|v| {
-                            if v.starts_with("host:") {
-                                LoadBalancerIngress {
-                                    hostname: Some(v.trim_start_matches("host:").into()),
-                                    ..Default::default()
-                                }
-                            } else {
-                                LoadBalancerIngress {
-                                    ip: Some(v.to_string()),
-                                    ..Default::default()
-                                }
-                            }
-                        })
-                        .collect(),
-                ),
-            }),
-            ..Default::default()
-        }),
-    }
-}
-
+/// A slice of `svc` in namespace `ns`, named after its family and size.
 fn slice(svc: &str, family: &str, endpoints: &[(&str, Option<bool>)]) -> EndpointSlice {
-    EndpointSlice {
-        metadata: ObjectMeta {
-            name: Some(format!("{svc}-{family}-{}", endpoints.len())),
-            namespace: Some("ns".into()),
-            labels: Some([(SERVICE_NAME_LABEL.to_string(), svc.to_string())].into()),
-            ..Default::default()
-        },
-        address_type: family.into(),
-        endpoints: endpoints
-            .iter()
-            .map(|(a, ready)| Endpoint {
-                addresses: vec![a.to_string()],
-                conditions: Some(EndpointConditions {
-                    ready: *ready,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .collect(),
-        ports: None,
-    }
+    Slice::new(svc, family, endpoints)
+        .named(&format!("{svc}-{family}-{}", endpoints.len()))
+        .in_namespace("ns")
+        .object()
 }
 
 /// A passthrough Service on 203.0.113.10 created at `secs`.
 fn aged(name: &str, secs: i64) -> Service {
-    service(SvcSpec {
-        name,
-        created: Some(secs),
-        ..Default::default()
-    })
+    svc(name).created_at(secs).object()
 }
 
 fn kinds(o: &Outcome) -> Vec<WarningKind> {
@@ -141,30 +50,23 @@ fn kinds(o: &Outcome) -> Vec<WarningKind> {
 
 #[test]
 fn selection_by_label_or_annotation_only() {
-    let labelled = service(SvcSpec::default());
-    let annotated = service(SvcSpec {
-        label: false,
-        annotations: &[(WHOLE_IP_ANNOTATION, "true")],
-        ..Default::default()
-    });
-    let neither = service(SvcSpec {
-        label: false,
-        ..Default::default()
-    });
+    let labelled = vm().object();
+    let annotated = vm()
+        .labelled(false)
+        .annotate(WHOLE_IP_ANNOTATION, "true")
+        .object();
+    let neither = vm().labelled(false).object();
     assert!(is_selected(&labelled));
     assert!(is_selected(&annotated));
     assert!(!is_selected(&neither));
-    let mut other_proxy = service(SvcSpec::default());
+    let mut other_proxy = vm().object();
     other_proxy.metadata.labels = Some([(PROXY_NAME_LABEL.into(), "kube-proxy".into())].into());
     assert!(!is_selected(&other_proxy));
 }
 
 #[test]
 fn passthrough_mapping_both_families() {
-    let svc = service(SvcSpec {
-        lb: &["203.0.113.10", "2001:db8:203::10"],
-        ..Default::default()
-    });
+    let svc = vm().lb_ips(&["203.0.113.10", "2001:db8:203::10"]).object();
     let slices = [
         slice("vm", "IPv4", &[("192.0.2.11", None)]),
         slice("vm", "IPv6", &[("2001:db8:2::11", Some(true))]),
@@ -204,11 +106,11 @@ fn port_filter_modes_and_fail_closed() {
             .into_iter()
             .filter(|(_, v)| !v.is_empty())
             .collect();
-        let svc = service(SvcSpec {
-            annotations: &ann,
-            ports,
-            ..Default::default()
-        });
+        let svc = ann
+            .iter()
+            .fold(vm(), |s, (k, v)| s.annotate(k, v))
+            .ports(ports)
+            .object();
         compute_plan(&[svc], &[slice("vm", "IPv4", &[("192.0.2.11", None)])], &[])
     };
     let want_ports = [
@@ -263,7 +165,7 @@ fn port_filter_modes_and_fail_closed() {
 
 #[test]
 fn endpoints_none_several_not_ready() {
-    let svc = || service(SvcSpec::default());
+    let svc = || vm().object();
     // Unset ready counts as ready; ready=false does not count.
     let o = compute_plan(
         &[svc()],
@@ -341,7 +243,7 @@ fn slice_with(svc: &str, endpoints: &[(&str, bool, bool, bool)]) -> EndpointSlic
 /// Service while no endpoint is ready, and gives way to a ready one.
 #[test]
 fn a_serving_terminating_endpoint_serves_while_nothing_is_ready() {
-    let svc = || service(SvcSpec::default());
+    let svc = || vm().object();
     let plan = |e: &[(&str, bool, bool, bool)]| compute_plan(&[svc()], &[slice_with("vm", e)], &[]);
     let o = plan(&[("192.0.2.11", false, true, true)]);
     assert_eq!(o.plan.mappings.len(), 1, "{:?}", o.warnings);
@@ -374,7 +276,7 @@ fn a_serving_terminating_endpoint_serves_while_nothing_is_ready() {
 /// several endpoints.
 #[test]
 fn one_address_on_two_nodes_is_one_backend_hosted_on_both() {
-    let svc = || service(SvcSpec::default());
+    let svc = || vm().object();
     let vm = "192.0.2.20";
     // (ready, serving, terminating) of S on node-a and T on node-b.
     type Conds = (bool, bool, bool);
@@ -452,18 +354,14 @@ fn conflicts_older_wins_and_hands_over() {
     let o = compute_plan(&[b], &slices, &[]);
     assert_eq!(&*o.plan.mappings[0].service.name, "b");
     // Same pod, different LB IPs: the newer's LB IP is unmapped (dropped).
-    let c = service(SvcSpec {
-        name: "c",
-        created: Some(1_000),
-        lb: &["203.0.113.20"],
-        ..Default::default()
-    });
-    let d = service(SvcSpec {
-        name: "d",
-        created: Some(2_000),
-        lb: &["203.0.113.30"],
-        ..Default::default()
-    });
+    let c = svc("c")
+        .created_at(1_000)
+        .lb_ips(&["203.0.113.20"])
+        .object();
+    let d = svc("d")
+        .created_at(2_000)
+        .lb_ips(&["203.0.113.30"])
+        .object();
     let slices = [
         slice("c", "IPv4", &[("192.0.2.12", None)]),
         slice("d", "IPv4", &[("192.0.2.12", None)]),
@@ -474,14 +372,8 @@ fn conflicts_older_wins_and_hands_over() {
     assert_eq!(kinds(&o), vec![WarningKind::PodIpConflict]);
     assert!(o.plan.unmapped_lb_ips.contains_key(&ip("203.0.113.30")));
     // Equal age: namespace/name decides.
-    let e = service(SvcSpec {
-        name: "e",
-        ..Default::default()
-    });
-    let f = service(SvcSpec {
-        name: "f",
-        ..Default::default()
-    });
+    let e = svc("e").object();
+    let f = svc("f").object();
     let o = compute_plan(
         &[f, e],
         &[
@@ -514,15 +406,10 @@ fn the_older_owner_keeps_its_lb_ip_while_not_ready() {
 
 #[test]
 fn bad_addresses_hostnames_and_extra_ips() {
-    let svc = service(SvcSpec {
-        lb: &[
-            "203.0.113.300",
-            "203.0.113.10",
-            "203.0.113.11",
-            "host:lb.example.com",
-        ],
-        ..Default::default()
-    });
+    let svc = vm()
+        .lb_ips(&["203.0.113.300", "203.0.113.10", "203.0.113.11"])
+        .hostname("lb.example.com")
+        .object();
     let o = compute_plan(
         &[svc],
         &[slice(
@@ -542,18 +429,12 @@ fn bad_addresses_hostnames_and_extra_ips() {
             WarningKind::ExtraLoadBalancerIp
         ]
     );
-    let only_host = service(SvcSpec {
-        lb: &["host:lb.example.com"],
-        ..Default::default()
-    });
+    let only_host = vm().lb_ips(&[]).hostname("lb.example.com").object();
     assert_eq!(
         kinds(&compute_plan(&[only_host], NO_SLICES, &[])),
         vec![WarningKind::HostnameOnly]
     );
-    let pending = service(SvcSpec {
-        lb: &[],
-        ..Default::default()
-    });
+    let pending = vm().lb_ips(&[]).object();
     assert_eq!(
         kinds(&compute_plan(&[pending], NO_SLICES, &[])),
         vec![WarningKind::NoLoadBalancerIp]
@@ -601,10 +482,7 @@ fn forbidden_addresses_are_refused_and_never_mapped() {
         ("198.51.100.2", "node's own"),
         ("2001:db8:100::2", "node's own"),
     ] {
-        let svc = service(SvcSpec {
-            lb: &[bad],
-            ..Default::default()
-        });
+        let svc = vm().lb_ips(&[bad]).object();
         let family = if bad.contains(':') { "IPv6" } else { "IPv4" };
         let pod = if bad.contains(':') {
             "2001:db8:2::11"
@@ -627,7 +505,7 @@ fn forbidden_addresses_are_refused_and_never_mapped() {
     // As an endpoint address: the same, and the LB IP stays unmapped.
     for bad in ["127.0.0.1", "169.254.1.1", "198.51.100.2", "0.0.0.0"] {
         let o = compute_plan(
-            &[service(SvcSpec::default())],
+            &[vm().object()],
             &[slice("vm", "IPv4", &[(bad, None)])],
             &nodes,
         );
@@ -639,7 +517,7 @@ fn forbidden_addresses_are_refused_and_never_mapped() {
     }
     // A valid neighbour is mapped: the refusal is not blanket.
     let o = compute_plan(
-        &[service(SvcSpec::default())],
+        &[vm().object()],
         &[slice("vm", "IPv4", &[("192.0.2.11", None)])],
         &nodes,
     );
@@ -660,10 +538,7 @@ fn reserved_ranges_are_refused_as_node_addresses_are() {
         ("2001:db8:203::10", "IPv6", "2001:db8:2::11", true),
         ("2001:db8:203::11", "IPv6", "2001:db8:2::11", false),
     ] {
-        let services = [service(SvcSpec {
-            lb: &[lb],
-            ..Default::default()
-        })];
+        let services = [vm().lb_ips(&[lb]).object()];
         let slices = [slice("vm", family, &[(pod, None)])];
         let full = compute_plan_with(&services, &slices, &forbidden);
         let incremental =
@@ -683,7 +558,7 @@ fn reserved_ranges_are_refused_as_node_addresses_are() {
     }
     // As an endpoint address too.
     let o = compute_plan_with(
-        &[service(SvcSpec::default())],
+        &[vm().object()],
         &[slice("vm", "IPv4", &[("203.0.113.9", None)])],
         &forbidden,
     );
@@ -694,7 +569,7 @@ fn reserved_ranges_are_refused_as_node_addresses_are() {
 #[test]
 fn source_ranges_are_read_and_an_invalid_one_fails_closed() {
     let with_ranges = |ranges: &[&str]| {
-        let mut svc = service(SvcSpec::default());
+        let mut svc = vm().object();
         if let Some(spec) = svc.spec.as_mut() {
             spec.load_balancer_source_ranges = Some(ranges.iter().map(|r| r.to_string()).collect());
         }
@@ -755,12 +630,11 @@ fn a_service_with_thousands_of_entries_is_capped_and_warned_a_bounded_number_of_
     let lb_refs: Vec<&str> = std::iter::once("203.0.113.10")
         .chain(lbs.iter().map(String::as_str))
         .collect();
-    let mut svc = service(SvcSpec {
-        annotations: &[(WHOLE_IP_ANNOTATION, "false")],
-        lb: &lb_refs,
-        ports: &ports,
-        ..Default::default()
-    });
+    let mut svc = vm()
+        .annotate(WHOLE_IP_ANNOTATION, "false")
+        .lb_ips(&lb_refs)
+        .ports(&ports)
+        .object();
     if let Some(spec) = svc.spec.as_mut() {
         spec.load_balancer_source_ranges = Some(
             (0..2000u32)
@@ -845,7 +719,7 @@ const RANGES: [&[&str]; 4] = [
 ];
 
 pub(crate) fn arb_world() -> impl Strategy<Value = (Vec<Service>, Vec<EndpointSlice>)> {
-    let svc = (
+    let spec = (
         0usize..6,                                                                         // name
         any::<bool>(),                                                                     // label
         0usize..4,                                  // wholeIP
@@ -854,7 +728,7 @@ pub(crate) fn arb_world() -> impl Strategy<Value = (Vec<Service>, Vec<EndpointSl
         proptest::collection::vec((0usize..5, proptest::option::of(any::<bool>())), 0..3), // endpoints
         (0usize..3, 0usize..4), // allowICMP, source ranges
     );
-    proptest::collection::vec(svc, 0..8).prop_map(|specs| {
+    proptest::collection::vec(spec, 0..8).prop_map(|specs| {
         let mut services = Vec::new();
         let mut slices = Vec::new();
         for (name, label, whole, lbs, created, eps, (icmp, ranges)) in specs {
@@ -867,14 +741,18 @@ pub(crate) fn arb_world() -> impl Strategy<Value = (Vec<Service>, Vec<EndpointSl
             .into_iter()
             .filter(|(_, v)| !v.is_empty())
             .collect();
-            let mut svc = service(SvcSpec {
-                name: &name,
-                label,
-                annotations: &ann,
-                lb: &lb,
-                ports: &[("TCP", 22)],
-                created,
-            });
+            let mut svc = {
+                let s = (ann.iter())
+                    .fold(svc(&name), |s, (k, v)| s.annotate(k, v))
+                    .labelled(label)
+                    .lb_ips(&lb)
+                    .ports(&[("TCP", 22)]);
+                match created {
+                    Some(secs) => s.created_at(secs),
+                    None => s,
+                }
+                .object()
+            };
             if !RANGES[ranges].is_empty() {
                 if let Some(spec) = svc.spec.as_mut() {
                     spec.load_balancer_source_ranges =
@@ -950,12 +828,12 @@ proptest! {
         port in any::<i32>(),
         proto in ".{0,6}",
     ) {
-        let svc = service(SvcSpec {
-            annotations: &[(WHOLE_IP_ANNOTATION, &whole), (ALLOW_ICMP_ANNOTATION, &icmp)],
-            lb: &[&lb],
-            ports: &[(&proto, port)],
-            ..Default::default()
-        });
+        let svc = vm()
+            .annotate(WHOLE_IP_ANNOTATION, &whole)
+            .annotate(ALLOW_ICMP_ANNOTATION, &icmp)
+            .lb_ips(&[&lb])
+            .ports(&[(&proto, port)])
+            .object();
         let _ = compute_plan(&[svc], &[slice("vm", "IPv4", &[(&addr, None)])], &[]);
     }
 }
