@@ -1,12 +1,12 @@
 //! The container image and the container, for real: the image is built
-//! from a cozy-proxy binary with buildah (no daemon; vfs storage) into an
-//! OCI archive a user can load or push (`cargo xtask image` and the tests
-//! share this), and run with runc on an OCI bundle unpacked by umoci, under
-//! the security settings the chart's DaemonSet asks for (read from the real
-//! `helm template` output): the capabilities, a read-only root, no
-//! privilege escalation, the host's network (runc starts in the test node's
-//! namespace and gets no network namespace of its own), the pin directory's
-//! mount, and a seccomp profile.
+//! from the binary under test by xtask's builder (`xtask image-of`, the
+//! one `cargo xtask image` uses), and run with runc on an OCI bundle
+//! unpacked by umoci, under the security settings the chart's DaemonSet
+//! asks for (read from the real `helm template` output): the
+//! capabilities, a read-only root, no privilege escalation, the host's
+//! network (runc starts in the test node's namespace and gets no network
+//! namespace of its own), the pin directory's mount, and a seccomp
+//! profile.
 use crate::sh::ok;
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -15,81 +15,6 @@ use std::{
     fs,
     path::{Path, PathBuf},
 };
-
-/// The shared libraries `binary` loads (the glibc build is dynamic; the
-/// image carries exactly these), from `ldd`.
-pub fn libraries(binary: &Path) -> Result<Vec<PathBuf>> {
-    let out = ok(&["ldd", &binary.display().to_string()])?;
-    let mut libs = Vec::new();
-    for line in out.lines() {
-        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or
-        // "/lib64/ld-linux-x86-64.so.2 (0x...)"; the vDSO has no file.
-        let path = match line.split_once("=>") {
-            Some((_, rest)) => rest.split_whitespace().next(),
-            None => line.split_whitespace().next(),
-        };
-        if let Some(p) = path.filter(|p| p.starts_with('/')) {
-            libs.push(PathBuf::from(p));
-        }
-    }
-    if libs.is_empty() {
-        bail!("ldd found no libraries for {}: {out}", binary.display());
-    }
-    Ok(libs)
-}
-
-fn buildah(args: &[&str]) -> Result<String> {
-    let mut all = vec!["buildah", "--storage-driver", "vfs"];
-    all.extend_from_slice(args);
-    ok(&all).map(|o| o.trim().to_string())
-}
-
-/// Builds the image: `/cozy-proxy` and its libraries on an empty base,
-/// entrypoint `/cozy-proxy`, command `run` (as the Dockerfile's), written
-/// as an OCI archive to `archive` with reference name `tag`.
-pub fn build(binary: &Path, archive: &Path, tag: &str) -> Result<()> {
-    let staging = archive.with_extension("rootfs");
-    let _ = fs::remove_dir_all(&staging);
-    fs::create_dir_all(&staging)?;
-    fs::copy(binary, staging.join("cozy-proxy"))
-        .with_context(|| format!("copying {}", binary.display()))?;
-    for lib in libraries(binary)? {
-        let to = staging.join(lib.strip_prefix("/")?);
-        fs::create_dir_all(to.parent().context("library path")?)?;
-        // Follows symlinks: the image holds the files themselves.
-        fs::copy(&lib, &to).with_context(|| format!("copying {}", lib.display()))?;
-    }
-    // Mount points (the root is read-only in the pod).
-    for dir in ["proc", "sys/fs/bpf", "dev", "tmp"] {
-        fs::create_dir_all(staging.join(dir))?;
-    }
-    let ctr = buildah(&["from", "scratch"])?;
-    let result = (|| {
-        buildah(&["copy", &ctr, &format!("{}/", staging.display()), "/"])?;
-        buildah(&[
-            "config",
-            "--entrypoint",
-            r#"["/cozy-proxy"]"#,
-            "--cmd",
-            "run",
-            "--label",
-            "org.opencontainers.image.title=cozy-proxy",
-            &ctr,
-        ])?;
-        let _ = fs::remove_file(archive);
-        buildah(&[
-            "commit",
-            "--quiet",
-            "--format",
-            "oci",
-            &ctr,
-            &format!("oci-archive:{}:{tag}", archive.display()),
-        ])
-    })();
-    let _ = buildah(&["rm", &ctr]);
-    let _ = fs::remove_dir_all(&staging);
-    result.map(|_| ())
-}
 
 /// Unpacks image `tag` of `archive` into `bundle/rootfs` (umoci).
 pub fn unpack(archive: &Path, tag: &str, bundle: &Path) -> Result<PathBuf> {
@@ -486,12 +411,42 @@ pub fn test_image() -> Result<PathBuf> {
     IMAGE
         .get_or_init(|| {
             let archive = std::env::temp_dir().join("cozy-proxy-test-image.oci.tar");
-            build(Path::new(&crate::bin()), &archive, TEST_TAG)
+            build(Path::new(&crate::bin()), &archive)
                 .map(|_| archive)
                 .map_err(|e| format!("{e:#}"))
         })
         .clone()
         .map_err(|e| anyhow::anyhow!("building the test image: {e}"))
+}
+
+/// Builds the test image of `binary` into `archive` the way `cargo
+/// xtask image` builds the release one: with xtask's builder (`xtask
+/// image-of`). The xtask binary `cargo xtask test` built is used; without
+/// one, cargo builds it into a target directory of its own (the running
+/// `cargo test` holds the lock of its own).
+fn build(binary: &Path, archive: &Path) -> Result<()> {
+    let (binary, archive) = (binary.display().to_string(), archive.display().to_string());
+    let image_of = ["image-of", &binary, &archive, TEST_TAG];
+    if let Some(xtask) = crate::built_beside("xtask") {
+        let mut args = vec![xtask.to_str().context("xtask's path")?];
+        args.extend(image_of);
+        return ok(&args).map(|_| ());
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let target = crate::workspace().join("target/xtask-image");
+    let target = target.display().to_string();
+    let mut args = vec![
+        &cargo[..],
+        "run",
+        "-q",
+        "-p",
+        "xtask",
+        "--target-dir",
+        &target,
+        "--",
+    ];
+    args.extend(image_of);
+    ok(&args).map(|_| ())
 }
 
 /// The reference name of the test image in its archive.

@@ -50,17 +50,23 @@ pub fn bin() -> String {
     if let Ok(b) = std::env::var("COZY_PROXY_BIN") {
         return b;
     }
-    let exe = std::env::current_exe().ok();
-    let dirs = exe
-        .iter()
-        .flat_map(|e| e.ancestors().skip(1).take(2))
-        .map(|d| d.join("cozy-proxy"));
-    for candidate in dirs {
-        if candidate.is_file() {
-            return candidate.display().to_string();
-        }
-    }
-    "cozy-proxy".into()
+    built_beside("cozy-proxy")
+        .unwrap_or_else(|| "cozy-proxy".into())
+        .display()
+        .to_string()
+}
+
+/// The workspace's binary `name` built beside the running one (a test's
+/// `target/debug/deps/..`, a binary's `target/debug/..`), if any.
+pub fn built_beside(name: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let found = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|d| d.join(name))
+        .find(|candidate| candidate.is_file());
+    found
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

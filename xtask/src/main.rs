@@ -11,9 +11,12 @@
 //! - release check | X.Y.Z: the version agrees in every file; cut a
 //!   release (see release.rs).
 //! - image [TAG]: the container image (TAG: the version by default).
+//! - image-of BINARY ARCHIVE TAG: an image of any binary, without a
+//!   container engine (the container tests build theirs so).
 //! - demo: setup, then the local demo (network namespaces as node, pod and
 //!   outside client, with real traffic).
 mod helm;
+mod image;
 mod k8s;
 mod metallb;
 mod pinned;
@@ -98,8 +101,14 @@ fn main() -> Result<()> {
             demo()
         }
         Some("image") => match args.get(1) {
-            Some(tag) => image(tag),
-            None => image(&release::version(&root())?),
+            Some(tag) => release_image(tag),
+            None => release_image(&release::version(&root())?),
+        },
+        Some("image-of") => match &args[1..] {
+            [binary, archive, tag] => {
+                image::build(&PathBuf::from(binary), &PathBuf::from(archive), tag)
+            }
+            _ => bail!("usage: cargo xtask image-of BINARY ARCHIVE TAG"),
         },
         Some("release") => release::cli(&args[1..]),
         Some("bench") => {
@@ -111,7 +120,7 @@ fn main() -> Result<()> {
             fuzz(args.get(1).map(String::as_str))
         }
         _ => {
-            eprintln!("usage: cargo xtask <setup|build|test [--unit | cargo test args]|demo|image [TAG]|release <check|X.Y.Z>|bench control-plane|datapath|per-packet|render|fuzz [SECONDS]>");
+            eprintln!("usage: cargo xtask <setup|build|test [--unit | cargo test args]|demo|image [TAG]|image-of BINARY ARCHIVE TAG|release <check|X.Y.Z>|bench control-plane|datapath|per-packet|render|fuzz [SECONDS]>");
             std::process::exit(2);
         }
     }
@@ -372,7 +381,7 @@ fn machine() -> String {
 /// into an OCI archive (`target/image/cozy-proxy-TAG.oci.tar`) that
 /// `podman load`, `skopeo copy oci-archive:... docker://...` or `ctr
 /// images import` take.
-fn image(tag: &str) -> Result<()> {
+fn release_image(tag: &str) -> Result<()> {
     if let Some(engine) = ["docker", "podman", "nerdctl"]
         .into_iter()
         .find(|e| succeeds(Command::new(e).arg("info")))
@@ -386,19 +395,7 @@ fn image(tag: &str) -> Result<()> {
     let dir = root().join("target/image");
     std::fs::create_dir_all(&dir)?;
     let archive = dir.join(format!("cozy-proxy-{tag}.oci.tar"));
-    run(cargo()
-        .args([
-            "run",
-            "-q",
-            "-p",
-            "cozy-proxy-testkit",
-            "--bin",
-            "image",
-            "--",
-        ])
-        .arg(root().join("target/release/cozy-proxy"))
-        .arg(&archive)
-        .arg(tag))?;
+    image::build(&root().join("target/release/cozy-proxy"), &archive, tag)?;
     eprintln!(
         "xtask: image {} (OCI archive, reference {tag})",
         archive.display()
