@@ -602,6 +602,23 @@ pub(crate) mod tests {
         assert_eq!(world.world().reads, reads + 1);
     }
 
+    /// Path news that could not be read may have told a move: the next
+    /// incremental round resolves every address again, not only those of
+    /// the Service it names.
+    #[test]
+    fn lost_path_news_make_the_next_round_resolve_every_address() {
+        let (mut r, world) = reconciler();
+        let a = service("a", "203.0.113.10", "192.0.2.11", "true");
+        r.reconcile(full(&snapshot(&a))).expect("sync");
+        world.world().moved = true;
+        world.world().lost_news = 1;
+        assert!(r.datapath_mut().paths_news().is_err());
+        let ab = snapshot(&(a + &service("b", "203.0.113.20", "192.0.2.12", "true")));
+        r.reconcile(changed(&ab, &["b"])).expect("sync");
+        let want = fitted_on(&ab, None, &Capacity::UNLIMITED, None, true).0;
+        assert_eq!(world.world().kernel, want);
+    }
+
     #[test]
     fn a_stale_belief_fails_the_first_attempt_and_the_retry_reads_the_kernel() {
         let (mut r, world) = reconciler();

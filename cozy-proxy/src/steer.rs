@@ -154,6 +154,12 @@ impl Steering {
             }
             links |= matches!(m.msg_type, libc::RTM_NEWLINK | libc::RTM_DELLINK);
             route::notification_protocol(m.msg_type, m.payload) != Some(ROUTE_PROTO)
+        });
+        // News not read may have moved anything: nothing cached is kept.
+        let news = news.inspect_err(|_| {
+            self.cache.clear();
+            self.bridge_ports.forget_links();
+            self.bridge_ports.forget_hops();
         })?;
         if links || news > 0 {
             // (An overrun counts as news: links may have changed too.)

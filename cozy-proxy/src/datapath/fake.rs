@@ -61,6 +61,9 @@ pub struct FakeWorld {
     /// The next this many path news find nothing: the kernel's
     /// notification has not reached the socket that reads them yet.
     pub late_news: usize,
+    /// The next this many path news fail, their news lost (as a socket
+    /// error loses what it held).
+    pub lost_news: usize,
 }
 
 /// The test's side of a [`FakeKernel`].
@@ -196,6 +199,11 @@ impl Kernel for FakeKernel {
 
     fn paths_news(&mut self) -> Result<bool, FakeError> {
         let mut w = self.world.world();
+        if w.lost_news > 0 {
+            w.lost_news -= 1;
+            self.moved = w.moved;
+            return Err(FakeError("path news lost".into()));
+        }
         if w.late_news > 0 {
             w.late_news -= 1;
             return Ok(false);

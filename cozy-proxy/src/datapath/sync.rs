@@ -444,10 +444,12 @@ impl<K: Kernel> Datapath for Synced<K> {
         Ok(paths_changed || foreign)
     }
 
+    /// News that could not be read may have told a change: the next sync
+    /// resolves every address again, as after news of one.
     fn paths_news(&mut self) -> Result<bool, K::Error> {
-        let changed = self.kernel.paths_news()?;
-        self.stale_paths |= changed;
-        Ok(changed)
+        let news = self.kernel.paths_news();
+        self.stale_paths |= news.as_ref().map_or(true, |changed| *changed);
+        news
     }
 
     fn paths_of(&mut self, pods: &BTreeSet<IpAddr>) -> Result<Paths, K::Error> {
