@@ -28,12 +28,6 @@ pub struct Synced<K: Kernel> {
     /// The kernel's paths may have changed since the held state was
     /// resolved: the next sync resolves every address again.
     stale_paths: bool,
-    /// What the held state needs of the backend's tables (see [`Entries`]).
-    known_needs: Entries,
-    /// What the last sync left out for lack of room: until it is empty,
-    /// every sync takes the full way (which fits the state again, and
-    /// takes back what now fits).
-    overflow: Overflow,
     /// LB IPs per step of a fresh install (see [`install_in_parts`]).
     part_lbs: usize,
 }
@@ -51,8 +45,6 @@ impl<K: Kernel> Synced<K> {
             known: Known::Unread,
             remote_pods: RemotePods::default(),
             stale_paths: false,
-            known_needs: Entries::default(),
-            overflow: Overflow::default(),
             part_lbs: PART_LBS,
         }
     }
@@ -129,10 +121,8 @@ impl<K: Kernel> Synced<K> {
             write(&mut self.kernel, held, desired, found)?
         };
         let elements = target.len();
-        self.known = Known::written(fitted, written.complete);
-        self.known_needs = needs;
+        self.known = Known::written(fitted, written.complete, needs);
         self.stale_paths = false;
-        self.overflow = overflow.clone();
         Ok(SyncReport {
             changed_elements: written.changed + written.applied.extra_changes,
             installed_schema: written.applied.installed_schema,
@@ -208,8 +198,7 @@ impl<K: Kernel> Synced<K> {
             remote_pods: &self.remote_pods,
         };
         let applied = self.kernel.apply(&diff, desired, None)?;
-        self.known = Known::written(None, true);
-        self.known_needs = needs;
+        self.known = Known::written(None, true, needs);
         self.stale_paths = false;
         Ok(SyncReport {
             changed_elements: diff.size() + applied.extra_changes,
@@ -406,11 +395,7 @@ impl<K: Kernel> Datapath for Synced<K> {
     /// ([`Synced::try_sync_change`]); else, or on a failure, the full way.
     fn sync_change(&mut self, change: &StateDiff) -> Result<Option<SyncReport>, K::Error> {
         let (added, removed) = change.needs();
-        let needs = self.known_needs.plus(added).minus(removed);
-        let way = self.known.way(
-            self.overflow.is_empty(),
-            needs.fits(&self.kernel.capacity()),
-        );
+        let way = self.known.way(added, removed, &self.kernel.capacity());
         // What the kernel holds, before `planned` changes.
         let held = self.known.start_change(way, &self.planned);
         if let Err(collection) = self.planned.apply(change) {
@@ -423,7 +408,7 @@ impl<K: Kernel> Datapath for Synced<K> {
             return Ok(None);
         }
         let first = match way {
-            Way::Incremental => self.try_sync_change(change, needs),
+            Way::Incremental(needs) => self.try_sync_change(change, needs),
             Way::Full => self.try_sync(held),
         };
         self.retried(first).map(Some)

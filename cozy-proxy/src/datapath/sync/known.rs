@@ -4,7 +4,7 @@
 //! (a read, the paths, a write) thus leaves the next sync reading the
 //! kernel, with no error path having to say so; only a success, or an
 //! event from outside (a resync, someone else's change), sets a belief.
-use crate::datapath::DatapathState;
+use crate::datapath::{Capacity, DatapathState, Entries};
 
 /// What the kernel holds. One copy of the state in the usual case, never
 /// a second kept or cloned at a full sync: the state is a large part of
@@ -16,8 +16,9 @@ pub(super) enum Known {
     /// kernel.
     #[default]
     Unread,
-    /// `planned`, guards and routes included.
-    Planned,
+    /// `planned`, guards and routes included, with nothing left out for
+    /// lack of room; `needs`: what it needs of the tables.
+    Planned { needs: Entries },
     /// Another state: what the tables could hold of `planned`.
     State(Box<DatapathState>),
 }
@@ -26,21 +27,27 @@ pub(super) enum Known {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Way {
     /// Only the addresses the change touches are resolved and compared:
-    /// O(the change).
-    Incremental,
+    /// O(the change). What the state needs of the tables once changed.
+    Incremental(Entries),
     /// Every address resolved and compared, from what the kernel holds.
     Full,
 }
 
 impl Known {
-    /// The way to sync a change: incremental only when the kernel holds
-    /// `planned` as it was before the change, nothing is left out for
-    /// lack of room, and what the change needs fits. Anything else takes
-    /// the full way, which fits the state again and takes back what now
-    /// fits.
-    pub(super) fn way(&self, nothing_left_out: bool, change_fits: bool) -> Way {
+    /// The way to sync a change that adds and removes these entries:
+    /// incremental only when the kernel holds `planned` as it was before
+    /// the change (nothing left out) and the changed state fits
+    /// `capacity`. Anything else takes the full way, which fits the state
+    /// again and takes back what now fits.
+    pub(super) fn way(&self, added: Entries, removed: Entries, capacity: &Capacity) -> Way {
         match self {
-            Known::Planned if nothing_left_out && change_fits => Way::Incremental,
+            Known::Planned { needs } => {
+                let changed = needs.plus(added).minus(removed);
+                match changed.fits(capacity) {
+                    true => Way::Incremental(changed),
+                    false => Way::Full,
+                }
+            }
             _ => Way::Full,
         }
     }
@@ -51,7 +58,7 @@ impl Known {
     pub(super) fn start(&mut self, planned: &mut DatapathState) -> Option<DatapathState> {
         match std::mem::take(self) {
             Known::Unread => None,
-            Known::Planned => Some(std::mem::take(planned)),
+            Known::Planned { .. } => Some(std::mem::take(planned)),
             Known::State(s) => Some(*s),
         }
     }
@@ -67,21 +74,21 @@ impl Known {
         planned: &DatapathState,
     ) -> Option<DatapathState> {
         match (way, std::mem::take(self)) {
-            (Way::Incremental, _) | (Way::Full, Known::Unread) => None,
-            (Way::Full, Known::Planned) => Some(planned.clone()),
+            (Way::Incremental(_), _) | (Way::Full, Known::Unread) => None,
+            (Way::Full, Known::Planned { .. }) => Some(planned.clone()),
             (Way::Full, Known::State(s)) => Some(*s),
         }
     }
 
     /// The belief after a sync that wrote its target: `planned`
-    /// (`fitted`: `None`) or what the tables could hold of it. `complete`
-    /// false: the parts of a fresh install did not make the whole, and
-    /// the kernel is to be read.
-    pub(super) fn written(fitted: Option<DatapathState>, complete: bool) -> Known {
+    /// (`fitted`: `None`), needing `needs` of the tables, or what the
+    /// tables could hold of it. `complete` false: the parts of a fresh
+    /// install did not make the whole, and the kernel is to be read.
+    pub(super) fn written(fitted: Option<DatapathState>, complete: bool, needs: Entries) -> Known {
         match fitted {
             _ if !complete => Known::Unread,
             Some(f) => Known::State(Box::new(f)),
-            None => Known::Planned,
+            None => Known::Planned { needs },
         }
     }
 }
@@ -98,29 +105,54 @@ mod tests {
         }
     }
 
+    /// A plan held needing 2 addresses (and nothing else).
+    const NEEDS: Entries = Entries::new(2, 0, 0, 0);
+
     fn known(name: &str) -> Known {
         match name {
             "Unread" => Known::Unread,
-            "Planned" => Known::Planned,
+            "Planned" => Known::Planned { needs: NEEDS },
             _ => Known::State(Box::new(state("192.0.2.99"))),
         }
     }
 
-    /// Incremental only from `Planned`, with nothing left out and a
-    /// change that fits.
+    /// Incremental only from `Planned` (nothing left out), with a changed
+    /// state that fits; it carries what the changed state needs.
     #[test]
     fn only_a_known_plan_with_room_takes_the_incremental_way() {
         use Way::*;
+        let (one, two) = (Entries::new(1, 0, 0, 0), Entries::new(2, 0, 0, 0));
+        let cap = |addresses| Entries::new(addresses, 10, 10, 10);
         let table = [
-            // belief, nothing left out, change fits, way
-            ("Planned", true, true, Incremental),
-            ("Planned", false, true, Full),
-            ("Planned", true, false, Full),
-            ("State", true, true, Full),
-            ("Unread", true, true, Full),
+            // belief, added, removed, addresses the tables hold, way
+            (
+                "Planned",
+                one,
+                Entries::default(),
+                3,
+                Incremental(Entries::new(3, 0, 0, 0)),
+            ),
+            (
+                "Planned",
+                two,
+                one,
+                3,
+                Incremental(Entries::new(3, 0, 0, 0)),
+            ),
+            ("Planned", two, Entries::default(), 3, Full),
+            (
+                "Planned",
+                Entries::default(),
+                two,
+                0,
+                Incremental(Entries::default()),
+            ),
+            ("State", Entries::default(), Entries::default(), 3, Full),
+            ("Unread", Entries::default(), Entries::default(), 3, Full),
         ];
-        for (belief, room, fits, way) in table {
-            assert_eq!(known(belief).way(room, fits), way, "{belief} {room} {fits}");
+        for (belief, added, removed, room, way) in table {
+            let got = known(belief).way(added, removed, &cap(room));
+            assert_eq!(got, way, "{belief} +{added:?} -{removed:?} in {room}");
         }
     }
 
@@ -145,20 +177,23 @@ mod tests {
             assert_eq!(k, Known::Unread);
             // The incremental way takes nothing out.
             let mut k = known(belief);
-            assert_eq!(k.start_change(Way::Incremental, &plan), None);
+            assert_eq!(k.start_change(Way::Incremental(NEEDS), &plan), None);
             assert_eq!(k, Known::Unread);
         }
     }
 
     #[test]
     fn a_written_target_is_believed_unless_the_parts_fell_short() {
-        assert_eq!(Known::written(None, true), Known::Planned);
+        assert_eq!(
+            Known::written(None, true, NEEDS),
+            Known::Planned { needs: NEEDS }
+        );
         let fitted = state("192.0.2.2");
         assert_eq!(
-            Known::written(Some(fitted.clone()), true),
+            Known::written(Some(fitted.clone()), true, NEEDS),
             Known::State(Box::new(fitted.clone()))
         );
-        assert_eq!(Known::written(None, false), Known::Unread);
-        assert_eq!(Known::written(Some(fitted), false), Known::Unread);
+        assert_eq!(Known::written(None, false, NEEDS), Known::Unread);
+        assert_eq!(Known::written(Some(fitted), false, NEEDS), Known::Unread);
     }
 }
