@@ -55,7 +55,7 @@ where
         mut source,
         telemetry,
         settings,
-        on_warnings,
+        mut on_warnings,
         path_news,
     } = ctx;
     let mut shutdown = std::pin::pin!(shutdown);
@@ -78,41 +78,13 @@ where
         // A turn of the loop: /healthz fails when they stop.
         telemetry.beat();
         if turns.round_due() {
-            let started = Instant::now();
-            let update = source.update(turns.round_starts());
-            let was_full = matches!(update, Update::Full(_));
-            let round = datapath
-                .call(move |r| {
-                    let backend = r.datapath().kind();
-                    r.reconcile(update).map_err(|e| (backend, e))
-                })
-                .await;
-            if was_full {
-                crate::memory::release_freed();
-            }
-            match round {
-                Ok(Ok(report)) => {
-                    turns.round_succeeded();
-                    let m = &telemetry.metrics;
-                    m.observe_sync(started.elapsed().as_secs_f64());
-                    m.observe_plan(&report.summary, report.sync.elements);
-                    m.observe_overflow(&report.sync.overflow);
-                    m.observe_shared(&report.shared);
-                    telemetry.set_shared(&report.shared);
-                    on_warnings(&report.new_warnings);
-                    telemetry.set_ready();
+            let jobs = (&datapath, &mut source, &telemetry, &mut on_warnings);
+            match round(jobs, &mut turns, settings.resync).await {
+                Round::Done => {}
+                Round::Failed { retry_in } => {
+                    retry.as_mut().reset(tokio::time::Instant::now() + retry_in);
                 }
-                Ok(Err((backend, e))) => {
-                    let kind = e.kind();
-                    telemetry.metrics.sync_failed(&backend.to_string(), kind);
-                    let pause = turns.round_failed(settings.resync);
-                    retry.as_mut().reset(tokio::time::Instant::now() + pause);
-                    error!(error = %e, retry_in = ?pause, "sync failed; the datapath keeps its last state");
-                }
-                Err(gone) => {
-                    error!(error = %gone, "stopping");
-                    return;
-                }
+                Round::Gone => return,
             }
         }
         tokio::select! {
@@ -133,22 +105,15 @@ where
                 turns.resync();
             }
             _ = path_news.notified() => {
-                let Some(changed) = paths_news(&datapath, &mut repeats.paths).await else {
-                    return;
-                };
-                if let Some(after) = turns.path_news(changed, false) {
-                    late_news.as_mut().reset(tokio::time::Instant::now() + after);
+                match news_turn(&datapath, &mut repeats.paths, &mut turns, false).await {
+                    Some(again) => rearm(late_news.as_mut(), again),
+                    None => return,
                 }
             }
             _ = &mut late_news, if turns.next_late_check().is_some() => {
-                let Some(changed) = paths_news(&datapath, &mut repeats.paths).await else {
-                    return;
-                };
-                if changed {
-                    info!("path news arrived after their wake");
-                }
-                if let Some(after) = turns.path_news(changed, true) {
-                    late_news.as_mut().reset(tokio::time::Instant::now() + after);
+                match news_turn(&datapath, &mut repeats.paths, &mut turns, true).await {
+                    Some(again) => rearm(late_news.as_mut(), again),
+                    None => return,
                 }
             }
             _ = upkeep.tick() => match datapath.call(|r| r.datapath_mut().upkeep()).await {
@@ -174,22 +139,109 @@ where
     info!("stopping; the datapath stays in place (`cozy-proxy cleanup` removes it)");
 }
 
-/// The kernel's path news, drained: whether a path may have changed
-/// (`None`: the datapath thread is gone).
-async fn paths_news<D: Datapath + 'static>(
+/// How a round ended.
+enum Round {
+    Done,
+    /// The datapath keeps its last state; the round is retried after
+    /// `retry_in`.
+    Failed {
+        retry_in: Duration,
+    },
+    /// The datapath's thread is gone: the controller stops.
+    Gone,
+}
+
+/// What a round works with: the datapath's thread, the source, the
+/// telemetry and the warning sink (`&mut`: it is `Send`, not `Sync`, and
+/// held across an await).
+type RoundJobs<'a, D, S> = (
+    &'a Worker<Reconciler<D>>,
+    &'a mut S,
+    &'a Telemetry,
+    &'a mut WarningSink,
+);
+
+/// One round: the source's update reconciled on the datapath's thread,
+/// its outcome told to `turns`, the metrics and the warning sink; a
+/// failure waits a pause that grows up to `resync`.
+async fn round<D: Datapath + 'static, S: Source>(
+    (datapath, source, telemetry, on_warnings): RoundJobs<'_, D, S>,
+    turns: &mut Turns,
+    resync: Duration,
+) -> Round {
+    let started = Instant::now();
+    let update = source.update(turns.round_starts());
+    let was_full = matches!(update, Update::Full(_));
+    let round = datapath
+        .call(move |r| {
+            let backend = r.datapath().kind();
+            r.reconcile(update).map_err(|e| (backend, e))
+        })
+        .await;
+    if was_full {
+        crate::memory::release_freed();
+    }
+    match round {
+        Ok(Ok(report)) => {
+            turns.round_succeeded();
+            let m = &telemetry.metrics;
+            m.observe_sync(started.elapsed().as_secs_f64());
+            m.observe_plan(&report.summary, report.sync.elements);
+            m.observe_overflow(&report.sync.overflow);
+            m.observe_shared(&report.shared);
+            telemetry.set_shared(&report.shared);
+            on_warnings(&report.new_warnings);
+            telemetry.set_ready();
+            Round::Done
+        }
+        Ok(Err((backend, e))) => {
+            telemetry
+                .metrics
+                .sync_failed(&backend.to_string(), e.kind());
+            let retry_in = turns.round_failed(resync);
+            error!(error = %e, ?retry_in, "sync failed; the datapath keeps its last state");
+            Round::Failed { retry_in }
+        }
+        Err(gone) => {
+            error!(error = %gone, "stopping");
+            Round::Gone
+        }
+    }
+}
+
+/// The kernel's path news looked at (`late`: again, a moment after a wake
+/// that found none) and told to `turns`: when to look again, if at all.
+/// `None`: the datapath thread is gone.
+async fn news_turn<D: Datapath + 'static>(
     datapath: &Worker<Reconciler<D>>,
     repeats: &mut Repeats,
-) -> Option<bool> {
-    match datapath.call(|r| r.datapath_mut().paths_news()).await {
+    turns: &mut Turns,
+    late: bool,
+) -> Option<Option<Duration>> {
+    let changed = match datapath.call(|r| r.datapath_mut().paths_news()).await {
         Ok(Ok(changed)) => {
             repeats.clear();
-            Some(changed)
+            changed
         }
+        // The sync layer takes news it could not read as a change of
+        // every path; no round is forced for it (a broken socket would
+        // force one per wake).
         Ok(Err(e)) => {
             warn_repeating!(repeats, error = %e, "following the kernel's paths failed");
-            Some(false)
+            false
         }
-        Err(_) => None,
+        Err(_) => return None,
+    };
+    if late && changed {
+        info!("path news arrived after their wake");
+    }
+    Some(turns.path_news(changed, late))
+}
+
+/// Sets `timer` to fire `after` from now; left as it is for `None`.
+fn rearm(timer: std::pin::Pin<&mut tokio::time::Sleep>, after: Option<Duration>) {
+    if let Some(after) = after {
+        timer.reset(tokio::time::Instant::now() + after);
     }
 }
 
