@@ -247,7 +247,7 @@ impl Maps {
         &self,
         routes: BTreeMap<IpAddr, NextHop>,
     ) -> Result<DatapathState, EbpfError> {
-        let addrs = AddrTables::read(self.entries()?);
+        let addrs = addr_tables(self.entries()?);
         let mut allowed_ports = BTreeSet::new();
         for k in self.allowed_ports.keys() {
             let k = k.map_err(named(names::ALLOWED_PORTS))?;
@@ -512,50 +512,37 @@ fn mark_cluster(bits: &mut Prefilter, c: &Cidr) {
     }
 }
 
-/// The tables the `addrs` map holds, one entry per address: its flags say
-/// which tables the address is in.
-#[derive(Default)]
-struct AddrTables {
-    pod_svc: BTreeMap<IpAddr, IpAddr>,
-    svc_pod: BTreeMap<IpAddr, IpAddr>,
-    remote: BTreeMap<IpAddr, IpAddr>,
-    filtered_pods: BTreeSet<IpAddr>,
-    icmp_allowed_pods: BTreeSet<IpAddr>,
-    unmapped_lbs: BTreeSet<IpAddr>,
-    ranged_lbs: BTreeSet<IpAddr>,
-    guard: BTreeMap<IpAddr, u32>,
-}
-
-impl AddrTables {
-    fn read(entries: Vec<(IpKey, AddrInfo)>) -> Self {
-        let mut t = AddrTables::default();
-        for (k, info) in entries {
-            let (x, peer) = (ip(&k), ip(&info.peer));
-            let f = info.flags;
-            t.guard.insert(x, info.src_ifindex);
-            if f & addr::UNMAPPED != 0 {
-                t.unmapped_lbs.insert(x);
-                continue;
+/// The tables the `addrs` map holds (in a state whose other tables stay
+/// empty), one entry per address: its flags say which tables the address
+/// is in.
+fn addr_tables(entries: Vec<(IpKey, AddrInfo)>) -> DatapathState {
+    let mut t = DatapathState::default();
+    for (k, info) in entries {
+        let (x, peer) = (ip(&k), ip(&info.peer));
+        let f = info.flags;
+        t.guard.insert(x, info.src_ifindex);
+        if f & addr::UNMAPPED != 0 {
+            t.unmapped_lbs.insert(x);
+            continue;
+        }
+        if f & addr::LB != 0 {
+            if f & addr::RANGED != 0 {
+                t.ranged_lbs.insert(x);
             }
-            if f & addr::LB != 0 {
-                if f & addr::RANGED != 0 {
-                    t.ranged_lbs.insert(x);
-                }
-                if f & addr::LOCAL != 0 {
-                    t.svc_pod.insert(x, peer);
-                } else {
-                    t.remote.insert(x, peer);
-                }
-            } else if f & addr::POD != 0 && f & addr::LOCAL != 0 {
-                t.pod_svc.insert(x, peer);
-                if f & addr::FILTERED != 0 {
-                    t.filtered_pods.insert(x);
-                    if f & addr::ICMP_ALLOWED != 0 {
-                        t.icmp_allowed_pods.insert(x);
-                    }
+            if f & addr::LOCAL != 0 {
+                t.svc_pod.insert(x, peer);
+            } else {
+                t.remote.insert(x, peer);
+            }
+        } else if f & addr::POD != 0 && f & addr::LOCAL != 0 {
+            t.pod_svc.insert(x, peer);
+            if f & addr::FILTERED != 0 {
+                t.filtered_pods.insert(x);
+                if f & addr::ICMP_ALLOWED != 0 {
+                    t.icmp_allowed_pods.insert(x);
                 }
             }
         }
-        t
     }
+    t
 }
