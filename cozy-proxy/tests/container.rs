@@ -23,29 +23,25 @@ fn run(backend: Backend, scenario: fn(&mut Env) -> Result<()>) {
     }
 }
 
-macro_rules! subset {
-    ($backend:expr; $($module:ident :: $name:ident),*) => {
-        $(
-            #[test]
-            fn $name() {
-                crate::run($backend, crate::cases::$module::$name);
-            }
-        )*
+/// The scenarios run in a container, for one backend.
+macro_rules! in_a_container {
+    ($backend:expr) => {
+        use super::run;
+        use crate::cases::{changes, filter, passthrough};
+        harness::datapath_suite!(@tests run($backend);
+            passthrough::s02_any_port, passthrough::s04_egress_source,
+            filter::s07_listed_ports_pass, changes::s13_endpoint_moves);
     };
 }
 
 mod nft {
-    use super::Backend;
-    subset!(Backend::Nft;
-        passthrough::s02_any_port, passthrough::s04_egress_source,
-        filter::s07_listed_ports_pass, changes::s13_endpoint_moves);
+    use super::{harness, Backend};
+    in_a_container!(Backend::Nft);
 }
 
 mod ebpf {
-    use super::Backend;
-    subset!(Backend::Ebpf;
-        passthrough::s02_any_port, passthrough::s04_egress_source,
-        filter::s07_listed_ports_pass, changes::s13_endpoint_moves);
+    use super::{harness, Backend};
+    in_a_container!(Backend::Ebpf);
 }
 
 /// Under the runtime default profile (containers-common's, CRI-O's and

@@ -429,20 +429,7 @@ fn migrate(c: &mut Cluster, filtered: bool, original: bool) -> Result<String> {
     Ok(table)
 }
 
-macro_rules! suite {
-    ($($name:ident: $backend:expr, $fam:expr, $filtered:expr;)*) => {
-        $(
-            #[test]
-            fn $name() {
-                if let Err(e) = migration($backend, $fam, $filtered) {
-                    panic!("{e:#}");
-                }
-            }
-        )*
-    };
-}
-
-suite! {
+cozy_proxy_testkit::cases! { migration;
     nft_v4_passthrough: Backend::Nft, Fam::V4, false;
     nft_v4_port_filter: Backend::Nft, Fam::V4, true;
     nft_v6_passthrough: Backend::Nft, Fam::V6, false;
@@ -462,20 +449,11 @@ suite! {
 mod bridge {
     use super::*;
 
-    macro_rules! bridged {
-        ($($name:ident: $backend:expr, $fam:expr;)*) => {
-            $(
-                #[test]
-                fn $name() {
-                    if let Err(e) = on_shape(ClusterShape::Bridge, $backend, $fam, true) {
-                        panic!("{e:#}");
-                    }
-                }
-            )*
-        };
+    fn bridged(backend: Backend, fam: Fam) -> Result<()> {
+        on_shape(ClusterShape::Bridge, backend, fam, true)
     }
 
-    bridged! {
+    cozy_proxy_testkit::cases! { bridged;
         nft_v4_port_filter: Backend::Nft, Fam::V4;
         nft_v6_port_filter: Backend::Nft, Fam::V6;
         ebpf_v4_port_filter: Backend::Ebpf, Fam::V4;
@@ -490,27 +468,17 @@ mod bridge {
 mod real_api {
     use super::*;
 
-    macro_rules! through_the_api {
-        ($($name:ident: $backend:expr, $fam:expr, $filtered:expr;)*) => {
-            $(
-                #[test]
-                fn $name() {
-                    let run = from_source(
-                        ClusterSource::RealApi,
-                        ClusterShape::Routed,
-                        $backend,
-                        $fam,
-                        $filtered,
-                    );
-                    if let Err(e) = run {
-                        panic!("{e:#}");
-                    }
-                }
-            )*
-        };
+    fn through_the_api(backend: Backend, fam: Fam, filtered: bool) -> Result<()> {
+        from_source(
+            ClusterSource::RealApi,
+            ClusterShape::Routed,
+            backend,
+            fam,
+            filtered,
+        )
     }
 
-    through_the_api! {
+    cozy_proxy_testkit::cases! { through_the_api;
         nft_v4_passthrough: Backend::Nft, Fam::V4, false;
         nft_v6_port_filter: Backend::Nft, Fam::V6, true;
         ebpf_v4_port_filter: Backend::Ebpf, Fam::V4, true;

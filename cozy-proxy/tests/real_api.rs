@@ -53,46 +53,41 @@ fn run(backend: Backend, fam: Fam, scenario: fn(&mut Env) -> Result<()>) {
 
 /// The scenarios whose input the API accepts as the manifests write it
 /// (not 19, whose creation times the API sets itself: conflicts are below;
-/// not 20, whose invalid LB IPs the API refuses).
-macro_rules! subset {
-    ($backend:expr, $fam:expr; $($module:ident :: $name:ident),*) => {
-        $(
-            #[test]
-            fn $name() {
-                crate::run($backend, $fam, crate::cases::$module::$name);
-            }
-        )*
+/// not 20, whose invalid LB IPs the API refuses), for one runner's
+/// arguments; `@few`: two of them.
+macro_rules! accepted_by_the_api {
+    (@few $($args:expr),*) => {
+        use super::{harness, run, Backend, Fam};
+        use crate::cases::{changes, filter};
+        harness::datapath_suite!(@tests run($($args),*);
+            filter::s07_listed_ports_pass, changes::s13_endpoint_moves);
+    };
+    ($($args:expr),*) => {
+        use super::{harness, run, Backend, Fam};
+        use crate::cases::{bad_input, changes, filter, passthrough};
+        harness::datapath_suite!(@tests run($($args),*);
+            passthrough::s02_any_port, passthrough::s04_egress_source,
+            filter::s07_listed_ports_pass, filter::s08_unlisted_ports_dropped,
+            changes::s12_mode_change, changes::s13_endpoint_moves,
+            changes::s14_removal_restores_plain, changes::s15_no_ready_endpoint,
+            bad_input::s17_invalid_annotation, bad_input::s18_several_endpoints);
     };
 }
 
 mod nft_v4 {
-    use super::{Backend, Fam};
-    subset!(Backend::Nft, Fam::V4;
-        passthrough::s02_any_port, passthrough::s04_egress_source,
-        filter::s07_listed_ports_pass, filter::s08_unlisted_ports_dropped,
-        changes::s12_mode_change, changes::s13_endpoint_moves,
-        changes::s14_removal_restores_plain, changes::s15_no_ready_endpoint,
-        bad_input::s17_invalid_annotation, bad_input::s18_several_endpoints);
+    accepted_by_the_api!(Backend::Nft, Fam::V4);
 }
 
 mod ebpf_v4 {
-    use super::{Backend, Fam};
-    subset!(Backend::Ebpf, Fam::V4;
-        passthrough::s02_any_port, passthrough::s04_egress_source,
-        filter::s07_listed_ports_pass, filter::s08_unlisted_ports_dropped,
-        changes::s12_mode_change, changes::s13_endpoint_moves,
-        changes::s14_removal_restores_plain, changes::s15_no_ready_endpoint,
-        bad_input::s17_invalid_annotation, bad_input::s18_several_endpoints);
+    accepted_by_the_api!(Backend::Ebpf, Fam::V4);
 }
 
 mod nft_v6 {
-    use super::{Backend, Fam};
-    subset!(Backend::Nft, Fam::V6; filter::s07_listed_ports_pass, changes::s13_endpoint_moves);
+    accepted_by_the_api!(@few Backend::Nft, Fam::V6);
 }
 
 mod ebpf_v6 {
-    use super::{Backend, Fam};
-    subset!(Backend::Ebpf, Fam::V6; filter::s07_listed_ports_pass, changes::s13_endpoint_moves);
+    accepted_by_the_api!(@few Backend::Ebpf, Fam::V6);
 }
 
 /// Two Services claim one LB IP, then one pod: the one the API server
