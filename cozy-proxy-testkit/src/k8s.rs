@@ -9,6 +9,7 @@ use crate::manifests::Svc;
 use crate::sh::{ok, ok_in, Proc};
 use crate::traffic::eventually;
 use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -542,32 +543,35 @@ fn pod_name(service: &str, address: &str) -> String {
 /// them). A LoadBalancer needs a port: a Service without any gets
 /// [`PLACEHOLDER_PORT`] (passthrough ignores it; `put_service` returns it).
 pub fn api_service_yaml(svc: &Svc, address_type: &str) -> String {
-    let manifest = svc.yaml();
-    let spec_at = manifest.find("spec:\n").unwrap_or(manifest.len());
-    let mut y = manifest[..spec_at].to_string();
     let family = if address_type == "IPv6" {
         "IPv6"
     } else {
         "IPv4"
     };
-    y += &format!(
-        "spec:\n  type: LoadBalancer\n  allocateLoadBalancerNodePorts: false\n  ipFamilyPolicy: SingleStack\n  ipFamilies: [{family}]\n  selector:\n    {SELECTOR_LABEL}: {}\n",
-        svc.name
-    );
+    let mut ports: Vec<Value> = (svc.ports.iter().enumerate())
+        .map(|(i, (proto, port))| json!({"name": format!("p{i}"), "port": port, "protocol": proto}))
+        .collect();
+    if ports.is_empty() {
+        ports.push(json!({"name": "p0", "port": PLACEHOLDER_PORT, "protocol": "TCP"}));
+    }
+    let mut spec = json!({
+        "type": "LoadBalancer",
+        "allocateLoadBalancerNodePorts": false,
+        "ipFamilyPolicy": "SingleStack",
+        "ipFamilies": [family],
+        "selector": {SELECTOR_LABEL: svc.name},
+        "ports": ports,
+    });
     if !svc.source_ranges.is_empty() {
-        y += "  loadBalancerSourceRanges:\n";
-        for r in &svc.source_ranges {
-            y += &format!("  - \"{r}\"\n");
-        }
+        spec["loadBalancerSourceRanges"] = json!(svc.source_ranges);
     }
-    y += "  ports:\n";
-    if svc.ports.is_empty() {
-        y += &format!("  - {{name: p0, port: {PLACEHOLDER_PORT}, protocol: TCP}}\n");
+    let mut service = svc.value();
+    service["spec"] = spec;
+    if let Some(fields) = service.as_object_mut() {
+        // Set by a load-balancer controller, through the status.
+        fields.remove("status");
     }
-    for (i, (proto, port)) in svc.ports.iter().enumerate() {
-        y += &format!("  - {{name: p{i}, port: {port}, protocol: {proto}}}\n");
-    }
-    y
+    format!("{service:#}\n")
 }
 
 impl ControlPlane {
@@ -653,17 +657,7 @@ impl ControlPlane {
         node: &str,
     ) -> Result<Svc> {
         self.apply(&api_service_yaml(svc, address_type))?;
-        let ingress: Vec<serde_json::Value> = svc
-            .lb_ips
-            .iter()
-            .map(|ip| serde_json::json!({ "ip": ip }))
-            .chain(
-                svc.hostname
-                    .iter()
-                    .map(|h| serde_json::json!({ "hostname": h })),
-            )
-            .collect();
-        let status = serde_json::json!({"status": {"loadBalancer": {"ingress": ingress}}});
+        let status = json!({"status": svc.value()["status"]});
         self.patch_status("service", &svc.name, Some("default"), &status)?;
         let wanted: Vec<String> = endpoints
             .iter()

@@ -1,6 +1,7 @@
 //! The one builder of the Services and EndpointSlices that tests and
-//! benchmarks write: as YAML (a manifest directory, the API server) or as
-//! the objects the model reads. Compiled for this crate's tests and, with
+//! benchmarks write: as YAML (a manifest directory, the API server;
+//! written in JSON, which YAML readers take) or as the objects the model
+//! reads. Compiled for this crate's tests and, with
 //! the `fixtures` feature, for the test-support crate.
 use crate::model::{
     ALLOW_ICMP_ANNOTATION, PROXY_NAME, PROXY_NAME_LABEL, SERVICE_NAME_LABEL, WHOLE_IP_ANNOTATION,
@@ -243,13 +244,11 @@ impl Slice {
     }
 }
 
-/// A fixture as a YAML document. A fixture is ours and always valid: a
-/// failure here is a defect of this builder.
+/// A fixture as a YAML document, written in JSON (a subset of YAML): a
+/// string stays a string for every reader, YAML 1.1's (kubectl's) `yes`
+/// and `on` included, which a YAML emitter leaves unquoted.
 fn yaml_of(value: &Value) -> String {
-    match serde_yaml::to_string(value) {
-        Ok(y) => y,
-        Err(e) => panic!("fixture does not serialize: {e}"),
-    }
+    format!("{value:#}\n")
 }
 
 /// A fixture as its object (see [`yaml_of`] for a failure).
@@ -289,5 +288,26 @@ mod tests {
         let ready = slice.endpoints[0].conditions.as_ref().and_then(|c| c.ready);
         assert_eq!(ready, Some(false));
         assert!(Slice::new("vm1", "IPv4", &[]).object().endpoints.is_empty());
+    }
+
+    /// YAML 1.1 (kubectl's) reads an unquoted `yes` or `on` as a boolean:
+    /// the document quotes every string.
+    #[test]
+    fn strings_stay_strings_in_the_yaml() {
+        let yaml = Svc::new("vm1", "203.0.113.10")
+            .whole_ip("yes")
+            .allow_icmp("on")
+            .yaml();
+        assert!(
+            yaml.contains(r#""networking.cozystack.io/wholeIP": "yes""#),
+            "{yaml}"
+        );
+        assert!(
+            yaml.contains(r#""networking.cozystack.io/allowICMP": "on""#),
+            "{yaml}"
+        );
+        let back: Service = serde_yaml::from_str(&yaml).expect("YAML");
+        let ann = back.metadata.annotations.unwrap_or_default();
+        assert_eq!(ann["networking.cozystack.io/wholeIP"], "yes");
     }
 }

@@ -372,11 +372,17 @@ pub(crate) mod tests {
     }
 
     pub fn service(name: &str, lb: &str, pod: &str, whole_ip: &str) -> String {
-        let svc = Svc::new(name, lb)
-            .in_namespace("t")
-            .whole_ip(whole_ip)
-            .ports(&[("TCP", 22)]);
-        let slice = Slice::new(name, "IPv4", &[(pod, None)]).in_namespace("t");
+        with_slice(vm_in("t", name, lb).whole_ip(whole_ip), pod)
+    }
+
+    /// Service `name` of namespace `ns` on `lb`, passing port 22.
+    fn vm_in(ns: &str, name: &str, lb: &str) -> Svc {
+        Svc::new(name, lb).in_namespace(ns).ports(&[("TCP", 22)])
+    }
+
+    /// `svc` and its slice of one endpoint, `pod`, as YAML.
+    fn with_slice(svc: Svc, pod: &str) -> String {
+        let slice = Slice::new(&svc.name, "IPv4", &[(pod, None)]).in_namespace(&svc.namespace);
         format!("---\n{}---\n{}", svc.yaml(), slice.yaml())
     }
 
@@ -739,13 +745,8 @@ pub(crate) mod tests {
 
     /// Service `name` in namespace `ns`, created on day `day` of 2026.
     fn service_in(ns: &str, name: &str, day: u8, lb: &str, pod: &str) -> String {
-        service(name, lb, pod, "true")
-            .replace("namespace: t", &format!("namespace: {ns}"))
-            .replacen(
-                "  name: ",
-                &format!("  creationTimestamp: \"2026-01-{day:02}T00:00:00Z\"\n  name: "),
-                1,
-            )
+        let created = format!("2026-01-{day:02}T00:00:00Z");
+        with_slice(vm_in(ns, name, lb).whole_ip("true").created(&created), pod)
     }
 
     /// `--namespace-share 50` on tables of 4 local mappings: a namespace
