@@ -543,6 +543,11 @@ fn pod_name(service: &str, address: &str) -> String {
 /// them). A LoadBalancer needs a port: a Service without any gets
 /// [`PLACEHOLDER_PORT`] (passthrough ignores it; `put_service` returns it).
 pub fn api_service_yaml(svc: &Svc, address_type: &str) -> String {
+    format!("{:#}\n", api_service(svc, address_type))
+}
+
+/// [`api_service_yaml`] as a value, for a test to add to.
+pub fn api_service(svc: &Svc, address_type: &str) -> Value {
     let family = if address_type == "IPv6" {
         "IPv6"
     } else {
@@ -571,7 +576,7 @@ pub fn api_service_yaml(svc: &Svc, address_type: &str) -> String {
         // Set by a load-balancer controller, through the status.
         fields.remove("status");
     }
-    format!("{service:#}\n")
+    service
 }
 
 impl ControlPlane {

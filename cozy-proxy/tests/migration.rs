@@ -24,7 +24,7 @@ use anyhow::{ensure, Context, Result};
 use cozy_proxy_testkit::{
     cluster::{pod, Cluster, ClusterShape, ClusterSource},
     flows::{Datagram, Echo, HeldTcp, UdpStream},
-    k8s::api_service_yaml,
+    k8s::api_service,
     manifests::Svc,
     metallb::MetalLb,
     migration::{launchers_slice, put_launcher_pods, vm_ip, Launcher, Vm},
@@ -62,8 +62,9 @@ fn put_service(c: &Cluster, svc: &Svc) -> Result<()> {
     let Some(api) = &c.api else {
         return Ok(());
     };
-    let yaml = api_service_yaml(svc, c.net.address_type()) + "  externalTrafficPolicy: Local\n";
-    api.cp.apply(&yaml)?;
+    let mut service = api_service(svc, c.net.address_type());
+    service["spec"]["externalTrafficPolicy"] = "Local".into();
+    api.cp.apply(&service.to_string())?;
     let got = eventually(SETTLE, || MetalLb::allocated(&api.cp, "vm"))
         .with_context(|| api.metallb.log_tails())?;
     ensure!(got == c.lb(0), "MetalLB allocated {got}, not {}", c.lb(0));
