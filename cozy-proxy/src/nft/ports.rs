@@ -19,7 +19,7 @@
 use super::batch::Batch;
 use super::encode::{element_message, Element};
 use super::expr::Expr;
-use super::read::read_elements;
+use super::read::{element_addr, read_elements};
 use super::schema::{
     addr_set, cmp, concat, load, neighbour_discovery, ChainDef, Layout, RuleDef, SetDef, Table, A,
     ADDR_SET_SIZE, IPV4, IPV6,
@@ -234,11 +234,7 @@ pub fn read(sock: &NlSocket) -> Result<(BTreeSet<IpAddr>, BTreeMap<IpAddr, u32>)
     for l in [IPV4, IPV6] {
         let (guarded, port_set) = names(&l);
         for e in read_elements(sock, NFPROTO_BRIDGE, guarded)? {
-            let ip = l.addr_from_bytes(&e.key).ok_or(DecodeError::ElementSize {
-                set: guarded,
-                len: e.key.len(),
-                expected: l.addr_len as usize,
-            })?;
+            let ip = element_addr(&l, &e.key, guarded)?;
             checked.insert(ip);
         }
         for e in read_elements(sock, NFPROTO_BRIDGE, port_set)? {

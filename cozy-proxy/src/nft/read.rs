@@ -202,13 +202,7 @@ fn chain_rules(
 /// naming every table, so a table added to the declaration and not read
 /// here does not compile.
 fn read_state(sock: &NlSocket, l: &Layout) -> Result<DatapathState, NftError> {
-    let addr = |b: &[u8], set: &'static str| {
-        l.addr_from_bytes(b).ok_or(DecodeError::ElementSize {
-            set,
-            len: b.len(),
-            expected: l.addr_len as usize,
-        })
-    };
+    let addr = |b: &[u8], set| element_addr(l, b, set);
     let map = |set: &'static str| -> Result<BTreeMap<IpAddr, IpAddr>, NftError> {
         read_elements(sock, l.nfproto, set)?
             .iter()
@@ -251,6 +245,19 @@ fn read_state(sock: &NlSocket, l: &Layout) -> Result<DatapathState, NftError> {
     })
 }
 
+/// An address of an element of `set`, of the layout's family.
+pub(super) fn element_addr(
+    l: &Layout,
+    bytes: &[u8],
+    set: &'static str,
+) -> Result<IpAddr, DecodeError> {
+    l.addr_from_bytes(bytes).ok_or(DecodeError::ElementSize {
+        set,
+        len: bytes.len(),
+        expected: l.addr_len as usize,
+    })
+}
+
 /// `source_ranges`: each element an `LB IP . first` key up to `LB IP . last`.
 fn source_ranges(sock: &NlSocket, l: &Layout) -> Result<BTreeSet<(IpAddr, IpRange)>, NftError> {
     let n = l.addr_len as usize;
@@ -288,11 +295,7 @@ fn guard(sock: &NlSocket, l: &Layout) -> Result<BTreeMap<IpAddr, u32>, NftError>
     }
     let mut out = BTreeMap::new();
     for e in read_elements(sock, l.nfproto, schema::GUARDED)? {
-        let ip = l.addr_from_bytes(&e.key).ok_or(DecodeError::ElementSize {
-            set: schema::GUARDED,
-            len: e.key.len(),
-            expected: l.addr_len as usize,
-        })?;
+        let ip = element_addr(l, &e.key, schema::GUARDED)?;
         out.insert(ip, paths.get(&ip).copied().unwrap_or(0));
     }
     Ok(out)
@@ -302,13 +305,7 @@ fn guard(sock: &NlSocket, l: &Layout) -> Result<BTreeMap<IpAddr, u32>, NftError>
 /// element that ends it (exclusive), or to the family's end.
 fn intervals(mut elems: Vec<RawElement>, l: &Layout) -> Result<Vec<IpRange>, NftError> {
     elems.sort_by(|a, b| a.key.cmp(&b.key));
-    let addr = |b: &[u8]| {
-        l.addr_from_bytes(b).ok_or(DecodeError::ElementSize {
-            set: schema::CLUSTER,
-            len: b.len(),
-            expected: l.addr_len as usize,
-        })
-    };
+    let addr = |b: &[u8]| element_addr(l, b, schema::CLUSTER);
     let mut out = Vec::new();
     let mut iter = elems.into_iter().peekable();
     while let Some(e) = iter.next() {
