@@ -569,10 +569,7 @@ fn reserved_ranges_are_refused_as_node_addresses_are() {
 #[test]
 fn source_ranges_are_read_and_an_invalid_one_fails_closed() {
     let with_ranges = |ranges: &[&str]| {
-        let mut svc = vm().object();
-        if let Some(spec) = svc.spec.as_mut() {
-            spec.load_balancer_source_ranges = Some(ranges.iter().map(|r| r.to_string()).collect());
-        }
+        let svc = vm().source_ranges(ranges).object();
         compute_plan(&[svc], &[slice("vm", "IPv4", &[("192.0.2.11", None)])], &[])
     };
     let cidr = |s: &str| s.parse::<Cidr>().expect("test constant");
@@ -630,18 +627,16 @@ fn a_service_with_thousands_of_entries_is_capped_and_warned_a_bounded_number_of_
     let lb_refs: Vec<&str> = std::iter::once("203.0.113.10")
         .chain(lbs.iter().map(String::as_str))
         .collect();
-    let mut svc = vm()
+    let ranges: Vec<String> = (0..2000u32)
+        .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
+        .collect();
+    let range_refs: Vec<&str> = ranges.iter().map(String::as_str).collect();
+    let svc = vm()
         .annotate(WHOLE_IP_ANNOTATION, "false")
         .lb_ips(&lb_refs)
         .ports(&ports)
+        .source_ranges(&range_refs)
         .object();
-    if let Some(spec) = svc.spec.as_mut() {
-        spec.load_balancer_source_ranges = Some(
-            (0..2000u32)
-                .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
-                .collect(),
-        );
-    }
     let o = compute_plan(
         &[svc],
         &[
@@ -741,25 +736,17 @@ pub(crate) fn arb_world() -> impl Strategy<Value = (Vec<Service>, Vec<EndpointSl
             .into_iter()
             .filter(|(_, v)| !v.is_empty())
             .collect();
-            let mut svc = {
-                let s = (ann.iter())
-                    .fold(svc(&name), |s, (k, v)| s.annotate(k, v))
-                    .labelled(label)
-                    .lb_ips(&lb)
-                    .ports(&[("TCP", 22)]);
-                match created {
-                    Some(secs) => s.created_at(secs),
-                    None => s,
-                }
-                .object()
+            let s = (ann.iter())
+                .fold(svc(&name), |s, (k, v)| s.annotate(k, v))
+                .labelled(label)
+                .lb_ips(&lb)
+                .ports(&[("TCP", 22)])
+                .source_ranges(RANGES[ranges]);
+            let s = match created {
+                Some(secs) => s.created_at(secs),
+                None => s,
             };
-            if !RANGES[ranges].is_empty() {
-                if let Some(spec) = svc.spec.as_mut() {
-                    spec.load_balancer_source_ranges =
-                        Some(RANGES[ranges].iter().map(|r| r.to_string()).collect());
-                }
-            }
-            services.push(svc);
+            services.push(s.object());
             let eps: Vec<(&str, Option<bool>)> = eps.iter().map(|(p, r)| (PODS[*p], *r)).collect();
             for family in ["IPv4", "IPv6"] {
                 let mut s = slice(&name, family, &eps);
