@@ -75,7 +75,15 @@ impl Server {
         } else {
             format!("UDP{v}-RECVFROM:{port},fork{bind}")
         };
-        let reply = format!("SYSTEM:echo {ident} $SOCAT_PEERADDR");
+        // Over TCP the shell reads the request (a line, or up to the
+        // client's half-close) before it answers: a shell that exited first
+        // makes socat's write of the request fail (EPIPE), and the
+        // connection closes unanswered, as a loaded machine's slow fork
+        // often let happen.
+        let reply = match proto {
+            "TCP" => format!("SYSTEM:read request; echo {ident} $SOCAT_PEERADDR"),
+            _ => format!("SYSTEM:echo {ident} $SOCAT_PEERADDR"),
+        };
         let spawn = || {
             Proc::spawn_group_in(
                 ns,
@@ -117,7 +125,8 @@ pub fn tcp_request(ns: &str, dst: IpAddr, port: u16) -> Result<String> {
     let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() || stdout.is_empty() {
         bail!(
-            "TCP {dst}:{port} from {ns}: {}",
+            "TCP {dst}:{port} from {ns}: {}, {:?}",
+            out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
