@@ -837,3 +837,16 @@ fn a_fresh_install_in_steps_holds_everything_ebpf() -> Result<()> {
 fn a_fresh_install_in_steps_holds_everything_nft() -> Result<()> {
     a_fresh_install_in_steps_holds_everything(Backend::Nft)
 }
+
+/// Attaching through tcx touches no qdisc: adding clsact to an interface
+/// that is up swaps its queue out and back, and the packets it sends
+/// meanwhile are dropped.
+#[test]
+fn attaching_through_tcx_adds_no_qdisc() -> Result<()> {
+    let env = setup()?;
+    for dev in ["uplink", "pod1"] {
+        let qdiscs = ok_in(&env.topo.node(), &["tc", "qdisc", "show", "dev", dev])?;
+        ensure!(!qdiscs.contains("clsact"), "{dev}: {qdiscs}");
+    }
+    Ok(())
+}

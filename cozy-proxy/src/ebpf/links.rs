@@ -171,6 +171,10 @@ fn attach_tc_filter(
     link: &Link,
     (hook, hook_name): (TcAttachType, &str),
 ) -> Result<(), EbpfError> {
+    // tc filters need clsact. Adding it swaps the interface's queue out
+    // and back, dropping what it sends meanwhile: once, where no agent
+    // added it before; where it is there, the add is refused (EEXIST) and
+    // the interface left alone.
     let _ = aya_tc::qdisc_add_clsact(&link.name);
     let filters = tc::filters(sock, link.index, chain::tc_parent(hook))?;
     let existing = filters.iter().find(|f| is_our_filter(f)).map(|f| f.handle);
@@ -263,8 +267,9 @@ fn attach_tcx_first(
         interface: link.name.clone(),
         source,
     };
-    // clsact is only needed where the kernel has no tcx; harmless else.
-    let _ = aya_tc::qdisc_add_clsact(&link.name);
+    // No clsact qdisc: tcx needs none, and adding one to an interface
+    // that is up drops the packets it sends meanwhile (the kernel swaps
+    // its queue out and back).
     let id = prog
         .attach_with_options(
             &link.name,
