@@ -424,8 +424,8 @@ impl NlSocket {
     /// is made again, up to [`DUMP_ATTEMPTS`] times.
     pub fn dump(&self, request: &[u8], seq: u32, what: &str) -> Result<Vec<Vec<u8>>, NetlinkError> {
         for attempt in 1..=DUMP_ATTEMPTS {
-            let (out, interrupted) = self.dump_once(request, seq, what)?;
-            if !interrupted {
+            let mut out = Vec::new();
+            if !self.dump_each(request, seq, what, |p| out.push(p.to_vec()))? {
                 return Ok(out);
             }
             INTERRUPTED_DUMPS.fetch_add(1, Ordering::Relaxed);
@@ -434,15 +434,17 @@ impl NlSocket {
         Err(NetlinkError::Interrupted(what.to_string()))
     }
 
-    /// One dump: its answers, and whether any was marked interrupted.
-    fn dump_once(
+    /// One dump, each answer's payload handed to `each` as it arrives (a
+    /// table too large to hold twice, as conntrack's); returns whether the
+    /// kernel marked it interrupted.
+    pub fn dump_each(
         &self,
         request: &[u8],
         seq: u32,
         what: &str,
-    ) -> Result<(Vec<Vec<u8>>, bool), NetlinkError> {
+        mut each: impl FnMut(&[u8]),
+    ) -> Result<bool, NetlinkError> {
         self.send(request)?;
-        let mut out = Vec::new();
         let mut interrupted = false;
         let mut buf = vec![0u8; 1 << 20];
         loop {
@@ -453,7 +455,7 @@ impl NlSocket {
                 }
                 interrupted |= m.flags & NLM_F_DUMP_INTR != 0;
                 match m.msg_type {
-                    NLMSG_DONE => return Ok((out, interrupted)),
+                    NLMSG_DONE => return Ok(interrupted),
                     NLMSG_ERROR => match parse_error(&m) {
                         Some((errno, extack)) => {
                             return Err(NetlinkError::Refused {
@@ -462,9 +464,9 @@ impl NlSocket {
                                 extack,
                             })
                         }
-                        None => return Ok((out, interrupted)),
+                        None => return Ok(interrupted),
                     },
-                    _ => out.push(m.payload.to_vec()),
+                    _ => each(m.payload),
                 }
             }
         }
