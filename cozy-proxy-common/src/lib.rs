@@ -398,6 +398,11 @@ impl IpKey {
 pub struct Config {
     /// 1: LB traffic skips the host stack where it can (redirects).
     pub fast_path: u32,
+    /// 1: the other backend still serves (a backend switch). The programs
+    /// translate, filter and count nothing; they only remember the flows
+    /// filtered pods start, so that the replies to those flows pass once
+    /// they act.
+    pub standby: u32,
 }
 
 /// Index into `drop_stats`.
@@ -557,7 +562,7 @@ mod layout {
     const _: () = assert!(size_of::<RevValue>() == 32);
     const _: () = assert!(size_of::<Counter>() == 16);
     const _: () = assert!(size_of::<ServiceCounters>() == 32);
-    const _: () = assert!(size_of::<Config>() == 4);
+    const _: () = assert!(size_of::<Config>() == 8);
     const _: () = assert!(
         size_of::<Prefilter>() == 8 * (3 * prefilter::WORDS + prefilter::CLUSTER_WORDS + 1)
     );

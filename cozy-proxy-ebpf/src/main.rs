@@ -14,6 +14,8 @@
 //!   of a local mapping becomes the pod; the node's own flows to any LB IP
 //!   are translated; the port filter guards filtered pods; replies to
 //!   in-cluster clients translated at TC ingress get the LB IP back.
+//! - Standing by (`config.standby`: a backend switch, nftables still
+//!   serving), both only remember the flows filtered pods start.
 #![no_std]
 #![no_main]
 
@@ -34,7 +36,7 @@ use cozy_proxy_common::{
     addr, iface, prefilter, AddrInfo, DropReason, IpKey, LbSource, Prefilter, RevKey, RevValue,
     FAMILY_BITS, FAMILY_V4, IP_KEY_BITS,
 };
-use maps::{ADDRS, CLUSTER, DROP_STATS, IFACES, PREFILTER, REV_NAT, SRC_RANGES, STATS};
+use maps::{ADDRS, CLUSTER, CONFIG, DROP_STATS, IFACES, PREFILTER, REV_NAT, SRC_RANGES, STATS};
 use nat::{rewrite, rewrite_quoted, Field};
 use hdr::{TCP_ACK, TCP_FLAGS, TCP_SYN};
 use parse::{byte, flow_ports, is_neighbour_discovery, parse, Packet};
@@ -71,6 +73,14 @@ fn count(ctx: &TcContext, info: &AddrInfo, toward_pod: bool) {
         c.packets += 1;
         c.bytes += ctx.len() as u64;
     }
+}
+
+/// The other backend still serves (`Config::standby`): translate, filter
+/// and count nothing.
+#[inline(always)]
+fn standing_by() -> bool {
+    // SAFETY: a map value, read whole.
+    CONFIG.get_ptr(0).is_some_and(|c| unsafe { (*c).standby } != 0)
 }
 
 /// The prefilter (`None` only if the map has no entry, which an array
@@ -342,6 +352,10 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
     let Some(ours) = ours_at_ingress(&p) else { return PASS };
     // SAFETY: reading a field of the context the kernel passed us.
     let iif = unsafe { (*ctx.skb.skb).ifindex };
+    if standing_by() {
+        learn_while_standing_by(&ctx, &p, ours, iif);
+        return PASS;
+    }
     if let Some(s) = addr_info(&p.src, ours.src) {
         if s.src_ifindex == 0 || s.src_ifindex != iif {
             match arriving_elsewhere(&ctx, iif, s.src_ifindex) {
@@ -390,6 +404,26 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
         record_rev(&ctx, &p, &d.peer, &lb, false, iif);
     }
     PASS
+}
+
+/// While the other backend serves (a switch): remember the flows a
+/// filtered or ranged pod of this node starts, from its own path, and
+/// nothing else. Their replies then pass the filter from the moment the
+/// programs act, though the other backend translated the flows' first
+/// packets (the flows older than the standby are read from conntrack).
+#[inline(never)]
+fn learn_while_standing_by(ctx: &TcContext, p: &Packet, ours: Ours, iif: u32) {
+    let Some(s) = addr_info(&p.src, ours.src) else { return };
+    let local_pod = s.flags & (addr::POD | addr::LOCAL) == addr::POD | addr::LOCAL;
+    if !local_pod || s.flags & (addr::FILTERED | addr::RANGED) == 0 {
+        return;
+    }
+    let own_path = s.src_ifindex == iif
+        || (s.src_ifindex != 0
+            && matches!(arriving_elsewhere(ctx, iif, s.src_ifindex), Elsewhere::Here));
+    if own_path {
+        filter::remember_outbound(ctx, p, s.slot);
+    }
 }
 
 /// The fast path toward a local pod (see fast.rs): the same translation,
@@ -475,6 +509,9 @@ fn from_pod(ctx: &mut TcContext, p: &mut Packet, s: &AddrInfo) -> Result<(), i32
 pub fn cozy_egress(mut ctx: TcContext) -> i32 {
     let Some(mut p) = parse(&ctx) else { return PASS };
     let Some(ours) = ours_at_egress(&p) else { return PASS };
+    if standing_by() {
+        return PASS;
+    }
     // SAFETY: reading a field of the context the kernel passed us.
     let forwarded = unsafe { (*ctx.skb.skb).ingress_ifindex } != 0;
     // SAFETY: as above. Read once, here: the verifier refuses a read

@@ -386,6 +386,14 @@ impl Controller {
         self.spawn()
     }
 
+    /// Stop, then start again with `--backend` `backend` (a switch: the
+    /// old process leaves its datapath in place, as a rolling update).
+    pub fn restart_as(&mut self, backend: Backend) -> Result<()> {
+        self.stop()?;
+        self.backend = backend;
+        self.spawn()
+    }
+
     /// Stop, wait `gap` without a controller, then start `binary` (`None`:
     /// the one under test) in its place, as a DaemonSet's rolling update
     /// replaces the node's pod.
@@ -517,16 +525,10 @@ impl Env {
             Some(dir) => dir,
             None => test_bpffs()?,
         };
-        // A container's pin directory is mounted whatever its backend (the
-        // chart's hostPath, created when missing).
-        let pin_dir = match (backend, &container) {
-            (Backend::Ebpf | Backend::EbpfFast, _) | (Backend::Nft, Some(_)) => {
-                bpffs.join(&topo.prefix)
-            }
-            (Backend::Nft, None) => {
-                std::env::temp_dir().join(format!("{}-unused-pins", topo.prefix))
-            }
-        };
+        // On the tests' bpffs whatever the backend: an nft node may be
+        // switched to eBPF (a container's is the chart's hostPath,
+        // created when missing).
+        let pin_dir = bpffs.join(&topo.prefix);
         if container.is_some() {
             fs::create_dir_all(&pin_dir)?;
         }

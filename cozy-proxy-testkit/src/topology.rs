@@ -73,6 +73,21 @@ pub fn enter_netns(ns: &str) -> Result<()> {
     Ok(())
 }
 
+/// Runs `f` on a thread in namespace `ns` and returns what it made: a
+/// socket made there stays there, whichever thread uses it next.
+pub fn in_netns<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let name = ns.to_string();
+    std::thread::spawn(move || {
+        enter_netns(&name)?;
+        f()
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the thread in {ns} panicked"))?
+}
+
 /// A namespace with loopback up and the sysctls every host shares: no
 /// duplicate address detection (addresses usable at once), no reverse-path
 /// filter (a mapped pod's packets arrive carrying the LB IP as source, which

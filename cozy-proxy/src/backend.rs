@@ -146,11 +146,17 @@ impl NodeDatapath {
         };
         info!(backend = %kind, "datapath chosen");
         *CHOSEN.lock().unwrap_or_else(|e| e.into_inner()) = Some((kind, why));
+        // Programs a process before this one left standing by are woken
+        // after the first sync, as ours would be.
+        let standing_by = match &running {
+            Running::Ebpf(d) => d.kernel().standing_by(),
+            Running::Nft(_) => false,
+        };
         Ok(NodeDatapath {
             running,
             cfg,
             retire: BackendKind::ALL.into_iter().find(|k| *k != kind),
-            standing_by: false,
+            standing_by,
         })
     }
 }

@@ -597,6 +597,71 @@ fn replies_to_flows_the_filtered_pod_started_pass() {
     }
 }
 
+/// Standing by (a backend switch, while nftables still serves), the
+/// programs translate, filter and guard nothing, and remember the flows a
+/// filtered pod starts: once they act, the replies to those flows pass,
+/// though nftables translated the flows' first packets.
+#[test]
+fn standing_by_the_programs_only_remember_the_flows_filtered_pods_start() {
+    with_world(|w| {
+        let i = w.ifs;
+        w.kernel.stand_by().expect("stand by");
+        for n in nets() {
+            let reply = |port| Spec::new(n.ext, n.flb, TCP).ports(443, port).build();
+            // (what, program, frame, arriving on, run on, verdict once awake)
+            let cases = [
+                (
+                    "the pod's flow out",
+                    "cozy_ingress",
+                    Spec::new(n.fpod, n.ext, TCP).ports(41100, 443).build(),
+                    i.fpod,
+                    i.fpod,
+                    PASS,
+                ),
+                ("its reply", "cozy_egress", reply(41100), i.up, i.fpod, PASS),
+                (
+                    "a reply to no flow",
+                    "cozy_egress",
+                    reply(41101),
+                    i.up,
+                    i.fpod,
+                    DROP,
+                ),
+                (
+                    "the pod's IP from elsewhere",
+                    "cozy_ingress",
+                    Spec::new(n.fpod, n.ext, UDP).ports(41102, 53).build(),
+                    i.up,
+                    i.up,
+                    DROP,
+                ),
+                (
+                    "an unmapped LB IP",
+                    "cozy_ingress",
+                    Spec::new(n.ext, n.unmapped, TCP).ports(443, 80).build(),
+                    i.up,
+                    i.up,
+                    DROP,
+                ),
+            ];
+            for (what, prog, frame, arriving, dev, _) in &cases {
+                let got = run_in(w, prog, frame, *arriving, *dev);
+                assert_eq!(got, (PASS, frame.clone()), "standing by, {what}: untouched");
+            }
+            w.kernel.wake().expect("wake");
+            for (what, prog, frame, arriving, dev, awake) in &cases[1..] {
+                let (verdict, out) = run_in(w, prog, frame, *arriving, *dev);
+                assert_eq!(verdict, *awake, "awake, {what}");
+                if *awake == PASS {
+                    assert_rewritten(&out, n.ext, n.fpod, what);
+                }
+            }
+            w.kernel.stand_by().expect("stand by");
+        }
+        w.kernel.wake().expect("wake");
+    })
+}
+
 /// A pod's answers to traffic from outside take no room in its flow
 /// memory: whoever can reach a listed port, from as many spoofed sources
 /// as it likes, cannot fill the pod's quota with the pod's answers (its

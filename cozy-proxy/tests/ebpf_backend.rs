@@ -14,7 +14,12 @@ use harness::{
     Backend, Env,
 };
 use serde_json::Value;
-use std::path::Path;
+use std::{
+    io::{BufRead, BufReader, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::Path,
+    time::Duration,
+};
 
 fn bpftool(args: &[&str]) -> Result<Value> {
     let mut all = vec!["bpftool", "-j"];
@@ -43,7 +48,11 @@ fn pinned_links(pin_dir: &Path) -> Result<Vec<(u64, u64, String)>> {
 }
 
 fn setup() -> Result<Env> {
-    let mut env = Env::new(Backend::Ebpf, Fam::V4)?;
+    setup_with(Backend::Ebpf)
+}
+
+fn setup_with(backend: Backend) -> Result<Env> {
+    let mut env = Env::new(backend, Fam::V4)?;
     let svc = Svc::new("vm1", env.net.lbs[0]).filter(&[("TCP", 22)]);
     env.dir.put("vm1", &svc.yaml())?;
     env.dir.put(
@@ -51,6 +60,9 @@ fn setup() -> Result<Env> {
         &slice("vm1", "IPv4", &[(env.net.pods[0].to_string(), None)]),
     )?;
     env.settle()?;
+    if backend == Backend::Nft {
+        return Ok(env);
+    }
     // Four interfaces (uplink, pod1..3), two tcx links each: the last ones
     // may still be attaching when the maps are already in place.
     eventually(SETTLE, || {
@@ -848,5 +860,38 @@ fn attaching_through_tcx_adds_no_qdisc() -> Result<()> {
         let qdiscs = ok_in(&env.topo.node(), &["tc", "qdisc", "show", "dev", dev])?;
         ensure!(!qdiscs.contains("clsact"), "{dev}: {qdiscs}");
     }
+    Ok(())
+}
+
+/// A switch from nftables to eBPF keeps the flows a filtered pod started:
+/// a connection the pod opened to an unlisted port while nftables served
+/// (which lets the replies in by conntrack), on which the far end speaks
+/// next, reaches the pod once the programs act, though the pod sends
+/// nothing after the switch (the programs take the flow from conntrack).
+#[test]
+fn a_switch_from_nft_keeps_the_connections_a_filtered_pod_opened() -> Result<()> {
+    let mut env = setup_with(Backend::Nft)?;
+    let far = SocketAddr::new(env.net.ext, 8443);
+    let listener =
+        harness::topology::in_netns(&env.topo.ext(), move || Ok(TcpListener::bind(far)?))?;
+    let mut pod_end = harness::topology::in_netns(&env.topo.pod(1), move || {
+        Ok(TcpStream::connect_timeout(&far, Duration::from_secs(3))?)
+    })?;
+    let (mut far_end, seen) = listener.accept()?;
+    ensure!(seen.ip() == env.net.lbs[0], "the far end saw {seen}");
+    pod_end.write_all(b"hello\n")?;
+    let mut line = String::new();
+    BufReader::new(&far_end).read_line(&mut line)?;
+    ensure!(line == "hello\n", "the far end read {line:?}");
+    env.ctl.restart_as(Backend::Ebpf)?;
+    env.wait_log("remembered the flows filtered pods started before the switch")?;
+    env.wait_log("removed the datapath backend=nft")?;
+    far_end.write_all(b"after the switch\n")?;
+    pod_end.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut line = String::new();
+    BufReader::new(&pod_end)
+        .read_line(&mut line)
+        .context("the far end's data after the switch")?;
+    ensure!(line == "after the switch\n", "the pod read {line:?}");
     Ok(())
 }

@@ -103,15 +103,14 @@ pub struct Maps {
     pub(super) flow_counts: Array<MapData, u64>,
     pub(super) stats: PerCpuArray<MapData, ServiceCounters>,
     pub(super) drop_stats: PerCpuArray<MapData, Counter>,
-    config: Array<MapData, Config>,
+    config_map: Array<MapData, Config>,
     prefilter: Array<MapData, Prefilter>,
     /// What this process believes the maps hold (`None`: read them).
     pub(super) belief: Option<Belief>,
     pub(super) sweep: FlowSweep,
-    /// The programs stand by (a backend switch: the other backend still
-    /// serves): the prefilter is kept empty, so they pass every packet
-    /// untouched, until [`Maps::wake`] writes it.
-    standby: bool,
+    /// What `config_map` holds (its `standby` as the map held it at open:
+    /// a process that stopped while standing by leaves the programs so).
+    config: Config,
 }
 
 /// `belief`, read from `addrs` when not known.
@@ -148,23 +147,20 @@ fn trie_cidrs(cluster: &LpmTrie<MapData, IpKey, u8>) -> Result<BTreeSet<Cidr>, E
     Ok(out)
 }
 
-/// Writes the prefilter with the address bits `addr_bits` (none while
-/// standing by). A bit set before and after is never cleared in between
-/// (the map update copies the same word over itself).
+/// Writes the prefilter with the address bits `addr_bits`. A bit set
+/// before and after is never cleared in between (the map update copies
+/// the same word over itself).
 fn write_prefilter(
     prefilter: &mut Array<MapData, Prefilter>,
-    standby: bool,
     addr_bits: &AddrBits,
     cluster: &BTreeSet<Cidr>,
 ) -> Result<(), EbpfError> {
     // Zeroed where it lives (400 KiB: not built on the stack first).
     // SAFETY: `Prefilter` is integers only; all zeroes is a value.
     let mut bits = unsafe { Box::<Prefilter>::new_zeroed().assume_init() };
-    if !standby {
-        addr_bits.write_into(&mut bits);
-        for c in cluster {
-            mark_cluster(&mut bits, c);
-        }
+    addr_bits.write_into(&mut bits);
+    for c in cluster {
+        mark_cluster(&mut bits, c);
     }
     prefilter
         .set(0, bits.as_ref(), 0)
@@ -174,6 +170,8 @@ fn write_prefilter(
 impl Maps {
     /// Opens the maps pinned in `dir`.
     pub fn open(dir: &Path) -> Result<Self, EbpfError> {
+        let config_map: Array<MapData, Config> = typed!(dir, names::CONFIG);
+        let config = config_map.get(&0, 0).map_err(named(names::CONFIG))?;
         Ok(Maps {
             addrs: typed!(dir, names::ADDRS),
             allowed_ports: typed!(dir, names::ALLOWED_PORTS),
@@ -184,34 +182,37 @@ impl Maps {
             flow_counts: typed!(dir, names::FLOW_COUNTS),
             stats: typed!(dir, names::STATS),
             drop_stats: typed!(dir, names::DROP_STATS),
-            config: typed!(dir, names::CONFIG),
+            config_map,
             prefilter: typed!(dir, names::PREFILTER),
             belief: None,
             sweep: FlowSweep::default(),
-            standby: false,
+            config,
         })
     }
 
-    /// From now until [`Maps::wake`], the programs pass every packet
-    /// untouched: the prefilter says no address is ours.
+    /// From now until [`Maps::wake`], the programs translate, filter and
+    /// count nothing; they remember the flows filtered pods start.
     pub fn stand_by(&mut self) -> Result<(), EbpfError> {
-        self.standby = true;
-        write_prefilter(
-            &mut self.prefilter,
-            true,
-            &AddrBits::of([]),
-            &BTreeSet::new(),
-        )
+        self.write_config(Config {
+            standby: 1,
+            ..self.config
+        })
     }
 
-    /// The programs act on the maps again: the prefilter is written whole,
-    /// in one update.
+    /// Standing by (see [`Maps::stand_by`])?
+    pub fn standing_by(&self) -> bool {
+        self.config.standby != 0
+    }
+
+    /// The programs act on the maps: one write of `config`.
     pub fn wake(&mut self) -> Result<(), EbpfError> {
-        if !self.standby {
+        if !self.standing_by() {
             return Ok(());
         }
-        self.standby = false;
-        self.rewrite_prefilter(&[], |_| {})
+        self.write_config(Config {
+            standby: 0,
+            ..self.config
+        })
     }
 
     /// Writes the prefilter: the believed address bits, changed by
@@ -227,7 +228,7 @@ impl Maps {
         cidrs.extend(entering.iter().copied());
         let belief = loaded(&mut self.belief, &self.addrs)?;
         change(&mut belief.bits);
-        write_prefilter(&mut self.prefilter, self.standby, &belief.bits, &cidrs)
+        write_prefilter(&mut self.prefilter, &belief.bits, &cidrs)
     }
 
     /// `addrs` as this process believes it holds it, read when not known.
@@ -481,8 +482,17 @@ impl Maps {
     }
 
     /// Tells the programs whether to take the fast path.
-    pub fn configure(&mut self, config: Config) -> Result<(), EbpfError> {
-        self.config.set(0, config, 0).map_err(named(names::CONFIG))
+    pub fn set_fast_path(&mut self, on: bool) -> Result<(), EbpfError> {
+        self.write_config(Config {
+            fast_path: on as u32,
+            ..self.config
+        })
+    }
+
+    fn write_config(&mut self, config: Config) -> Result<(), EbpfError> {
+        (self.config_map.set(0, config, 0)).map_err(named(names::CONFIG))?;
+        self.config = config;
+        Ok(())
     }
 }
 

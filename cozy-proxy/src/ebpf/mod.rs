@@ -7,6 +7,7 @@ mod batch;
 mod bpffs;
 pub mod chain;
 mod counters;
+mod flow_seed;
 mod flow_sweep;
 mod ifaces;
 pub mod layouts;
@@ -22,7 +23,7 @@ use crate::datapath::{
 use crate::netlink::{route, NetlinkError, NlSocket};
 use crate::steer::Steering;
 use aya::{maps::MapError, programs::SchedClassifier, EbpfLoader};
-use cozy_proxy_common::{maps as names, RevValue};
+use cozy_proxy_common::{addr, maps as names, RevValue};
 use maps::Maps;
 use serde_json::json;
 use std::{
@@ -342,6 +343,23 @@ pub struct EbpfKernel {
 /// (conntrack's garbage collection runs on a similar scale).
 const FLOW_SWEEP_EVERY: Duration = Duration::from_secs(10);
 
+/// Remembers the flows conntrack holds of filtered or ranged pods of this
+/// node (none such: conntrack is not read); returns how many were added.
+fn remember_tracked_flows(maps: &mut Maps) -> Result<usize, EbpfError> {
+    let addrs = maps.addr_infos()?;
+    let guarded = addr::FILTERED | addr::RANGED;
+    if !addrs
+        .values()
+        .any(|i| i.flags & addr::LOCAL != 0 && i.flags & guarded != 0)
+    {
+        return Ok(0);
+    }
+    let sock = NlSocket::open(libc::NETLINK_NETFILTER)?;
+    let tracked = crate::netlink::conntrack::tracked(&sock, |t| addrs.contains_key(&t.src))?;
+    let flows = flow_seed::pod_flows(&tracked, &addrs);
+    maps.remember_flows(&flows, monotonic_ns())
+}
+
 /// The programs' clock (`bpf_ktime_get_ns`): CLOCK_MONOTONIC.
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -399,9 +417,7 @@ impl EbpfKernel {
             refuse_blocked_tc_hooks(&rtnl, &cfg)?;
         }
         let mut maps = Maps::open(&cfg.pin_dir)?;
-        maps.configure(cozy_proxy_common::Config {
-            fast_path: cfg.fast_path as u32,
-        })?;
+        maps.set_fast_path(cfg.fast_path)?;
         let iface_roles = ifaces::Ifaces::open(&cfg.pin_dir)?;
         Ok(EbpfKernel {
             maps: Some(maps),
@@ -507,7 +523,8 @@ impl EbpfKernel {
 
     /// A backend switch: the programs stay attached but pass every packet
     /// untouched (while the other backend still serves) until
-    /// [`EbpfKernel::wake`]; the syncs in between fill the maps.
+    /// [`EbpfKernel::wake`], remembering the flows filtered pods start; the
+    /// syncs in between fill the maps.
     pub fn stand_by(&mut self) -> Result<(), EbpfError> {
         match self.maps.as_mut() {
             Some(m) => m.stand_by(),
@@ -515,21 +532,37 @@ impl EbpfKernel {
         }
     }
 
-    /// The programs act on the maps: one write of the prefilter.
+    /// The programs stand by (as [`EbpfKernel::stand_by`] left them, maybe
+    /// in a process before this one).
+    pub fn standing_by(&self) -> bool {
+        self.maps.as_ref().is_some_and(Maps::standing_by)
+    }
+
+    /// The programs act on the maps: the flows filtered pods started
+    /// before the standby are taken from conntrack (`flow_seed.rs`), then
+    /// one write of `config`. Unreadable, conntrack costs those flows'
+    /// replies until their pods send again; the programs act all the same.
     pub fn wake(&mut self) -> Result<(), EbpfError> {
-        match self.maps.as_mut() {
-            Some(m) => m.wake(),
-            None => Ok(()),
+        let Some(maps) = self.maps.as_mut().filter(|m| m.standing_by()) else {
+            return Ok(());
+        };
+        match remember_tracked_flows(maps) {
+            Ok(n) => info!(
+                flows = n,
+                "remembered the flows filtered pods started before the switch"
+            ),
+            Err(e) => {
+                warn!(error = %e, "could not take the flows filtered pods started before the switch from conntrack; their replies are dropped until the pods send again")
+            }
         }
+        maps.wake()
     }
 
     /// Turns the fast path on or off (as `EbpfConfig::fast_path` at start).
     pub fn set_fast_path(&mut self, on: bool) -> Result<(), EbpfError> {
         self.cfg.fast_path = on;
         match self.maps.as_mut() {
-            Some(m) => m.configure(cozy_proxy_common::Config {
-                fast_path: on as u32,
-            }),
+            Some(m) => m.set_fast_path(on),
             None => Ok(()),
         }
     }
