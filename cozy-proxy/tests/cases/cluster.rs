@@ -69,7 +69,8 @@ pub fn s21_node_probes_the_pod(c: &mut Cluster) -> Result<()> {
                 Fam::V4 => "TCP4-LISTEN:8081,reuseaddr,fork".to_string(),
                 Fam::V6 => "TCP6-LISTEN:8081,reuseaddr,fork".to_string(),
             },
-            "SYSTEM:echo HTTP/1.0 200 OK; echo; echo healthy",
+            // The request read first: see `Server::tcp`.
+            "SYSTEM:read request; echo HTTP/1.0 200 OK; echo; echo healthy",
         ],
         Stdio::null(),
         Stdio::null(),
