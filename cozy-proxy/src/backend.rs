@@ -78,9 +78,6 @@ pub struct NodeDatapath {
     cfg: BackendConfig,
     /// The other backend, removed after our first successful sync.
     retire: Option<BackendKind>,
-    /// Ours stands by while the other backend's state serves (a switch):
-    /// woken after the first sync, right before that state is removed.
-    standing_by: bool,
 }
 
 /// The backend this process runs, and why `auto` did not take eBPF (for
@@ -146,17 +143,10 @@ impl NodeDatapath {
         };
         info!(backend = %kind, "datapath chosen");
         *CHOSEN.lock().unwrap_or_else(|e| e.into_inner()) = Some((kind, why));
-        // Programs a process before this one left standing by are woken
-        // after the first sync, as ours would be.
-        let standing_by = match &running {
-            Running::Ebpf(d) => d.kernel().standing_by(),
-            Running::Nft(_) => false,
-        };
         Ok(NodeDatapath {
             running,
             cfg,
             retire: BackendKind::ALL.into_iter().find(|k| *k != kind),
-            standing_by,
         })
     }
 }
@@ -299,17 +289,25 @@ impl NodeDatapath {
     /// (a switch): ours is filled but stands by, passing every packet, so
     /// the two act on the same packets only for the instant of the switch
     /// ([`NodeDatapath::retire_other`]).
+    /// Ours stands by (the kernel's own flag: an eBPF datapath may have
+    /// been left so by a process before this one).
+    fn standing_by(&self) -> bool {
+        match &self.running {
+            Running::Nft(d) => d.kernel().standing_by(),
+            Running::Ebpf(d) => d.kernel().standing_by(),
+        }
+    }
+
     fn stand_by_for_switch(&mut self) -> Result<(), BackendError> {
         // Asked only until ours stands by: reading the other backend's
         // state (an nft dump) is not repeated on every retried first sync.
-        if self.standing_by || !(self.retire).is_some_and(|k| is_installed(k, &self.cfg)) {
+        if self.standing_by() || !(self.retire).is_some_and(|k| is_installed(k, &self.cfg)) {
             return Ok(());
         }
         match &mut self.running {
             Running::Nft(d) => d.kernel_mut().stand_by(),
             Running::Ebpf(d) => d.kernel_mut().stand_by()?,
         }
-        self.standing_by = true;
         info!("standing by until the first sync; the other backend's datapath serves until then");
         Ok(())
     }
@@ -322,20 +320,17 @@ impl NodeDatapath {
     /// packets out untranslated (the CNI's masquerade), and the far end
     /// would reset their connections.
     /// Waking is tried again after every sync until it succeeds; the other
-    /// backend goes only once ours serves.
+    /// backend goes only once ours serves. (Waking what does not stand by
+    /// does nothing; programs a process before this one left standing by
+    /// are woken here too.)
     fn retire_other(&mut self) {
-        if self.standing_by {
-            let woken = match &mut self.running {
-                Running::Nft(d) => d.kernel_mut().wake().map_err(BackendError::from),
-                Running::Ebpf(d) => d.kernel_mut().wake().map_err(BackendError::from),
-            };
-            match woken {
-                Ok(()) => self.standing_by = false,
-                Err(e) => {
-                    error!(error = %e, "waking our datapath failed; retried after the next sync");
-                    return;
-                }
-            }
+        let woken = match &mut self.running {
+            Running::Nft(d) => d.kernel_mut().wake().map_err(BackendError::from),
+            Running::Ebpf(d) => d.kernel_mut().wake().map_err(BackendError::from),
+        };
+        if let Err(e) = woken {
+            error!(error = %e, "waking our datapath failed; retried after the next sync");
+            return;
         }
         if let Some(other) = self.retire.take() {
             if let Err(e) = remove(&[other], &self.cfg) {

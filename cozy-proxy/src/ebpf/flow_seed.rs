@@ -30,13 +30,16 @@ pub struct PodFlow {
     pub slot: u16,
 }
 
+/// A pod of this node whose replies the programs filter (its port filter
+/// or its LB IP's source ranges): the pods whose flows are remembered.
+pub fn guarded_local_pod(i: &AddrInfo) -> bool {
+    i.flags & (addr::POD | addr::LOCAL) == addr::POD | addr::LOCAL
+        && i.flags & (addr::FILTERED | addr::RANGED) != 0
+}
+
 /// The filtered or ranged pod of this node whose flow `t` is, if any:
 /// `t` leaves from the pod's IP or from its LB IP.
 fn pod_of(t: &Tracked, addrs: &HashMap<IpAddr, AddrInfo>) -> Option<(IpAddr, u16)> {
-    let guarded = |i: &AddrInfo| {
-        i.flags & (addr::POD | addr::LOCAL) == addr::POD | addr::LOCAL
-            && i.flags & (addr::FILTERED | addr::RANGED) != 0
-    };
     let src = addrs.get(&t.src)?;
     let pod = if src.flags & addr::POD != 0 {
         t.src
@@ -45,7 +48,7 @@ fn pod_of(t: &Tracked, addrs: &HashMap<IpAddr, AddrInfo>) -> Option<(IpAddr, u16
     } else {
         return None;
     };
-    let info = addrs.get(&pod).filter(|i| guarded(i))?;
+    let info = addrs.get(&pod).filter(|i| guarded_local_pod(i))?;
     Some((pod, info.slot))
 }
 

@@ -23,7 +23,7 @@ use crate::datapath::{
 use crate::netlink::{route, NetlinkError, NlSocket};
 use crate::steer::Steering;
 use aya::{maps::MapError, programs::SchedClassifier, EbpfLoader};
-use cozy_proxy_common::{addr, maps as names, RevValue};
+use cozy_proxy_common::{maps as names, RevValue};
 use maps::Maps;
 use serde_json::json;
 use std::{
@@ -347,11 +347,7 @@ const FLOW_SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// node (none such: conntrack is not read); returns how many were added.
 fn remember_tracked_flows(maps: &mut Maps) -> Result<usize, EbpfError> {
     let addrs = maps.addr_infos()?;
-    let guarded = addr::FILTERED | addr::RANGED;
-    if !addrs
-        .values()
-        .any(|i| i.flags & addr::LOCAL != 0 && i.flags & guarded != 0)
-    {
+    if !addrs.values().any(flow_seed::guarded_local_pod) {
         return Ok(0);
     }
     let sock = NlSocket::open(libc::NETLINK_NETFILTER)?;

@@ -121,6 +121,11 @@ impl NftKernel {
         self.standby = true;
     }
 
+    /// Standing by (see [`NftKernel::stand_by`])?
+    pub fn standing_by(&self) -> bool {
+        self.standby
+    }
+
     /// Our tables go on their hooks, in one transaction.
     pub fn wake(&mut self) -> Result<(), NftError> {
         if !self.standby {
