@@ -284,6 +284,8 @@ pub struct Seen {
     pub ports: Option<(u16, u16)>,
     /// ICMP/ICMPv6 type.
     pub icmp_type: Option<u8>,
+    /// The IPv4 TTL or the IPv6 hop limit, as received.
+    pub hop_limit: u8,
     pub ip_checksum_ok: bool,
     /// None where the packet has no L4 checksum to check (later fragment,
     /// protocol without one, IPv4 UDP without checksum).
@@ -397,6 +399,7 @@ pub fn parse(f: &[u8]) -> Option<Seen> {
             later_fragment: later,
             ports: ports(proto, seg, later),
             icmp_type: icmp_type(proto, seg, later),
+            hop_limit: ip[8],
             ip_checksum_ok: fold(sum16(ip, 0)) == 0,
             l4_checksum_ok: ok,
             l4_checksum: raw,
@@ -443,6 +446,7 @@ pub fn parse(f: &[u8]) -> Option<Seen> {
             later_fragment: later,
             ports: ports(next, seg, later),
             icmp_type: icmp_type(next, seg, later),
+            hop_limit: ip[7],
             ip_checksum_ok: true,
             l4_checksum_ok: ok,
             l4_checksum: raw,

@@ -36,10 +36,27 @@ pub enum Shape {
     /// vSwitch: there the pods' veths are OVS ports in the node's
     /// namespace, here they are ports in the router's.
     Gateway,
+    /// Kube-OVN's shape with the pods' segment a Linux bridge (`seg`) in
+    /// the node's own namespace, as Kube-OVN's pod ports are in the node's
+    /// (there on Open vSwitch): the router's leg `ls` a port of it, the pod
+    /// subnet routed via the router on the join network, `ovn0` the node's
+    /// way to the pods, bridge-nf-call-iptables off. The pods' frames pass
+    /// the node's bridge ports, and enter the node's IP stack at `ovn0`.
+    NodeSegment,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 3] = [Shape::Routed, Shape::Bridge, Shape::Gateway];
+    pub const ALL: [Shape; 4] = [
+        Shape::Routed,
+        Shape::Bridge,
+        Shape::Gateway,
+        Shape::NodeSegment,
+    ];
+
+    /// Behind a router the node reaches through `ovn0` (Kube-OVN's).
+    pub fn behind_router(self) -> bool {
+        matches!(self, Shape::Gateway | Shape::NodeSegment)
+    }
 }
 
 /// The Gateway shape's join network and the router's address on it.
@@ -51,6 +68,9 @@ pub struct Topology {
     /// Pods created so far (pod1..=podN).
     pub pods: usize,
     pub shape: Shape,
+    /// Pod `i`'s port where [`Topology::move_pod`] renamed it (else
+    /// `pod{i}`).
+    port_names: Vec<Option<String>>,
 }
 
 /// Runs a command given as one line (words split on spaces) in `ns`.
@@ -157,9 +177,11 @@ impl Topology {
     /// Where pod `i`'s own veth ends outside the pod: namespace and
     /// interface (the node's, or the router's in the Gateway shape).
     pub fn pod_port(&self, i: usize) -> (String, String) {
+        let port = self.port_names.get(i).cloned().flatten();
+        let port = port.unwrap_or_else(|| format!("pod{i}"));
         match self.shape {
-            Shape::Gateway => (self.ovn(), format!("pod{i}")),
-            _ => (self.node(), format!("pod{i}")),
+            Shape::Gateway => (self.ovn(), port),
+            _ => (self.node(), port),
         }
     }
 
@@ -169,7 +191,7 @@ impl Topology {
         match self.shape {
             Shape::Routed => (self.node(), format!("pod{i}")),
             Shape::Bridge => (self.node(), "cni0".into()),
-            Shape::Gateway => (self.ovn(), "ls".into()),
+            Shape::Gateway | Shape::NodeSegment => (self.ovn(), "ls".into()),
         }
     }
 
@@ -182,6 +204,7 @@ impl Topology {
             prefix: unique_prefix("cpt"),
             pods: 0,
             shape,
+            port_names: Vec::new(),
         };
         if let Err(e) = t.build() {
             drop(t);
@@ -224,6 +247,7 @@ impl Topology {
             Shape::Routed => {}
             Shape::Bridge => bridge_gateway(&node, "192.0.2.1/24", "2001:db8:2::1/64")?,
             Shape::Gateway => t.build_router()?,
+            Shape::NodeSegment => t.build_node_segment()?,
         }
         for _ in 0..POD_COUNT {
             t.add_pod()?;
@@ -247,6 +271,36 @@ impl Topology {
         cmd(&ovn, "ip -6 route add default via 2001:db8:64::2")
     }
 
+    /// The NodeSegment shape: the bridge `seg` in the node, the router's
+    /// leg on it (its `ls`, holding the pods' gateway), the join network.
+    fn build_node_segment(&self) -> Result<()> {
+        let (node, ovn) = (self.node(), self.ovn());
+        new_ns(&ovn)?;
+        cmd(
+            &ovn,
+            "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
+        )?;
+        cmd(&node, "ip link add seg type bridge")?;
+        no_offload(&node, "seg")?;
+        cmd(&node, "ip link set seg up")?;
+        cmd(
+            &node,
+            "sysctl -qw net.bridge.bridge-nf-call-iptables=0 net.bridge.bridge-nf-call-ip6tables=0",
+        )?;
+        veth("rtr", &node, "ls", &ovn)?;
+        cmd(&node, "ip link set rtr master seg")?;
+        cmd(&ovn, "ip addr add 192.0.2.1/25 dev ls")?;
+        cmd(&ovn, "ip addr add 2001:db8:2::1/64 dev ls nodad")?;
+        for (ns, dev) in [(&node, "rtr"), (&ovn, "ls")] {
+            no_offload(ns, dev)?;
+            cmd(ns, &format!("ip link set {dev} up"))?;
+        }
+        join_router(&ovn)?;
+        join_node(&ovn, &node, "n1", "192.0.2.194/26", "2001:db8:64::2/64")?;
+        cmd(&ovn, "ip route add default via 192.0.2.194")?;
+        cmd(&ovn, "ip -6 route add default via 2001:db8:64::2")
+    }
+
     /// A new pod (pod{N+1}) as the node's shape wires it; addresses
     /// 192.0.2.1N and 2001:db8:2::1N.
     pub fn add_pod(&mut self) -> Result<usize> {
@@ -266,17 +320,47 @@ impl Topology {
         self.wire_pod(i)
     }
 
+    /// Pod `i`'s veth deleted and created again on another port (another
+    /// name and ifindex), with the same addresses and link-layer address:
+    /// a pod recreated with its IP and MAC (a VM's launcher pod on the same
+    /// node, as Kube-OVN keeps both; a router's neighbour entry for the
+    /// pod stays right, as a real CNI's gratuitous ARP would make it).
+    pub fn move_pod(&mut self, i: usize) -> Result<()> {
+        let (ns, old) = self.pod_port(i);
+        let link = super::sh::ok_in(&self.pod(i), &["ip", "-j", "link", "show", "dev", "eth0"])?;
+        let link: serde_json::Value = serde_json::from_str(&link)?;
+        let Some(mac) = link[0]["address"].as_str().map(str::to_string) else {
+            bail!("pod{i}'s eth0 has no link-layer address: {link}");
+        };
+        cmd(&ns, &format!("ip link del {old}"))?;
+        let moves = old
+            .strip_prefix(&format!("pod{i}m"))
+            .and_then(|n| n.parse::<u32>().ok());
+        let new = format!("pod{i}m{}", moves.map_or(1, |n| n + 1));
+        if self.port_names.len() <= i {
+            self.port_names.resize(i + 1, None);
+        }
+        self.port_names[i] = Some(new);
+        self.wire_pod(i)?;
+        cmd(&self.pod(i), &format!("ip link set eth0 address {mac}"))
+    }
+
     fn wire_pod(&self, i: usize) -> Result<()> {
         let pod = self.pod(i);
         let (v4, v6) = (format!("192.0.2.1{i}"), format!("2001:db8:2::1{i}"));
+        let (ns, port) = self.pod_port(i);
         match self.shape {
             Shape::Routed => self.wire_routed_pod(i),
             Shape::Bridge => {
-                wire_port(&self.node(), "cni0", &format!("pod{i}"), &pod)?;
+                wire_port(&ns, "cni0", &port, &pod)?;
                 pod_on_segment(&pod, (&v4, 24, "192.0.2.1"), (&v6, 64, "2001:db8:2::1"))
             }
             Shape::Gateway => {
-                wire_port(&self.ovn(), "ls", &format!("pod{i}"), &pod)?;
+                wire_port(&ns, "ls", &port, &pod)?;
+                pod_on_segment(&pod, (&v4, 25, "192.0.2.1"), (&v6, 64, "2001:db8:2::1"))
+            }
+            Shape::NodeSegment => {
+                wire_port(&ns, "seg", &port, &pod)?;
                 pod_on_segment(&pod, (&v4, 25, "192.0.2.1"), (&v6, 64, "2001:db8:2::1"))
             }
         }
@@ -284,7 +368,7 @@ impl Topology {
 
     fn wire_routed_pod(&self, i: usize) -> Result<()> {
         let (node, pod) = (self.node(), self.pod(i));
-        let host_if = format!("pod{i}");
+        let host_if = self.pod_port(i).1;
         veth(&host_if, &node, "eth0", &pod)?;
         cmd(&node, &format!("ip addr add 192.0.2.1/32 dev {host_if}"))?;
         cmd(
@@ -419,7 +503,7 @@ impl Drop for Topology {
     fn drop(&mut self) {
         let mut all = vec![self.ext(), self.node()];
         all.extend((1..=self.pods).map(|i| self.pod(i)));
-        if self.shape == Shape::Gateway {
+        if self.shape.behind_router() {
             all.push(self.ovn());
         }
         remove_namespaces(&all);
