@@ -12,6 +12,13 @@ pub const PIN_DIR: &str = "/sys/fs/bpf/cozy-proxy";
 /// Protocol number our routes carry (`ip route show proto 249`).
 pub const ROUTE_PROTO: u8 = 249;
 
+/// The packet mark bit that asks for the masquerade of an in-cluster
+/// client's hairpin (docs/traffic.md), set by the nft backend's forward
+/// chain or by the eBPF programs, read by one masquerade rule at source
+/// NAT. A bit no common agent uses: kube-proxy and Kube-OVN take 0x4000
+/// and 0x8000, Calico 0xffff0000, Cilium 0x0f00 and the upper half.
+pub const HAIRPIN_MARK: u32 = 0x1000;
+
 pub const FAMILY_V4: u32 = 4;
 pub const FAMILY_V6: u32 = 6;
 
@@ -403,7 +410,16 @@ pub struct Config {
     /// filtered pods start, so that the replies to those flows pass once
     /// they act.
     pub standby: u32,
+    /// The interface whose in-cluster clients of this node's LB IPs may be
+    /// routed back out of it (Kube-OVN's `ovn0`): their hairpins are
+    /// marked there. 0: none; [`HAIRPIN_SEVERAL`]: those whose `ifaces`
+    /// role has [`iface::HAIRPIN`].
+    pub hairpin_iface: u32,
+    pub _pad: u32,
 }
+
+/// [`Config::hairpin_iface`] when more than one interface may hairpin.
+pub const HAIRPIN_SEVERAL: u32 = u32::MAX;
 
 /// Index into `drop_stats`.
 #[repr(u32)]
@@ -505,6 +521,18 @@ pub mod iface {
     /// and translates for, the addresses whose entry is the bridge itself
     /// (their port not known yet).
     pub const PORT_JUDGES: u32 = 2;
+    /// A bridge (with [`DEFER`], which programs before it read alone):
+    /// what it hands up to the node came in by one of its ports. A guarded
+    /// source whose entry is the bridge or one of its ports was judged at
+    /// its port; any other was left alone at its port (a bridge its route
+    /// does not name only carries it) and is forged here, where it would
+    /// enter the node's own stack.
+    pub const BRIDGE: u32 = 4;
+    /// The node reaches a pod of one of its mappings through this
+    /// interface via a router that is no node (Kube-OVN's `ovn0`): an
+    /// in-cluster client's flow to an LB IP here may leave by it again.
+    /// Read only where [`super::Config::hairpin_iface`] says several.
+    pub const HAIRPIN: u32 = 8;
 }
 
 /// Map names, as pinned under [`PIN_DIR`].
@@ -562,7 +590,7 @@ mod layout {
     const _: () = assert!(size_of::<RevValue>() == 32);
     const _: () = assert!(size_of::<Counter>() == 16);
     const _: () = assert!(size_of::<ServiceCounters>() == 32);
-    const _: () = assert!(size_of::<Config>() == 8);
+    const _: () = assert!(size_of::<Config>() == 16);
     const _: () = assert!(
         size_of::<Prefilter>() == 8 * (3 * prefilter::WORDS + prefilter::CLUSTER_WORDS + 1)
     );

@@ -11,7 +11,10 @@ use crate::hdr::*;
 use crate::maps::CONFIG;
 use crate::parse::{byte, load_words, put, put_words, Packet};
 use aya_ebpf::{
-    bindings::{bpf_fib_lookup as FibParams, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_REDIRECT},
+    bindings::{
+        bpf_fib_lookup as FibParams, BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH,
+        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_REDIRECT,
+    },
     helpers::generated::{bpf_fib_lookup, bpf_redirect, bpf_redirect_peer},
     programs::TcContext,
 };
@@ -34,15 +37,13 @@ pub struct Hop {
     pub dmac: [u8; 6],
 }
 
-/// The kernel's forwarding decision for a packet from `src` to `dst` that
-/// arrived where this one did: `None` unless the route and the neighbour
-/// are known and the packet fits the outgoing MTU. Not inlined: the helper
-/// call keeps its clobbered registers to itself.
-#[inline(never)]
-pub fn next_hop(ctx: &TcContext, p: &Packet, src: &IpKey, dst: &IpKey) -> Option<Hop> {
+/// Asks the kernel's FIB for a packet from `src` to `dst` arriving where
+/// this one did: the helper's answer, `params` filled. `tot_len` 0: no
+/// MTU check before the interface is known.
+#[inline(always)]
+fn fib(ctx: &TcContext, p: &Packet, src: &IpKey, dst: &IpKey, tot_len: u16, params: &mut MaybeUninit<FibParams>) -> i64 {
     // Zeroed with volatile word stores: a plain zeroing became a call of
     // a byte loop (`memset`).
-    let mut params = MaybeUninit::<FibParams>::uninit();
     let raw = params.as_mut_ptr() as *mut u64;
     let mut i = 0;
     while i < size_of::<FibParams>() / 8 {
@@ -54,8 +55,7 @@ pub fn next_hop(ctx: &TcContext, p: &Packet, src: &IpKey, dst: &IpKey) -> Option
     let params = unsafe { &mut *params.as_mut_ptr() };
     // SAFETY: the skb's fields, read through the context.
     params.ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    let len = ctx.len().saturating_sub(p.l3 as u32);
-    params.__bindgen_anon_1.tot_len = if len > u16::MAX as u32 { u16::MAX } else { len as u16 };
+    params.__bindgen_anon_1.tot_len = tot_len;
     if p.v6 {
         params.family = 10;
         params.__bindgen_anon_3.ipv6_src = src.words();
@@ -66,15 +66,47 @@ pub fn next_hop(ctx: &TcContext, p: &Packet, src: &IpKey, dst: &IpKey) -> Option
         params.__bindgen_anon_4.ipv4_dst = dst.words()[0];
     }
     // SAFETY: the context and a parameter block of the size given.
-    let rc = unsafe { bpf_fib_lookup(ctx.skb.skb as *mut _, params, size_of::<FibParams>() as i32, 0) };
-    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
+    unsafe { bpf_fib_lookup(ctx.skb.skb as *mut _, params, size_of::<FibParams>() as i32, 0) }
+}
+
+/// The kernel's forwarding decision for a packet from `src` to `dst` that
+/// arrived where this one did: `None` unless the route and the neighbour
+/// are known and the packet fits the outgoing MTU. Not inlined: the helper
+/// call keeps its clobbered registers to itself.
+#[inline(never)]
+pub fn next_hop(ctx: &TcContext, p: &Packet, src: &IpKey, dst: &IpKey) -> Option<Hop> {
+    let len = ctx.len().saturating_sub(p.l3 as u32);
+    let tot_len = if len > u16::MAX as u32 { u16::MAX } else { len as u16 };
+    let mut params = MaybeUninit::<FibParams>::uninit();
+    if fib(ctx, p, src, dst, tot_len, &mut params) != BPF_FIB_LKUP_RET_SUCCESS as i64 {
         return None;
     }
+    // SAFETY: filled by `fib`.
+    let params = unsafe { params.assume_init_ref() };
     Some(Hop {
         ifindex: params.ifindex,
         smac: params.smac,
         dmac: params.dmac,
     })
+}
+
+/// The interface the kernel routes a packet from `src` to `dst` out of,
+/// arriving where this one did, whether or not its next hop is resolved
+/// yet: `None` without a route.
+#[inline(never)]
+pub fn route_oif(ctx: &TcContext, p: &Packet, src: &IpKey, dst: &IpKey) -> Option<u32> {
+    let mut params = MaybeUninit::<FibParams>::uninit();
+    let rc = fib(ctx, p, src, dst, 0, &mut params);
+    // The interface is known in these answers (the MTU and the neighbour
+    // are looked at after it).
+    let routed = rc == BPF_FIB_LKUP_RET_SUCCESS as i64
+        || rc == BPF_FIB_LKUP_RET_NO_NEIGH as i64
+        || rc == BPF_FIB_LKUP_RET_FRAG_NEEDED as i64;
+    if !routed {
+        return None;
+    }
+    // SAFETY: filled by `fib`.
+    Some(unsafe { params.assume_init_ref() }.ifindex)
 }
 
 /// Can the packet be forwarded here (a hop limit above 1, no VLAN tag)?

@@ -232,8 +232,10 @@ fn frag_key(p: &Packet) -> FragKey {
 }
 
 /// Decides a packet toward a filtered pod (`p.dst` is the pod IP).
+/// `routed`: the program itself forwards it (the fast path), before its
+/// hop limit is decremented; else its hop limit is as the pod gets it.
 #[inline(always)]
-pub fn admit(ctx: &TcContext, p: &Packet, allow_icmp: bool, slot: u16) -> Result<(), DropReason> {
+pub fn admit(ctx: &TcContext, p: &Packet, allow_icmp: bool, slot: u16, routed: bool) -> Result<(), DropReason> {
     if p.later_fragment {
         // Only fragments of a datagram whose first fragment was admitted.
         return if FRAGS.get_ptr(&frag_key(p)).is_some() {
@@ -242,7 +244,7 @@ pub fn admit(ctx: &TcContext, p: &Packet, allow_icmp: bool, slot: u16) -> Result
             Err(DropReason::FilteredFragment)
         };
     }
-    let verdict = admit_first(ctx, p, allow_icmp, slot);
+    let verdict = admit_first(ctx, p, allow_icmp, slot, routed);
     if verdict.is_ok() && p.fragment {
         let _ = FRAGS.insert(&frag_key(p), &0, 0);
     }
@@ -250,7 +252,7 @@ pub fn admit(ctx: &TcContext, p: &Packet, allow_icmp: bool, slot: u16) -> Result
 }
 
 #[inline(always)]
-fn admit_first(ctx: &TcContext, p: &Packet, allow_icmp: bool, slot: u16) -> Result<(), DropReason> {
+fn admit_first(ctx: &TcContext, p: &Packet, allow_icmp: bool, slot: u16, routed: bool) -> Result<(), DropReason> {
     if has_ports(p.proto) {
         let Some((sport, dport)) = ports(ctx, p) else {
             return Err(DropReason::FilteredProtocol);
@@ -275,6 +277,18 @@ fn admit_first(ctx: &TcContext, p: &Packet, allow_icmp: bool, slot: u16) -> Resu
         let Some(icmp_type) = byte(ctx, p.l4 + ICMP_TYPE) else {
             return Err(DropReason::FilteredIcmp);
         };
+        // Neighbour discovery on the pod's own link passes, as ARP does: a
+        // router on the pod's segment (not the node) resolves and probes
+        // the pod's address with it, and answers the pod's own questions
+        // with it, unicast. Hop limit 255: never routed (RFC 4861 has the
+        // pod discard any other), so it opens nothing beyond the link.
+        if p.v6
+            && !routed
+            && (ND_FIRST..=ND_LAST).contains(&icmp_type)
+            && byte(ctx, p.l3 + IP6_HOP_LIMIT) == Some(255)
+        {
+            return Ok(());
+        }
         let (_, reply) = echo_types(p);
         if icmp_type == reply {
             if let Some(id) = be16(ctx, p.l4 + ICMP_ECHO_ID) {

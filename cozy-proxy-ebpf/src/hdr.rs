@@ -71,3 +71,6 @@ pub const ICMP_TYPE: usize = 0;
 pub const ICMP_CSUM: usize = 2;
 pub const ICMP_ECHO_ID: usize = 4;
 pub const ICMP_HLEN: usize = 8;
+/// ICMPv6 neighbour discovery: router solicitation .. redirect.
+pub const ND_FIRST: u8 = 133;
+pub const ND_LAST: u8 = 137;

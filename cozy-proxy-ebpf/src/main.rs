@@ -33,8 +33,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cozy_proxy_common::{
-    addr, iface, prefilter, AddrInfo, DropReason, IpKey, LbSource, Prefilter, RevKey, RevValue,
-    FAMILY_BITS, FAMILY_V4, IP_KEY_BITS,
+    addr, iface, prefilter, AddrInfo, Config, DropReason, IpKey, LbSource, Prefilter, RevKey,
+    RevValue, FAMILY_BITS, FAMILY_V4, HAIRPIN_MARK, HAIRPIN_SEVERAL, IP_KEY_BITS,
 };
 use maps::{ADDRS, CLUSTER, CONFIG, DROP_STATS, IFACES, PREFILTER, REV_NAT, SRC_RANGES, STATS};
 use nat::{rewrite, rewrite_quoted, Field};
@@ -116,20 +116,46 @@ struct Ours {
 const MAYBE_BOTH: Ours = Ours { src: true, dst: true };
 
 /// At TC ingress: any source in `addrs` (the guard); as destination, an LB
-/// IP of another node's mapping or without one, or with the fast path on,
-/// any (a local LB IP is the fast path's; on the stack path TC egress
-/// translates it). `None`: neither, the packet is left alone at once.
+/// IP of another node's mapping or without one, or any where a local
+/// mapping's LB IP is acted on here ([`local_lbs_here`]; on the stack path
+/// TC egress translates it). `None`: neither, the packet is left alone at
+/// once.
 #[inline(always)]
-fn ours_at_ingress(p: &Packet) -> Option<Ours> {
+fn ours_at_ingress(p: &Packet, iif: u32) -> Option<Ours> {
     let Some(f) = prefilter() else {
         return Some(MAYBE_BOTH);
     };
     let d = slot(&p.dst);
     let o = Ours {
         src: set_in(&f.words, slot(&p.src)),
-        dst: set_in(&f.words, d) && (set_in(&f.foreign_lbs, d) || fast::enabled()),
+        dst: set_in(&f.words, d) && (set_in(&f.foreign_lbs, d) || local_lbs_here(iif)),
     };
     (o.src || o.dst).then_some(o)
+}
+
+/// Is a local mapping's LB IP acted on at TC ingress of `iif`: with the
+/// fast path on, or where in-cluster clients' hairpins may leave again
+/// (their flows are marked here)?
+#[inline(always)]
+fn local_lbs_here(iif: u32) -> bool {
+    // SAFETY: a map value, read whole.
+    CONFIG.get_ptr(0).is_some_and(|c| {
+        let c = unsafe { *c };
+        c.fast_path != 0 || hairpins_leave(&c, iif)
+    })
+}
+
+/// May in-cluster clients' hairpins leave by `iif` (`Config::hairpin_iface`)?
+#[inline(always)]
+fn hairpins_leave(c: &Config, iif: u32) -> bool {
+    match c.hairpin_iface {
+        0 => false,
+        // SAFETY: a map value, one field read.
+        HAIRPIN_SEVERAL => IFACES
+            .get_ptr(&iif)
+            .is_some_and(|r| unsafe { (*r).flags } & iface::HAIRPIN != 0),
+        one => one == iif,
+    }
 }
 
 /// At TC egress: a source only if a pod (a reply translated back), any
@@ -321,12 +347,31 @@ enum Elsewhere {
     Spoofed,
 }
 
+/// The bridge interface `ifindex` is a port of (0: none, or unknown).
+#[inline(always)]
+fn bridge_of(ifindex: u32) -> u32 {
+    // SAFETY: a map value, one field read.
+    IFACES.get_ptr(&ifindex).map_or(0, |r| unsafe { (*r).bridge })
+}
+
 /// Only off the common path (a guarded source on its own interface never
 /// asks): the interface's role (`ifaces`, see cozy-proxy-common `IfRole`).
+///
+/// At a bridge's port, a guarded source is judged only where its route
+/// names that bridge (its entry the bridge, or one of its ports). A bridge
+/// the route does not name is a segment the node only carries (Kube-OVN's
+/// pods' segment behind its router): frames the segment's router sends
+/// back into it carry the pods' addresses in by the router's port, which
+/// the node cannot tell from the pod's own, so the source is judged where
+/// the route says it enters the node, or by the bridge itself if the
+/// bridge hands it up to the node.
 #[inline(never)]
 fn arriving_elsewhere(ctx: &TcContext, iif: u32, entry: u32) -> Elsewhere {
     // SAFETY: a map value, copied whole.
     let role = IFACES.get_ptr(&iif).map(|r| unsafe { *r }).unwrap_or_default();
+    if role.flags & iface::BRIDGE != 0 {
+        return if bridge_of(entry) == iif { Elsewhere::Pass } else { Elsewhere::Spoofed };
+    }
     if role.flags & iface::DEFER != 0 {
         return Elsewhere::Pass;
     }
@@ -334,7 +379,11 @@ fn arriving_elsewhere(ctx: &TcContext, iif: u32, entry: u32) -> Elsewhere {
         if entry == role.bridge {
             return if role.flags & iface::PORT_JUDGES != 0 { Elsewhere::Here } else { Elsewhere::Pass };
         }
-        return Elsewhere::Spoofed;
+        // Another port of this bridge is its own.
+        if bridge_of(entry) == role.bridge {
+            return Elsewhere::Spoofed;
+        }
+        return Elsewhere::Pass;
     }
     // A frame of a VLAN, tag in the skb's metadata: the VLAN's interface
     // receives (and judges) it next, or, without one, the stack drops it.
@@ -349,9 +398,9 @@ fn arriving_elsewhere(ctx: &TcContext, iif: u32, entry: u32) -> Elsewhere {
 #[classifier]
 pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
     let Some(mut p) = parse(&ctx) else { return PASS };
-    let Some(ours) = ours_at_ingress(&p) else { return PASS };
     // SAFETY: reading a field of the context the kernel passed us.
     let iif = unsafe { (*ctx.skb.skb).ifindex };
+    let Some(ours) = ours_at_ingress(&p, iif) else { return PASS };
     if standing_by() {
         learn_while_standing_by(&ctx, &p, ours, iif);
         return PASS;
@@ -385,15 +434,24 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
     if d.flags & addr::UNMAPPED != 0 {
         return drop(&ctx, DropReason::UnmappedLb);
     }
-    // From outside to a mapping here: straight to the pod, if enabled.
-    if d.flags & addr::LOCAL != 0 && fast::enabled() && !in_cluster(&p.src) {
-        return fast_to_pod(&mut ctx, &mut p, &d);
+    let client = in_cluster(&p.src);
+    // A mapping here: translated at TC egress, after routing via the LB
+    // IP's route; from outside straight to the pod, if the fast path is on.
+    if d.flags & addr::LOCAL != 0 {
+        if client {
+            // SAFETY: a map value, read whole.
+            if CONFIG.get_ptr(0).is_some_and(|c| hairpins_leave(unsafe { &*c }, iif)) {
+                mark_hairpin(&ctx, &p, &p.dst, iif);
+            }
+        } else if fast::enabled() {
+            return fast_to_pod(&mut ctx, &mut p, &d);
+        }
+        return PASS;
     }
     // An in-cluster client of a mapping on another node: translated here,
     // so that it leaves addressed to the pod (no masquerade; the pod sees
-    // the client) and conntrack here sees client <-> pod. Mappings of this
-    // node are translated at TC egress, after routing via the LB IP route.
-    if d.flags & addr::LOCAL == 0 && in_cluster(&p.src) {
+    // the client) and conntrack here sees client <-> pod.
+    if client {
         if d.flags & addr::RANGED != 0 && !source_allowed(&p.dst, &p.src) {
             return drop(&ctx, DropReason::SourceRange);
         }
@@ -402,8 +460,31 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
             return verdict;
         }
         record_rev(&ctx, &p, &d.peer, &lb, false, iif);
+        mark_hairpin(&ctx, &p, &p.dst, iif);
     }
     PASS
+}
+
+/// An in-cluster client's packet to an LB IP that the node routes back out
+/// of the interface it came in by (Kube-OVN's `ovn0`: the client and the
+/// pod both behind OVN's router): the pod would answer the client
+/// directly, past this node, from its own address, which the client's
+/// socket drops. Marked for the one masquerade rule beside the programs
+/// ([`HAIRPIN_MARK`]), so that the answer comes back here, where it is
+/// translated. Not on a bridge or one of its ports (their hooks see the
+/// answer), nor on a bond's. Only this path pays the route lookup.
+#[inline(never)]
+fn mark_hairpin(ctx: &TcContext, p: &Packet, dst: &IpKey, iif: u32) {
+    // SAFETY: a map value, copied whole.
+    let role = IFACES.get_ptr(&iif).map(|r| unsafe { *r }).unwrap_or_default();
+    if role.bridge != 0 || role.flags & (iface::BRIDGE | iface::DEFER) != 0 {
+        return;
+    }
+    if fast::route_oif(ctx, p, &p.src, dst) == Some(iif) {
+        // SAFETY: reading a field of the context the kernel passed us.
+        let mark = unsafe { (*ctx.skb.skb).mark };
+        ctx.set_mark(mark | HAIRPIN_MARK);
+    }
 }
 
 /// While the other backend serves (a switch): remember the flows a
@@ -446,7 +527,7 @@ fn fast_to_pod(ctx: &mut TcContext, p: &mut Packet, d: &AddrInfo) -> i32 {
         return drop(ctx, DropReason::SourceRange);
     }
     if d.flags & addr::FILTERED != 0 {
-        if let Err(reason) = filter::admit(ctx, p, d.flags & addr::ICMP_ALLOWED != 0, d.slot) {
+        if let Err(reason) = filter::admit(ctx, p, d.flags & addr::ICMP_ALLOWED != 0, d.slot, true) {
             return drop(ctx, reason);
         }
     }
@@ -552,7 +633,7 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
             if !local || !forwarded || d.flags & addr::FILTERED == 0 {
                 return PASS;
             }
-            return match filter::admit(&ctx, &p, d.flags & addr::ICMP_ALLOWED != 0, d.slot) {
+            return match filter::admit(&ctx, &p, d.flags & addr::ICMP_ALLOWED != 0, d.slot, false) {
                 Ok(()) => PASS,
                 Err(reason) => drop(&ctx, reason),
             };
@@ -568,7 +649,7 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
         // To a filtered pod of this node by its own IP: the filter guards
         // forwarded traffic (the node's own probes are not filtered).
         if d.flags & addr::LOCAL != 0 && d.flags & addr::FILTERED != 0 && forwarded {
-            if let Err(reason) = filter::admit(&ctx, &p, d.flags & addr::ICMP_ALLOWED != 0, d.slot) {
+            if let Err(reason) = filter::admit(&ctx, &p, d.flags & addr::ICMP_ALLOWED != 0, d.slot, false) {
                 return drop(&ctx, reason);
             }
         }

@@ -278,7 +278,7 @@ pub fn is_icmp(p: &Packet) -> bool {
 pub fn is_neighbour_discovery(ctx: &TcContext, p: &Packet) -> bool {
     let d = &p.dst.addr;
     let link_scoped = (d[0] == 0xfe && d[1] & 0xc0 == 0x80) || (d[0] == 0xff && d[1] == 0x02);
-    p.v6 && link_scoped && is_icmp(p) && matches!(load_any::<u8>(ctx, p.l4), Some(133..=137))
+    p.v6 && link_scoped && is_icmp(p) && matches!(load_any::<u8>(ctx, p.l4), Some(ND_FIRST..=ND_LAST))
 }
 
 /// ICMP echo (request, reply) types of the packet's family.

@@ -89,12 +89,10 @@ pub fn chosen() -> Option<(BackendKind, String)> {
     CHOSEN.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
-/// Why the eBPF programs cannot serve this node's shape, or serve it less
-/// well than nftables, if so (`ebpf::shape`).
+/// Why the eBPF programs cannot serve this node's shape, if so
+/// (`ebpf::shape`).
 pub fn ebpf_unserved(cfg: &EbpfConfig) -> Option<String> {
-    let links = node_links()?;
-    crate::ebpf::shape::unserved(&links, &cfg.interfaces)
-        .or_else(|| crate::ebpf::shape::weaker(&links))
+    crate::ebpf::shape::unserved(&node_links()?, &cfg.interfaces)
 }
 
 fn node_links() -> Option<Vec<crate::netlink::route::Link>> {
@@ -110,26 +108,14 @@ impl NodeDatapath {
         let mut why = String::new();
         let ebpf = match choice {
             Choice::Nft => None,
-            Choice::Ebpf => {
-                if let Some(limit) = node_links().as_deref().and_then(crate::ebpf::shape::weaker) {
-                    warn!(limit = %limit, "eBPF datapath as asked, with a limit on this node");
-                }
-                Some(EbpfKernel::start(cfg.ebpf.clone())?)
-            }
-            Choice::Auto => match node_links().as_deref().and_then(crate::ebpf::shape::weaker) {
-                Some(limit) => {
-                    warn!(reason = %limit, "eBPF datapath weaker on this node; using nftables");
-                    why = limit;
+            Choice::Ebpf => Some(EbpfKernel::start(cfg.ebpf.clone())?),
+            Choice::Auto => match EbpfKernel::start(cfg.ebpf.clone()) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    warn!(error = %e, "eBPF datapath unavailable on this node; using nftables");
+                    why = e.to_string();
                     None
                 }
-                None => match EbpfKernel::start(cfg.ebpf.clone()) {
-                    Ok(k) => Some(k),
-                    Err(e) => {
-                        warn!(error = %e, "eBPF datapath unavailable on this node; using nftables");
-                        why = e.to_string();
-                        None
-                    }
-                },
             },
         };
         let part = cfg.install_part_lbs;

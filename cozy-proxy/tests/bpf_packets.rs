@@ -509,6 +509,51 @@ fn forged_sources_are_dropped_and_create_nothing() {
     );
 }
 
+/// A bridge's ports judge a guarded source only where its route names that
+/// bridge; the bridge judges what it hands up to the node. Here `client`
+/// is made a port of the bridge `peer` (their roles written for this test
+/// alone): a mapped pod whose entry is its own veth passes the port (a
+/// bridge its route does not name only carries it) and is forged where
+/// the bridge hands it up; another node's pod, whose entry is `peer`, is
+/// judged at the port and left alone by the bridge.
+#[test]
+fn a_bridge_the_route_does_not_name_carries_and_judges_only_what_it_hands_up() {
+    use cozy_proxy_common::{iface, IfRole};
+    fn roles(w: &mut World) -> AyaHashMap<&mut MapData, u32, IfRole> {
+        AyaHashMap::try_from(w.ebpf.map_mut(names::IFACES).expect("ifaces")).expect("ifaces")
+    }
+    with_world(|w| {
+        let i = w.ifs;
+        let port = IfRole {
+            bridge: i.peer,
+            flags: iface::PORT_JUDGES,
+        };
+        let bridge = IfRole {
+            bridge: 0,
+            flags: iface::DEFER | iface::BRIDGE,
+        };
+        roles(w).insert(i.client, port, 0).expect("port role");
+        roles(w).insert(i.peer, bridge, 0).expect("bridge role");
+        let mut verdicts = Vec::new();
+        for n in nets() {
+            let own = Spec::new(n.pod, n.ext, TCP).ports(22, 4444).build();
+            let remote = Spec::new(n.rpod, n.client, UDP).build();
+            verdicts.push((
+                n.pod,
+                run_in(w, "cozy_ingress", &own, i.client, i.client).0,
+                run_in(w, "cozy_ingress", &own, i.peer, i.peer).0,
+                run_in(w, "cozy_ingress", &remote, i.client, i.client).0,
+                run_in(w, "cozy_ingress", &remote, i.peer, i.peer).0,
+            ));
+        }
+        roles(w).remove(&i.client).expect("port role gone");
+        roles(w).remove(&i.peer).expect("bridge role gone");
+        for v in verdicts {
+            assert_eq!(v, (v.0, PASS, DROP, PASS, PASS), "at the port, at the bridge");
+        }
+    });
+}
+
 #[test]
 fn port_filter_lets_listed_ports_in_and_drops_the_rest() {
     let i = ifs();

@@ -23,23 +23,15 @@ fn run(
     }
 }
 
-/// The cluster scenarios but 23, and those named in `[..]`, for one
-/// runner's arguments.
-macro_rules! scenarios_and {
-    ([$($extra:ident),*] $($head:tt)*) => {
-        cozy_proxy_testkit::datapath_suite!($($head)*;
-            $(cases::$extra,)*
-            cases::s21_node_probes_the_pod, cases::s22_pods_reach_a_mapped_pod_by_its_ip,
-            cases::s24_a_mapped_pods_destinations, cases::s25_vm_to_vm,
-            cases::s26_entering_at_the_other_node, cases::s27_icmp_errors_and_path_mtu,
-            cases::s28_endpoint_moves_across_nodes);
-    };
-}
-
 /// Every cluster scenario, for one runner's arguments.
 macro_rules! every_scenario {
     ($($head:tt)*) => {
-        scenarios_and!([s23_pods_reach_a_mapped_pod_by_its_lb_ip] $($head)*);
+        cozy_proxy_testkit::datapath_suite!($($head)*;
+            cases::s21_node_probes_the_pod, cases::s22_pods_reach_a_mapped_pod_by_its_ip,
+            cases::s23_pods_reach_a_mapped_pod_by_its_lb_ip,
+            cases::s24_a_mapped_pods_destinations, cases::s25_vm_to_vm,
+            cases::s26_entering_at_the_other_node, cases::s27_icmp_errors_and_path_mtu,
+            cases::s28_endpoint_moves_across_nodes);
     };
 }
 
@@ -75,36 +67,5 @@ mod overlay {
 /// on the join network.
 mod gateway {
     use super::*;
-    mod nft {
-        use super::*;
-        every_scenario!(run(Backend::Nft, ClusterShape::Gateway));
-    }
-    // eBPF: all but 23 (below).
-    mod ebpf {
-        use super::*;
-        scenarios_and!([] run(Backend::Ebpf, ClusterShape::Gateway));
-    }
-    mod ebpf_fast {
-        use super::*;
-        scenarios_and!([] run(Backend::EbpfFast, ClusterShape::Gateway));
-    }
-
-    /// Scenario 23 on this shape with eBPF, an open defect (docs/traffic.md,
-    /// "Kube-OVN and in-cluster clients of an LB IP"): the programs do not
-    /// masquerade the hairpin, so OVN's router answers the client directly
-    /// from the pod IP. `auto` takes nftables on Kube-OVN's nodes. Run with
-    /// `--ignored` to see it fail.
-    mod open {
-        use super::*;
-        #[test]
-        #[ignore = "open: eBPF and in-cluster clients of an LB IP on Kube-OVN's shape"]
-        fn ebpf_v4_s23() {
-            run(
-                Backend::Ebpf,
-                ClusterShape::Gateway,
-                Fam::V4,
-                cases::s23_pods_reach_a_mapped_pod_by_its_lb_ip,
-            );
-        }
-    }
+    every_scenario!(@datapaths run(ClusterShape::Gateway));
 }

@@ -284,30 +284,53 @@ fn a_macvlan_on_the_uplink_makes_auto_take_nft() -> Result<()> {
     Ok(())
 }
 
-/// Kube-OVN's node (its `ovn0`), where the programs do not masquerade an
-/// in-cluster client's hairpin (docs/traffic.md): `auto` takes nftables
-/// and says why; an unmapped pod then reaches pod1 through its LB IP, and
-/// the outside too. `--backend ebpf` runs there as asked.
+/// Kube-OVN's node (its `ovn0`): `auto` takes eBPF there, and says so
+/// with no reason to the contrary; an unmapped pod reaches pod1 through
+/// its LB IP (its hairpin marked by the programs and masqueraded by the
+/// one rule beside them, table `inet cozy_proxy`), and the outside too.
+/// `cleanup` takes the table away with the programs.
 #[test]
-fn kube_ovns_gateway_port_makes_auto_take_nft() -> Result<()> {
+fn kube_ovns_gateway_port_is_served_by_ebpf_under_auto() -> Result<()> {
     let mut env = Env::with_shape(Backend::Ebpf, Fam::V4, Shape::Gateway)?;
-    env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
-    env.settle()?;
-    ensure!(
-        env.ctl.log_text().contains("with a limit on this node"),
-        "no warning of the limit:\n{}",
-        env.ctl.log_text()
-    );
     stop_and_clean(&mut env)?;
     // The pods' network in-cluster: Kube-OVN publishes no podCIDRs.
-    auto_takes_nft(
-        &mut env,
-        &["--cluster-cidrs", "192.0.2.0/24,2001:db8:2::/64"],
-        "ovn0 (Kube-OVN)",
-    )?;
-    let _web = env.serve_tcp(1, WEB)?;
-    let got = eventually(SETTLE, || tcp_request(&env.topo.pod(2), env.lb(0), WEB))?;
-    ensure!(!got.is_empty(), "pod2 -> LB IP: no answer");
+    env.ctl.extra_args = [
+        "--backend",
+        "auto",
+        "--cluster-cidrs",
+        "192.0.2.0/24,2001:db8:2::/64",
+    ]
+    .map(String::from)
+    .to_vec();
+    env.ctl.restart()?;
+    env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
+    env.wait_log("eBPF programs live")?;
+    let (_, metrics) = env.controller_http("/metrics")?;
+    ensure!(
+        metrics.lines().any(|l| l.starts_with("cozy_proxy_backend{")
+            && l.contains("backend=\"ebpf\"")
+            && l.contains("reason=\"\"")),
+        "the backend metric does not say ebpf, with no reason against it:\n{metrics}"
+    );
+    ensure!(
+        metrics.contains("cozy_proxy_ebpf_hairpin_masquerade_missing 0"),
+        "the hairpin masquerade is not in place:\n{metrics}"
+    );
+    {
+        let _web = env.serve_tcp(1, WEB)?;
+        let got = eventually(SETTLE, || tcp_request(&env.topo.pod(2), env.lb(0), WEB))?;
+        ensure!(got.starts_with("pod1 "), "pod2 -> LB IP: {got:?}");
+    }
+    both_ways(&env)?;
+    let node = env.topo.node();
+    let tables = || ok_in(&node, &["nft", "list", "tables"]);
+    ensure!(tables()?.contains("table inet cozy_proxy"), "{}", tables()?);
+    stop_and_clean(&mut env)?;
+    ensure!(
+        !tables()?.contains("cozy_proxy"),
+        "left after cleanup: {}",
+        tables()?
+    );
     Ok(())
 }
 

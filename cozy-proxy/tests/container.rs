@@ -211,9 +211,12 @@ fn switch(from: Backend, to: Backend) -> Result<()> {
                 "programs on {dev}'s tcx ingress after the switch to {to:?}: {chain:?}"
             );
         }
+        // The nft backend's tables, and the eBPF backend's one (its
+        // hairpin masquerade).
         let nft = harness::sh::ok_in(&env.topo.node(), &["nft", "list", "tables"])?;
         ensure!(
-            nft.contains("cozy_proxy") == (to == Backend::Nft),
+            nft.contains("table ip cozy_proxy") == (to == Backend::Nft)
+                && nft.contains("table inet cozy_proxy") == to.is_ebpf(),
             "nft tables after the switch to {to:?}: {nft}"
         );
         Ok(())

@@ -1,9 +1,9 @@
-//! The datapath scenario suite (tests/cases/README.md, 1-20, 38, 39 and
+//! The datapath scenario suite (tests/cases/README.md, 1-20, 38-40 and
 //! 29-31, and 32: fuzzed frames; 21-28 are in cluster.rs): real
 //! packets through the real kernel in network namespaces, with the real
 //! `cozy-proxy` binary as controller. One list of scenarios; each backend
 //! runs it for IPv4 and IPv6, on each node shape (routed veths, a bridge,
-//! Kube-OVN's gateway). Needs root and the tools `cargo xtask setup`
+//! Kube-OVN's gateway, Kube-OVN's with its segment in the node). Needs root and the tools `cargo xtask setup`
 //! installs.
 mod cases;
 use cozy_proxy_testkit as harness;
@@ -40,7 +40,7 @@ macro_rules! every_scenario {
             filter::s11_icmp_errors_reach_pod,
             changes::s12_mode_change, changes::s13_endpoint_moves,
             changes::s14_removal_restores_plain, changes::s15_no_ready_endpoint,
-            changes::s16_restart_loses_nothing,
+            changes::s16_restart_loses_nothing, changes::s40_pod_recreated_on_another_port,
             bad_input::s17_invalid_annotation, bad_input::s18_several_endpoints,
             bad_input::s19_conflicts, bad_input::s20_hostname_and_invalid_ip,
             security::s29_forged_sources_open_nothing, security::s30_source_ranges,
@@ -87,4 +87,12 @@ mod bridge {
 mod gateway {
     use super::*;
     every_scenario!(@datapaths run(SourceKind::Manifests, Shape::Gateway));
+}
+
+/// Kube-OVN's shape with the pods' segment a Linux bridge in the node's
+/// own namespace (their ports the node's, as Kube-OVN's are), the router's
+/// leg one of its ports, bridge-nf-call-iptables off.
+mod node_segment {
+    use super::*;
+    every_scenario!(@datapaths run(SourceKind::Manifests, Shape::NodeSegment));
 }

@@ -16,6 +16,7 @@
 use anyhow::{bail, Context, Result};
 use aya::maps::{HashMap as AyaHashMap, MapData};
 use cozy_proxy::datapath::{AllowedPort, DatapathState};
+use cozy_proxy::model::IpRange;
 use cozy_proxy_common::{addr, maps as names, AddrInfo, IpKey, PortKey};
 use cozy_proxy_testkit::{
     bpf::{World, DROP, PASS, REDIRECT},
@@ -36,6 +37,10 @@ struct Addrs {
     unrelated: IpAddr,
     pair: (IpAddr, IpAddr),
     filtered: (IpAddr, IpAddr),
+    /// A mapping on another node, made symmetric as the pairs are.
+    remote: (IpAddr, IpAddr),
+    /// An in-cluster client (an unmapped pod of this node).
+    client: IpAddr,
 }
 
 fn families() -> [(&'static str, Addrs); 2] {
@@ -50,6 +55,8 @@ fn families() -> [(&'static str, Addrs); 2] {
                 unrelated: ip("203.0.113.201"),
                 pair: (ip("203.0.113.10"), ip("192.0.2.11")),
                 filtered: (ip("203.0.113.20"), ip("192.0.2.12")),
+                remote: (ip("203.0.113.30"), ip("192.0.2.75")),
+                client: ip("192.0.2.50"),
             },
         ),
         (
@@ -59,6 +66,8 @@ fn families() -> [(&'static str, Addrs); 2] {
                 unrelated: ip("2001:db8:203::200"),
                 pair: (ip("2001:db8:203::10"), ip("2001:db8:2::11")),
                 filtered: (ip("2001:db8:203::20"), ip("2001:db8:2::12")),
+                remote: (ip("2001:db8:203::30"), ip("2001:db8:2::75")),
+                client: ip("2001:db8:2::50"),
             },
         ),
     ]
@@ -73,6 +82,14 @@ fn state() -> DatapathState {
             s.svc_pod.insert(lb, pod);
             s.pod_svc.insert(pod, lb);
         }
+        // Each of the remote pair is the other's LB IP: every repeated run
+        // translates (as the local pairs do).
+        s.remote.insert(a.remote.0, a.remote.1);
+        s.remote.insert(a.remote.1, a.remote.0);
+        s.cluster.insert(IpRange {
+            first: a.client,
+            last: a.client,
+        });
         s.filtered_pods.insert(a.filtered.1);
         s.allowed_ports.insert(AllowedPort {
             pod: a.filtered.1,
@@ -205,6 +222,17 @@ fn cases(w: &World, a: &Addrs) -> Vec<Case> {
             tcp(a.pair.1, a.ext, 80),
             i.pod,
             i.pod,
+            PASS,
+        ),
+        // An in-cluster client of another node's mapping: translated at
+        // its own interface's TC ingress, a reverse entry written (and,
+        // where the programs mark hairpins, the route looked up).
+        case(
+            "in-cluster client to another node's LB IP",
+            "cozy_ingress",
+            tcp(a.client, a.remote.0, 80),
+            i.client,
+            i.client,
             PASS,
         ),
         case(

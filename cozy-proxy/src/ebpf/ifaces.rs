@@ -3,10 +3,14 @@
 //! interface is on its way there (a bridge or bond port, judged where it
 //! goes next), or forged. Written at every upkeep where they changed.
 use super::EbpfError;
+use crate::datapath::{Change, Path};
 use crate::netlink::route::Link;
 use aya::maps::{HashMap, MapData};
-use cozy_proxy_common::{iface, maps as names, IfRole};
-use std::{collections::BTreeMap, path::Path};
+use cozy_proxy_common::{iface, maps as names, IfRole, HAIRPIN_SEVERAL};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 use tracing::debug;
 
 /// Masters whose ports hand frames to them (or to the host's stack through
@@ -15,13 +19,20 @@ use tracing::debug;
 const DEFERRING_MASTERS: [&str; 3] = ["bond", "team", "openvswitch"];
 
 /// The role of every interface that has one:
-/// - a bridge: [`iface::DEFER`] (its frames all came in by a port, each
-///   judged there);
+/// - a bridge: [`iface::BRIDGE`] (what it hands up came in by a port:
+///   judged there where the route names the bridge, else forged here),
+///   with [`iface::DEFER`] for programs that know only that (an upgrade's
+///   old programs until their links are replaced);
 /// - a bridge's port: its bridge, with [`iface::PORT_JUDGES`];
 /// - a port of a bond, a team or an Open vSwitch datapath: `DEFER`; but not
 ///   an Open vSwitch internal port (Kube-OVN's `ovn0`), which is where the
 ///   host's stack receives what the datapath switched to it.
-pub fn roles(links: &[Link]) -> BTreeMap<u32, IfRole> {
+///
+/// And [`iface::HAIRPIN`] on those of `hairpin` (interfaces through which
+/// a pod of this node's mappings is reached via a router) that are none
+/// of these: only there may an in-cluster client's flow to an LB IP leave
+/// by the interface it came in on.
+pub fn roles(links: &[Link], hairpin: &BTreeSet<u32>) -> BTreeMap<u32, IfRole> {
     let kind_of = |index: u32| {
         links
             .iter()
@@ -35,7 +46,7 @@ pub fn roles(links: &[Link]) -> BTreeMap<u32, IfRole> {
                 l.index,
                 IfRole {
                     bridge: 0,
-                    flags: iface::DEFER,
+                    flags: iface::DEFER | iface::BRIDGE,
                 },
             );
         }
@@ -59,7 +70,97 @@ pub fn roles(links: &[Link]) -> BTreeMap<u32, IfRole> {
             );
         }
     }
+    for index in hairpin {
+        if links.iter().any(|l| l.index == *index) && !out.contains_key(index) {
+            out.insert(
+                *index,
+                IfRole {
+                    bridge: 0,
+                    flags: iface::HAIRPIN,
+                },
+            );
+        }
+    }
     out
+}
+
+/// [`cozy_proxy_common::Config::hairpin_iface`] for these roles: the one
+/// interface with [`iface::HAIRPIN`], none, or several.
+pub fn hairpin_config(roles: &BTreeMap<u32, IfRole>) -> u32 {
+    let mut marked = roles
+        .iter()
+        .filter(|(_, r)| r.flags & iface::HAIRPIN != 0)
+        .map(|(i, _)| *i);
+    match (marked.next(), marked.next()) {
+        (None, _) => 0,
+        (Some(one), None) => one,
+        (Some(_), Some(_)) => HAIRPIN_SEVERAL,
+    }
+}
+
+/// The interfaces through which a pod of this node's mappings is reached
+/// via a router (a gateway that is no `onlink` tunnel's far end), kept per
+/// pod and changed with the pods and their paths: Kube-OVN's `ovn0`, where
+/// in-cluster clients' hairpins leave (`roles` drops bridges and ports).
+#[derive(Debug)]
+pub struct HairpinPaths {
+    by_pod: BTreeMap<IpAddr, u32>,
+    /// Every local pod is to be looked at again (at start, after a read).
+    whole: bool,
+}
+
+impl Default for HairpinPaths {
+    fn default() -> Self {
+        HairpinPaths {
+            by_pod: BTreeMap::new(),
+            whole: true,
+        }
+    }
+}
+
+impl HairpinPaths {
+    /// Every local pod is looked at again at the next change.
+    pub fn forget(&mut self) {
+        self.by_pod.clear();
+        self.whole = true;
+    }
+
+    /// The local pods whose paths a change of `local` (the local pods'
+    /// LB IPs, `pod_svc`) and of the guard brings to look at (all of
+    /// `local` after [`HairpinPaths::forget`]); those gone are dropped.
+    pub fn touched_pods(
+        &mut self,
+        pod_svc: &Change<(IpAddr, IpAddr)>,
+        guard: &Change<(IpAddr, u32)>,
+        local: &BTreeMap<IpAddr, IpAddr>,
+    ) -> BTreeSet<IpAddr> {
+        if std::mem::take(&mut self.whole) {
+            self.by_pod.clear();
+            return local.keys().copied().collect();
+        }
+        for (pod, _) in &pod_svc.remove {
+            self.by_pod.remove(pod);
+        }
+        (pod_svc.add.iter().map(|(p, _)| p))
+            .chain(guard.add.iter().map(|(a, _)| a))
+            .filter(|a| local.contains_key(a))
+            .copied()
+            .collect()
+    }
+
+    /// Takes `pod`'s path as it is now; `true` if the interfaces changed.
+    pub fn take(&mut self, pod: IpAddr, path: Option<&Path>) -> bool {
+        let before = self.interfaces();
+        match path.filter(|p| p.gateway.is_some() && !p.onlink) {
+            Some(p) => self.by_pod.insert(pod, p.oif),
+            None => self.by_pod.remove(&pod),
+        };
+        before != self.interfaces()
+    }
+
+    pub fn interfaces(&self) -> BTreeSet<u32> {
+        self.by_pod.values().copied().collect()
+    }
 }
 
 pub struct Ifaces {
@@ -76,7 +177,7 @@ fn err(source: aya::maps::MapError) -> EbpfError {
 }
 
 impl Ifaces {
-    pub fn open(dir: &Path) -> Result<Self, EbpfError> {
+    pub fn open(dir: &std::path::Path) -> Result<Self, EbpfError> {
         let data = MapData::from_pin(super::layouts::pin_path(dir, names::IFACES)).map_err(err)?;
         let map = HashMap::try_from(aya::maps::Map::HashMap(data)).map_err(err)?;
         Ok(Ifaces { map, written: None })
@@ -134,7 +235,7 @@ mod tests {
     }
 
     #[test]
-    fn bridges_defer_to_their_ports_and_bond_ports_to_the_bond() {
+    fn bridges_judge_what_they_hand_up_and_bond_ports_defer_to_the_bond() {
         let links = [
             link(1, "", None, ""),
             link(2, "bridge", None, ""),
@@ -147,9 +248,9 @@ mod tests {
             link(9, "veth", Some(8), "vrf"),
             link(10, "openvswitch", Some(6), "openvswitch"),
         ];
-        let r = roles(&links);
+        let r = roles(&links, &BTreeSet::new());
         let role = |bridge, flags| IfRole { bridge, flags };
-        assert_eq!(r.get(&2), Some(&role(0, iface::DEFER)));
+        assert_eq!(r.get(&2), Some(&role(0, iface::DEFER | iface::BRIDGE)));
         assert_eq!(r.get(&3), Some(&role(2, iface::PORT_JUDGES)));
         assert_eq!(r.get(&5), Some(&role(0, iface::DEFER)));
         assert_eq!(r.get(&7), Some(&role(0, iface::DEFER)));
@@ -158,5 +259,58 @@ mod tests {
         for plain in [1, 4, 6, 8, 9, 10] {
             assert_eq!(r.get(&plain), None, "interface {plain}");
         }
+    }
+
+    /// A local pod behind a router (a gateway, not onlink) marks its
+    /// route's interface, unless that is a bridge; one such interface is
+    /// written to `config` itself, several as "look at the flags".
+    #[test]
+    fn interfaces_toward_local_pods_behind_a_router_may_hairpin() {
+        let ip = |s: &str| s.parse::<IpAddr>().expect("an address");
+        let path = |oif, gateway: Option<&str>, onlink| Path {
+            oif,
+            gateway: gateway.map(ip),
+            onlink,
+            entry: oif,
+            src: None,
+        };
+        let links = [
+            link(2, "bridge", None, ""),
+            link(5, "", None, ""),
+            link(6, "", None, ""),
+        ];
+        let local: BTreeMap<IpAddr, IpAddr> = [
+            (ip("192.0.2.11"), ip("203.0.113.10")),
+            (ip("192.0.2.12"), ip("203.0.113.11")),
+            (ip("192.0.2.13"), ip("203.0.113.12")),
+        ]
+        .into();
+        let mut h = HairpinPaths::default();
+        let (none, no_guard) = (Change::default(), Change::default());
+        let look = h.touched_pods(&none, &no_guard, &local);
+        assert_eq!(look.len(), 3, "all of them after a read");
+        // Behind a router on 5 (Kube-OVN's ovn0); on its own link (6);
+        // behind an overlay's far end on 5.
+        assert!(h.take(ip("192.0.2.11"), Some(&path(5, Some("192.0.2.193"), false))));
+        assert!(!h.take(ip("192.0.2.12"), Some(&path(6, None, false))));
+        assert!(!h.take(ip("192.0.2.13"), Some(&path(5, Some("192.0.2.64"), true))));
+        let r = roles(&links, &h.interfaces());
+        assert_eq!(r.get(&5).map(|r| r.flags), Some(iface::HAIRPIN));
+        assert_eq!(hairpin_config(&r), 5);
+        // A second router on 6; and one on the bridge, which is no hairpin.
+        assert!(h.take(ip("192.0.2.12"), Some(&path(6, Some("192.0.2.194"), false))));
+        assert!(h.take(ip("192.0.2.13"), Some(&path(2, Some("192.0.2.1"), false))));
+        let r = roles(&links, &h.interfaces());
+        assert_eq!(hairpin_config(&r), HAIRPIN_SEVERAL);
+        assert_eq!(r.get(&2).map(|r| r.flags), Some(iface::DEFER | iface::BRIDGE));
+        // The pod on 5 goes: only what its change touches is looked at.
+        let gone = Change {
+            remove: vec![(ip("192.0.2.11"), ip("203.0.113.10"))],
+            add: vec![],
+        };
+        let mut left = local.clone();
+        left.remove(&ip("192.0.2.11"));
+        assert!(h.touched_pods(&gone, &no_guard, &left).is_empty());
+        assert_eq!(hairpin_config(&roles(&links, &h.interfaces())), 6);
     }
 }

@@ -41,7 +41,7 @@ pub const LAYOUTS: [(&str, u32); 13] = [
     (names::REV_NAT, 2),
     (names::STATS, 1),
     (names::DROP_STATS, 1),
-    (names::CONFIG, 2),
+    (names::CONFIG, 3),
     (names::PREFILTER, 1),
     (names::IFACES, 1),
 ];
@@ -259,7 +259,7 @@ mod tests {
             ("rev_nat", 2, 48, 32),
             ("stats", 1, 4, 32),
             ("drop_stats", 1, 4, 16),
-            ("config", 2, 4, 8),
+            ("config", 3, 4, 16),
             ("prefilter", 1, 4, 409_608),
             ("ifaces", 1, 4, 8),
         ];

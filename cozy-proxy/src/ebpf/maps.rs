@@ -489,6 +489,18 @@ impl Maps {
         })
     }
 
+    /// Tells the programs where in-cluster clients' hairpins may leave
+    /// ([`Config::hairpin_iface`]), if that changed.
+    pub fn set_hairpin_iface(&mut self, iface: u32) -> Result<(), EbpfError> {
+        if self.config.hairpin_iface == iface {
+            return Ok(());
+        }
+        self.write_config(Config {
+            hairpin_iface: iface,
+            ..self.config
+        })
+    }
+
     fn write_config(&mut self, config: Config) -> Result<(), EbpfError> {
         (self.config_map.set(0, config, 0)).map_err(named(names::CONFIG))?;
         self.config = config;

@@ -9,6 +9,7 @@ pub mod chain;
 mod counters;
 mod flow_seed;
 mod flow_sweep;
+pub mod hairpin;
 mod ifaces;
 pub mod layouts;
 mod links;
@@ -17,8 +18,8 @@ pub mod shape;
 mod slots;
 
 use crate::datapath::{
-    Applied, BackendKind, Capacity, Counters, DatapathState, Desired, Dump, Kernel, Paths, Routes,
-    StateDiff,
+    Applied, BackendKind, Capacity, Counters, DatapathState, Desired, Dump, Kernel, PathOf, Paths,
+    Routes, StateDiff,
 };
 use crate::netlink::{route, NetlinkError, NlSocket};
 use crate::steer::Steering;
@@ -88,6 +89,8 @@ pub enum EbpfError {
     },
     #[error(transparent)]
     Netlink(#[from] NetlinkError),
+    #[error("the hairpin masquerade table: {0}")]
+    Hairpin(#[from] crate::nft::NftError),
     /// Another agent's program holds the place ours must run from.
     #[error("our programs cannot run first: {0}")]
     Blocked(String),
@@ -107,6 +110,7 @@ impl crate::datapath::ErrorKind for EbpfError {
             EbpfError::NoBpffs { .. } => "bpffs",
             EbpfError::Io { .. } => "io",
             EbpfError::Netlink(e) => crate::datapath::ErrorKind::kind(e),
+            EbpfError::Hairpin(e) => crate::datapath::ErrorKind::kind(e),
             EbpfError::Blocked(_) => "blocked",
             EbpfError::Unserved(_) => "unserved",
         }
@@ -187,6 +191,8 @@ struct Programs {
     behind: BTreeSet<(u32, &'static str)>,
     /// The interfaces' roles for the anti-spoofing check.
     ifaces: ifaces::Ifaces,
+    /// The masquerade of the hairpins the programs mark.
+    hairpin: hairpin::HairpinMasq,
 }
 
 impl Programs {
@@ -337,6 +343,8 @@ pub struct EbpfKernel {
     /// a pod's end (see `addr::PATH_PEER`); `None`: read them again (after
     /// a link change, or when a diff names an interface not in it).
     peer_links: Option<BTreeMap<u32, bool>>,
+    /// Where in-cluster clients' hairpins may leave (`iface::HAIRPIN`).
+    hairpin_paths: ifaces::HairpinPaths,
 }
 
 /// How often the upkeep sweeps expired flows out of the `flows` map
@@ -392,6 +400,7 @@ impl EbpfKernel {
             last_sweep: Instant::now(),
             node_addresses: None,
             peer_links: None,
+            hairpin_paths: ifaces::HairpinPaths::default(),
         })
     }
 
@@ -428,12 +437,14 @@ impl EbpfKernel {
                 carried,
                 behind: BTreeSet::new(),
                 ifaces: iface_roles,
+                hairpin: hairpin::HairpinMasq::default(),
             }),
             rtnl,
             steering: Steering::open()?,
             last_sweep: Instant::now(),
             node_addresses: None,
             peer_links: None,
+            hairpin_paths: ifaces::HairpinPaths::default(),
         })
     }
 
@@ -446,8 +457,13 @@ impl EbpfKernel {
         let all = route::links(&self.rtnl)?;
         let live: BTreeSet<u32> = all.iter().map(|l| l.index).collect();
         // Before any attachment: a bridge's port judges what the bridge
-        // lets pass.
-        p.ifaces.sync(ifaces::roles(&all))?;
+        // lets pass; and the masquerade of what the programs mark is there.
+        let roles = ifaces::roles(&all, &self.hairpin_paths.interfaces());
+        if let Some(maps) = self.maps.as_mut() {
+            maps.set_hairpin_iface(ifaces::hairpin_config(&roles))?;
+        }
+        p.ifaces.sync(roles)?;
+        p.hairpin.keep();
         let wanted = wanted_links(&all, &self.cfg.interfaces, p.attached.is_empty());
         // One interface that cannot be attached does not keep the others
         // from being attached.
@@ -554,6 +570,28 @@ impl EbpfKernel {
         maps.wake()
     }
 
+    /// Follows the paths of the local pods `diff` touches (all of them
+    /// after a read) into [`ifaces::HairpinPaths`]; `true` if the
+    /// interfaces where hairpins may leave changed.
+    fn follow_hairpin_paths(
+        &mut self,
+        diff: &StateDiff,
+        desired: Desired<'_>,
+    ) -> Result<bool, EbpfError> {
+        let look =
+            self.hairpin_paths
+                .touched_pods(&diff.pod_svc, &diff.guard, &desired.state.pod_svc);
+        if look.is_empty() {
+            return Ok(false);
+        }
+        let paths = self.steering.paths(&look)?;
+        let mut moved = false;
+        for pod in look {
+            moved |= self.hairpin_paths.take(pod, paths.path_of(&pod));
+        }
+        Ok(moved)
+    }
+
     /// Turns the fast path on or off (as `EbpfConfig::fast_path` at start).
     pub fn set_fast_path(&mut self, on: bool) -> Result<(), EbpfError> {
         self.cfg.fast_path = on;
@@ -650,6 +688,7 @@ impl Kernel for EbpfKernel {
         if let Some(p) = self.programs.as_mut() {
             p.ifaces.forget();
         }
+        self.hairpin_paths.forget();
         self.node_addresses = None;
         self.peer_links = None;
         // The attachments are checked again too (others may have detached
@@ -705,6 +744,7 @@ impl Kernel for EbpfKernel {
         let maps_took = started.elapsed();
         self.follow_node_addresses(false)?;
         self.steering.apply(&diff.routes, how)?;
+        let hairpins_moved = self.follow_hairpin_paths(diff, desired)?;
         debug!(maps_took = ?maps_took, routes = diff.routes.size(), took = ?started.elapsed(), ?how, "eBPF maps and routes written");
         let mut installed_schema = false;
         if let Some(p) = self.programs.as_mut().filter(|p| !p.live) {
@@ -723,6 +763,8 @@ impl Kernel for EbpfKernel {
             installed_schema = true;
             self.follow_interfaces()?;
             info!("eBPF programs live on the node's interfaces");
+        } else if hairpins_moved {
+            self.follow_interfaces()?;
         }
         Ok(Applied {
             extra_changes: 0,
@@ -816,6 +858,7 @@ impl Kernel for EbpfKernel {
                 "attachments": attachments,
                 "chains": chains,
                 "routes": routes,
+                "hairpin_masquerade": hairpin::present(),
             }),
             placement: Vec::new(),
         })
@@ -834,11 +877,14 @@ impl Kernel for EbpfKernel {
     }
 }
 
-/// Is anything of the eBPF backend pinned under `cfg`'s pin directory?
-/// Read from the directory alone, as [`remove_installed`] works.
+/// Is anything of the eBPF backend installed: pinned under `cfg`'s pin
+/// directory, or its hairpin masquerade table? Read from the directory
+/// and netlink alone, as [`remove_installed`] works.
 pub fn is_installed(cfg: &EbpfConfig) -> bool {
     let pin_dir = &cfg.pin_dir;
-    !links::pinned(pin_dir).is_empty() || !layouts::our_pins(pin_dir).is_empty()
+    !links::pinned(pin_dir).is_empty()
+        || !layouts::our_pins(pin_dir).is_empty()
+        || hairpin::present()
 }
 
 /// Removes what the eBPF backend installed: its pins (a link goes with
@@ -866,6 +912,8 @@ pub fn remove_installed(cfg: &EbpfConfig) -> Result<(), EbpfError> {
     }
     links::detach_all(pin_dir);
     chain::set_behind(0);
+    // Nothing marks packets for it any more.
+    hairpin::remove()?;
     let _ = fs::remove_dir(links::links_dir(pin_dir));
     let _ = fs::remove_dir(pin_dir);
     Ok(())

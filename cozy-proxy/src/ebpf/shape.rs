@@ -1,5 +1,7 @@
 //! Node shapes the programs cannot serve, found at start: `--backend auto`
 //! then takes nftables (and says why), `--backend ebpf` refuses to start.
+//! (Kube-OVN's `ovn0` is not one: the programs mark the hairpins it
+//! carries for one masquerade rule, `hairpin.rs`.)
 use super::Interfaces;
 use crate::netlink::route::{Link, ARPHRD_ETHER};
 
@@ -36,25 +38,6 @@ pub fn unserved(links: &[Link], interfaces: &Interfaces) -> Option<String> {
         })
 }
 
-/// Kube-OVN's gateway port, through which the node reaches every pod.
-pub const KUBE_OVN_GATEWAY: &str = "ovn0";
-
-/// Why `auto` takes nftables on a node the programs do serve, but less
-/// well: Kube-OVN's (its `ovn0`). An in-cluster client of an LB IP is
-/// translated on its node and sent back through `ovn0`, and OVN's router
-/// answers it directly from the pod IP unless the node masquerades the
-/// hairpin, which the nft backend does and the programs do not
-/// (docs/traffic.md). `--backend ebpf` still runs there, with a warning.
-pub fn weaker(links: &[Link]) -> Option<String> {
-    links.iter().any(|l| l.name == KUBE_OVN_GATEWAY).then(|| {
-        format!(
-            "{KUBE_OVN_GATEWAY} (Kube-OVN): the eBPF programs do not masquerade in-cluster \
-                 clients' hairpins through it, so those clients of an LB IP get no answer; \
-                 the nft backend serves this node"
-        )
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,15 +72,5 @@ mod tests {
             unserved(&with, &Interfaces::Named(vec!["veth1".into()])),
             None
         );
-    }
-
-    #[test]
-    fn kube_ovns_gateway_port_makes_the_programs_weaker() {
-        let links = [link(2, "eth0", "", None), link(4, "veth1", "veth", None)];
-        assert_eq!(weaker(&links), None);
-        let mut with = links.to_vec();
-        with.push(link(5, "ovn0", "openvswitch", None));
-        let why = weaker(&with).expect("weaker");
-        assert!(why.starts_with("ovn0 (Kube-OVN)"), "{why}");
     }
 }

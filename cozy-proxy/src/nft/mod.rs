@@ -16,6 +16,7 @@ mod batch;
 mod describe;
 mod encode;
 mod expr;
+pub mod hairpin;
 mod ports;
 mod read;
 pub mod schema;
@@ -185,7 +186,7 @@ fn about_our_table(msg_type: u16, payload: &[u8]) -> bool {
 
 /// How a sync installs table `t` found as `found` (`None`: absent):
 /// `(current, chains intact)`.
-fn install_of(t: &Table, found: Option<(bool, bool)>) -> Install {
+pub(super) fn install_of(t: &Table, found: Option<(bool, bool)>) -> Install {
     match found {
         None => Install::Create,
         Some((false, _)) => {

@@ -13,9 +13,13 @@
 //!   bridge)` in the IP tables;
 //! - its entry the **bridge** itself (the port not known yet): nothing
 //!   here (any port passes), `(address . bridge)` in the IP tables;
-//! - any other entry (an interface of its own, or none): the address is
-//!   guarded here with no port, so that it never enters through a bridge
-//!   port, and the IP tables hold `(address . interface)`.
+//! - any other entry (an interface of its own, or none): nothing here. A
+//!   bridge its route does not name is a segment the node only carries
+//!   (Kube-OVN's pods' segment behind its router): the segment's router
+//!   sends the pods' addresses back into it by its own port, which the
+//!   node cannot tell from the pod's. The IP tables hold `(address .
+//!   interface)`, and judge it where it enters the node's stack, a bridge
+//!   that hands it up included.
 use super::batch::Batch;
 use super::encode::{element_message, Element};
 use super::expr::Expr;
@@ -155,7 +159,7 @@ impl Place {
             },
             None => Place {
                 ip_iface: entry,
-                checked: true,
+                checked: false,
                 port: None,
             },
         }

@@ -36,11 +36,9 @@ pub const PRIO_DSTNAT: i32 = -100;
 pub const PRIO_FILTER: i32 = 0;
 pub const PRIO_SRCNAT: i32 = 100;
 
-/// The packet mark bit that carries "masquerade this hairpin" from the
-/// forward hook (where the route back to the client can be asked) to
-/// source NAT. A bit no common agent uses: kube-proxy and Kube-OVN take
-/// 0x4000 and 0x8000, Calico 0xffff0000, Cilium 0x0f00 and the upper half.
-pub const HAIRPIN_MARK: u32 = 0x1000;
+/// Carries "masquerade this hairpin" from the forward hook (where the
+/// route back to the client can be asked) to source NAT.
+pub use cozy_proxy_common::HAIRPIN_MARK;
 
 /// Where a family keeps its addresses and checksums.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -848,28 +846,37 @@ fn hairpin(l: &Layout) -> [ChainDef; 2] {
                 ),
             ],
         },
-        ChainDef {
-            name: "hairpin_masq",
-            kind: "nat",
-            hook: NF_INET_POST_ROUTING,
-            priority: PRIO_SRCNAT,
-            rules: vec![RuleDef {
-                comment: "hairpin: the reply comes back through this node",
-                exprs: [
-                    bits_set(
-                        Expr::Meta {
-                            key: NFT_META_MARK,
-                            dreg: A,
-                        },
-                        HAIRPIN_MARK,
-                    )
-                    .as_slice(),
-                    &[Expr::Masquerade],
-                ]
-                .concat(),
-            }],
-        },
+        hairpin_masq(),
     ]
+}
+
+/// Masquerades what carries [`HAIRPIN_MARK`] (the nft backend's forward
+/// chain or the eBPF programs set it): the pod's reply to an in-cluster
+/// client's hairpin comes back through this node, which translates it.
+/// Of no family's layout: the eBPF backend's `inet` table holds it too
+/// (`hairpin.rs`).
+pub fn hairpin_masq() -> ChainDef {
+    ChainDef {
+        name: "hairpin_masq",
+        kind: "nat",
+        hook: NF_INET_POST_ROUTING,
+        priority: PRIO_SRCNAT,
+        rules: vec![RuleDef {
+            comment: "hairpin: the reply comes back through this node",
+            exprs: [
+                bits_set(
+                    Expr::Meta {
+                        key: NFT_META_MARK,
+                        dreg: A,
+                    },
+                    HAIRPIN_MARK,
+                )
+                .as_slice(),
+                &[Expr::Masquerade],
+            ]
+            .concat(),
+        }],
+    }
 }
 
 /// The ICMP errors this node sends itself (time exceeded, too big for the

@@ -52,6 +52,7 @@ pub const NF_INET_PRE_ROUTING: u32 = libc::NF_INET_PRE_ROUTING as u32;
 pub const NFPROTO_IPV4: u8 = libc::NFPROTO_IPV4 as u8;
 pub const NFPROTO_IPV6: u8 = libc::NFPROTO_IPV6 as u8;
 pub const NFPROTO_UNSPEC: u8 = libc::NFPROTO_UNSPEC as u8;
+pub const NFPROTO_INET: u8 = libc::NFPROTO_INET as u8;
 pub const NF_ACCEPT: u32 = libc::NF_ACCEPT as u32;
 pub const NF_DROP: u32 = libc::NF_DROP as u32;
 pub const NFNETLINK_V0: u8 = libc::NFNETLINK_V0 as u8;

@@ -136,7 +136,14 @@ impl Collector for HookPlaces {
             None,
             MetricType::Gauge,
         )?;
-        ConstGauge::new(chain::behind() as i64).encode(family)
+        ConstGauge::new(chain::behind() as i64).encode(family)?;
+        let family = encoder.encode_descriptor(
+            "ebpf_hairpin_masquerade_missing",
+            "1 while the masquerade of in-cluster clients' hairpins (nft table inet cozy_proxy) cannot be put in place",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(crate::ebpf::hairpin::missing() as i64).encode(family)
     }
 }
 

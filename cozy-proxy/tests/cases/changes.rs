@@ -172,3 +172,26 @@ pub fn s16_restart_loses_nothing(env: &mut Env) -> Result<()> {
     );
     eventually(SETTLE, || env.settle().map(|_| ()))
 }
+
+/// Scenario 40: the mapped pod's interface deleted and created again on
+/// another port, with its addresses (a pod recreated on the node, a VM's
+/// new launcher pod): both directions follow the new port, whatever the
+/// node's shape, and the port filter still holds.
+pub fn s40_pod_recreated_on_another_port(env: &mut Env) -> Result<()> {
+    let svc = Svc::new("vm1", env.lb(0)).filter(&[("TCP", 22)]);
+    env.put_service(&svc, &[env.pod_ip(1)])?;
+    env.settle()?;
+    {
+        let _ssh = env.serve_tcp(1, 22)?;
+        env.tcp_reaches(env.lb(0), 22, 1)?;
+    }
+    env.topo.move_pod(1)?;
+    let _ssh = env.serve_tcp(1, 22)?;
+    let _web = env.serve_tcp(1, WEB)?;
+    env.tcp_reaches(env.lb(0), 22, 1)
+        .context("ext -> LB IP after the pod's port changed")?;
+    env.egress_seen_as(1, env.lb(0))
+        .context("the pod's egress after its port changed")?;
+    env.settle()?;
+    env.tcp_dropped(env.lb(0), WEB)
+}

@@ -59,8 +59,13 @@ fn filter_violation(
     match (s.proto, s.ports, s.icmp_type) {
         (TCP | UDP, Some((_, dport)), _) if listed(s.proto, dport) => None,
         (TCP | UDP, Some((_, dport)), _) => Some(format!("{} to unlisted port {dport}", s.proto)),
-        // Neighbour discovery from the node (link-local source).
-        (_, _, Some(133..=137)) if icmp && s.src.is_ipv6() && is_link_local(&s.src) => None,
+        // Neighbour discovery from the node (link-local source), or from
+        // a neighbour on pod1's own link (hop limit 255: never routed).
+        (_, _, Some(133..=137))
+            if icmp && s.src.is_ipv6() && (is_link_local(&s.src) || s.hop_limit == 255) =>
+        {
+            None
+        }
         (_, _, Some(t)) if icmp && is_error(t, s.src.is_ipv6()) => {
             let about_own = s.quoted.as_ref().is_some_and(|q| {
                 q.src == pod1 && q.ports.is_some_and(|(sport, _)| listed(q.proto, sport))
@@ -159,9 +164,12 @@ pub fn s32_fuzzed_frames(env: &mut Env) -> Result<()> {
     // the one gateway port, and pod-to-pod traffic never crosses it; the
     // node cannot tell one pod's frames from another's (docs/security.md:
     // the CNI's port security does), so the frames from a pod are left out.
-    let from_pod = match env.topo.shape {
-        Shape::Gateway => Vec::new(),
-        _ => frames(
+    // With the segment in the node's namespace too: the router sends every
+    // pod's address back into it by its own port, so the node judges a
+    // pod's frames only where they enter its stack (`ovn0`), as here.
+    let from_pod = match env.topo.shape.behind_router() {
+        true => Vec::new(),
+        false => frames(
             env,
             &mut rng,
             FROM_POD,
@@ -206,8 +214,8 @@ pub fn s32_fuzzed_frames(env: &mut Env) -> Result<()> {
     // each other (neighbour discovery, say) past the node: only what the
     // router hands on (its MAC as source) came through the node.
     let router = match env.topo.shape {
-        Shape::Gateway => Some(mac(&env.topo.ovn(), "ls")?),
-        _ => None,
+        Shape::Gateway | Shape::NodeSegment => Some(mac(&env.topo.ovn(), "ls")?),
+        Shape::Routed | Shape::Bridge => None,
     };
     for (pod, frames) in [(1, &at_pod1), (3, &at_pod3)] {
         for f in frames.iter() {

@@ -22,7 +22,7 @@ fn on_link(ns: &str, dev: &str, peer_ns: &str, peer_dev: &str, mut spec: Spec) -
 }
 
 /// Drops the datapath counted for forged sources.
-fn spoof_drops(env: &Env) -> Result<u64> {
+pub fn spoof_drops(env: &Env) -> Result<u64> {
     match env.backend {
         Backend::Ebpf | Backend::EbpfFast => Ok(env.dump_json()?["counters"]["drops"]
             ["spoofed_source"]["packets"]
@@ -77,10 +77,10 @@ pub fn s29_forged_sources_open_nothing(env: &mut Env) -> Result<()> {
     let (pod1_ip, lb, ext_ip) = (env.pod_ip(1), env.lb(0), env.net.ext);
     let before = spoof_drops(env)?;
     // From another pod of the node (raw socket): "pod1:8080 -> ext:4444".
-    // Not in Kube-OVN's shape: every pod reaches the node through the one
-    // gateway port, and the node cannot tell which pod sent a frame
+    // Not behind Kube-OVN's router: every pod reaches the node through the
+    // one gateway port, and the node cannot tell which pod sent a frame
     // (docs/security.md: the CNI's port security is what protects there).
-    let from_pods = env.topo.shape != Shape::Gateway;
+    let from_pods = !env.topo.shape.behind_router();
     if from_pods {
         let (gw_ns, gw_dev) = env.topo.pod_gateway(2);
         let forged = on_link(
@@ -127,7 +127,9 @@ pub fn s29_forged_sources_open_nothing(env: &mut Env) -> Result<()> {
         after >= before + ports.len() as u64,
         "forged packets not counted: {before} -> {after}"
     );
-    Ok(())
+    // The forged pod's own traffic flows, both ways.
+    env.tcp_reaches(lb, 22, 1)?;
+    env.egress_seen_as(1, lb)
 }
 
 /// The outside client's second address, outside the allowed range.
@@ -341,7 +343,10 @@ fn extension_chain_in_paged_data(env: &Env) -> Result<()> {
     // smallest port's).
     devs.extend((1..=3).map(|i| env.topo.pod_port(i)));
     devs.extend((1..=3).map(|i| env.topo.pod_gateway(i)));
-    if env.topo.shape == Shape::Gateway {
+    if env.topo.shape == Shape::NodeSegment {
+        devs.extend([(node.clone(), "rtr".into()), (node.clone(), "seg".into())]);
+    }
+    if env.topo.shape.behind_router() {
         devs.extend([
             (node.clone(), "ovn0".into()),
             (env.topo.ovn(), "n1".into()),
