@@ -439,10 +439,7 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
     // IP's route; from outside straight to the pod, if the fast path is on.
     if d.flags & addr::LOCAL != 0 {
         if client {
-            // SAFETY: a map value, read whole.
-            if CONFIG.get_ptr(0).is_some_and(|c| hairpins_leave(unsafe { &*c }, iif)) {
-                mark_hairpin(&ctx, &p, &p.dst, iif);
-            }
+            mark_hairpin(&ctx, &p, &p.dst, iif);
         } else if fast::enabled() {
             return fast_to_pod(&mut ctx, &mut p, &d);
         }
@@ -472,9 +469,16 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
 /// socket drops. Marked for the one masquerade rule beside the programs
 /// ([`HAIRPIN_MARK`]), so that the answer comes back here, where it is
 /// translated. Not on a bridge or one of its ports (their hooks see the
-/// answer), nor on a bond's. Only this path pays the route lookup.
+/// answer), nor on a bond's. Asked only on an interface through which the
+/// node reaches a mapped pod via a router (`Config::hairpin_iface`): only
+/// there may such a flow leave again, and only there is the route looked
+/// up.
 #[inline(never)]
 fn mark_hairpin(ctx: &TcContext, p: &Packet, dst: &IpKey, iif: u32) {
+    // SAFETY: a map value, read whole.
+    if !CONFIG.get_ptr(0).is_some_and(|c| hairpins_leave(unsafe { &*c }, iif)) {
+        return;
+    }
     // SAFETY: a map value, copied whole.
     let role = IFACES.get_ptr(&iif).map(|r| unsafe { *r }).unwrap_or_default();
     if role.bridge != 0 || role.flags & (iface::BRIDGE | iface::DEFER) != 0 {

@@ -549,7 +549,11 @@ fn a_bridge_the_route_does_not_name_carries_and_judges_only_what_it_hands_up() {
         roles(w).remove(&i.client).expect("port role gone");
         roles(w).remove(&i.peer).expect("bridge role gone");
         for v in verdicts {
-            assert_eq!(v, (v.0, PASS, DROP, PASS, PASS), "at the port, at the bridge");
+            assert_eq!(
+                v,
+                (v.0, PASS, DROP, PASS, PASS),
+                "at the port, at the bridge"
+            );
         }
     });
 }

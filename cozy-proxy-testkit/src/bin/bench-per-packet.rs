@@ -14,10 +14,10 @@
 //! `cozy-proxy-ebpf` builds, with the same maps) instead of the embedded
 //! one: two variants of a program compared in one sitting.
 use anyhow::{bail, Context, Result};
-use aya::maps::{HashMap as AyaHashMap, MapData};
+use aya::maps::{Array, HashMap as AyaHashMap, MapData};
 use cozy_proxy::datapath::{AllowedPort, DatapathState};
 use cozy_proxy::model::IpRange;
-use cozy_proxy_common::{addr, maps as names, AddrInfo, IpKey, PortKey};
+use cozy_proxy_common::{addr, maps as names, AddrInfo, Config, IpKey, PortKey};
 use cozy_proxy_testkit::{
     bpf::{World, DROP, PASS, REDIRECT},
     frames::{Spec, TCP, UDP},
@@ -98,6 +98,21 @@ fn state() -> DatapathState {
         });
     }
     s
+}
+
+/// Makes `peer` where in-cluster clients' hairpins may leave (again after
+/// the fast path's cases, whose writes of `config` take it back).
+fn hairpin_on_peer(w: &mut World) -> Result<()> {
+    let peer = w.ifs.peer;
+    let mut config: Array<&mut MapData, Config> =
+        Array::try_from(w.ebpf.map_mut(names::CONFIG).context("config")?)?;
+    let c = config.get(&0, 0)?;
+    let hairpin = Config {
+        hairpin_iface: peer,
+        ..c
+    };
+    config.set(0, hairpin, 0)?;
+    Ok(())
 }
 
 /// Makes each pair map to each other: both addresses local LB and pod.
@@ -235,6 +250,16 @@ fn cases(w: &World, a: &Addrs) -> Vec<Case> {
             i.client,
             PASS,
         ),
+        // The same on the interface where hairpins may leave (`peer` here:
+        // `Config::hairpin_iface`), where the route is looked up too.
+        case(
+            "in-cluster client to another node's LB IP, on the hairpin interface",
+            "cozy_ingress",
+            tcp(a.client, a.remote.0, 80),
+            i.peer,
+            i.peer,
+            PASS,
+        ),
         case(
             "filtered, listed port",
             "cozy_egress",
@@ -363,6 +388,7 @@ fn main() -> Result<()> {
     let only = std::env::var("PER_PACKET_ONLY").ok();
     let mut out = serde_json::Map::new();
     for (family, a) in families() {
+        hairpin_on_peer(&mut w)?;
         let mut cases = cases(&w, &a);
         if let Some(o) = &only {
             cases.retain(|c| c.name.contains(o.as_str()) || c.prog == "cozy_pass");

@@ -3,7 +3,7 @@
 //! interface is on its way there (a bridge or bond port, judged where it
 //! goes next), or forged. Written at every upkeep where they changed.
 use super::EbpfError;
-use crate::datapath::{Change, Path};
+use crate::datapath::{Desired, Path, StateDiff};
 use crate::netlink::route::Link;
 use aya::maps::{HashMap, MapData};
 use cozy_proxy_common::{iface, maps as names, IfRole, HAIRPIN_SEVERAL};
@@ -98,14 +98,16 @@ pub fn hairpin_config(roles: &BTreeMap<u32, IfRole>) -> u32 {
     }
 }
 
-/// The interfaces through which a pod of this node's mappings is reached
-/// via a router (a gateway that is no `onlink` tunnel's far end), kept per
-/// pod and changed with the pods and their paths: Kube-OVN's `ovn0`, where
-/// in-cluster clients' hairpins leave (`roles` drops bridges and ports).
+/// The interfaces through which a pod of one of the node's mappings is
+/// reached via a router: a gateway that is neither an `onlink` tunnel's far
+/// end nor, for a pod on another node, that node (Kube-OVN's `ovn0`, where
+/// in-cluster clients' hairpins leave; `roles` drops bridges and ports).
+/// Kept per pod and changed with the pods and their paths, so that a round
+/// looks only at what it touched.
 #[derive(Debug)]
 pub struct HairpinPaths {
     by_pod: BTreeMap<IpAddr, u32>,
-    /// Every local pod is to be looked at again (at start, after a read).
+    /// Every pod is to be looked at again (at start, after a read).
     whole: bool,
 }
 
@@ -119,39 +121,54 @@ impl Default for HairpinPaths {
 }
 
 impl HairpinPaths {
-    /// Every local pod is looked at again at the next change.
+    /// Every pod is looked at again at the next change.
     pub fn forget(&mut self) {
         self.by_pod.clear();
         self.whole = true;
     }
 
-    /// The local pods whose paths a change of `local` (the local pods'
-    /// LB IPs, `pod_svc`) and of the guard brings to look at (all of
-    /// `local` after [`HairpinPaths::forget`]); those gone are dropped.
+    /// The pods whose paths `diff` brings to look at (every pod of
+    /// `desired` after [`HairpinPaths::forget`]), each with the address
+    /// of the node that hosts it when that is another node; those gone
+    /// are dropped.
     pub fn touched_pods(
         &mut self,
-        pod_svc: &Change<(IpAddr, IpAddr)>,
-        guard: &Change<(IpAddr, u32)>,
-        local: &BTreeMap<IpAddr, IpAddr>,
-    ) -> BTreeSet<IpAddr> {
+        diff: &StateDiff,
+        desired: Desired<'_>,
+    ) -> BTreeMap<IpAddr, Option<IpAddr>> {
+        let s = desired.state;
+        let host_of = |lb: &IpAddr| s.remote_hosts.get(lb).copied();
         if std::mem::take(&mut self.whole) {
             self.by_pod.clear();
-            return local.keys().copied().collect();
+            let local = s.pod_svc.keys().map(|p| (*p, None));
+            let remote = s.remote.iter().map(|(lb, p)| (*p, host_of(lb)));
+            return local.chain(remote).collect();
         }
-        for (pod, _) in &pod_svc.remove {
+        for pod in (diff.pod_svc.remove.iter().map(|(p, _)| p))
+            .chain(diff.remote.remove.iter().map(|(_, p)| p))
+        {
             self.by_pod.remove(pod);
         }
-        (pod_svc.add.iter().map(|(p, _)| p))
-            .chain(guard.add.iter().map(|(a, _)| a))
-            .filter(|a| local.contains_key(a))
-            .copied()
-            .collect()
+        let mut look = BTreeMap::new();
+        let touched = (diff.pod_svc.add.iter().map(|(p, _)| p))
+            .chain(diff.remote.add.iter().map(|(_, p)| p))
+            .chain(diff.guard.add.iter().map(|(a, _)| a));
+        for a in touched {
+            if s.pod_svc.contains_key(a) {
+                look.insert(*a, None);
+            } else if let Some(lb) = desired.remote_pods.lb_of(a) {
+                look.insert(*a, host_of(lb));
+            }
+        }
+        look
     }
 
-    /// Takes `pod`'s path as it is now; `true` if the interfaces changed.
-    pub fn take(&mut self, pod: IpAddr, path: Option<&Path>) -> bool {
+    /// Takes `pod`'s path as it is now (`host`: the node hosting it, when
+    /// another); `true` if the interfaces changed.
+    pub fn take(&mut self, pod: IpAddr, path: Option<&Path>, host: Option<IpAddr>) -> bool {
         let before = self.interfaces();
-        match path.filter(|p| p.gateway.is_some() && !p.onlink) {
+        let via_router = |p: &&Path| p.gateway.is_some() && !p.onlink && p.gateway != host;
+        match path.filter(via_router) {
             Some(p) => self.by_pod.insert(pod, p.oif),
             None => self.by_pod.remove(&pod),
         };
@@ -261,11 +278,12 @@ mod tests {
         }
     }
 
-    /// A local pod behind a router (a gateway, not onlink) marks its
-    /// route's interface, unless that is a bridge; one such interface is
-    /// written to `config` itself, several as "look at the flags".
+    /// A pod behind a router (a gateway, not onlink, not the node hosting
+    /// it) marks its route's interface, unless that is a bridge; one such
+    /// interface is written to `config` itself, several as "look at the
+    /// flags". A pod of another node routed via that node marks nothing.
     #[test]
-    fn interfaces_toward_local_pods_behind_a_router_may_hairpin() {
+    fn interfaces_toward_pods_behind_a_router_may_hairpin() {
         let ip = |s: &str| s.parse::<IpAddr>().expect("an address");
         let path = |oif, gateway: Option<&str>, onlink| Path {
             oif,
@@ -279,38 +297,65 @@ mod tests {
             link(5, "", None, ""),
             link(6, "", None, ""),
         ];
-        let local: BTreeMap<IpAddr, IpAddr> = [
-            (ip("192.0.2.11"), ip("203.0.113.10")),
-            (ip("192.0.2.12"), ip("203.0.113.11")),
-            (ip("192.0.2.13"), ip("203.0.113.12")),
-        ]
-        .into();
+        let (p1, p2, p3, remote) = (
+            ip("192.0.2.11"),
+            ip("192.0.2.12"),
+            ip("192.0.2.13"),
+            ip("192.0.2.75"),
+        );
+        let mut state = crate::datapath::DatapathState::default();
+        for (i, pod) in [p1, p2, p3].into_iter().enumerate() {
+            let lb = ip(&format!("203.0.113.{}", 10 + i));
+            state.pod_svc.insert(pod, lb);
+            state.svc_pod.insert(lb, pod);
+        }
+        state.remote.insert(ip("203.0.113.30"), remote);
+        state
+            .remote_hosts
+            .insert(ip("203.0.113.30"), ip("198.51.100.3"));
+        let remote_pods = crate::datapath::RemotePods::of(&state);
+        let desired = Desired {
+            state: &state,
+            remote_pods: &remote_pods,
+        };
         let mut h = HairpinPaths::default();
-        let (none, no_guard) = (Change::default(), Change::default());
-        let look = h.touched_pods(&none, &no_guard, &local);
-        assert_eq!(look.len(), 3, "all of them after a read");
+        let none = StateDiff::default();
+        let look = h.touched_pods(&none, desired);
+        assert_eq!(look.len(), 4, "all of them after a read: {look:?}");
+        assert_eq!(look[&remote], Some(ip("198.51.100.3")));
         // Behind a router on 5 (Kube-OVN's ovn0); on its own link (6);
-        // behind an overlay's far end on 5.
-        assert!(h.take(ip("192.0.2.11"), Some(&path(5, Some("192.0.2.193"), false))));
-        assert!(!h.take(ip("192.0.2.12"), Some(&path(6, None, false))));
-        assert!(!h.take(ip("192.0.2.13"), Some(&path(5, Some("192.0.2.64"), true))));
+        // behind an overlay's far end on 5; another node's pod via that
+        // node on 6.
+        assert!(h.take(p1, Some(&path(5, Some("192.0.2.193"), false)), None));
+        assert!(!h.take(p2, Some(&path(6, None, false)), None));
+        assert!(!h.take(p3, Some(&path(5, Some("192.0.2.64"), true)), None));
+        let host = look[&remote];
+        assert!(!h.take(remote, Some(&path(6, Some("198.51.100.3"), false)), host));
         let r = roles(&links, &h.interfaces());
         assert_eq!(r.get(&5).map(|r| r.flags), Some(iface::HAIRPIN));
         assert_eq!(hairpin_config(&r), 5);
-        // A second router on 6; and one on the bridge, which is no hairpin.
-        assert!(h.take(ip("192.0.2.12"), Some(&path(6, Some("192.0.2.194"), false))));
-        assert!(h.take(ip("192.0.2.13"), Some(&path(2, Some("192.0.2.1"), false))));
+        // Another node's pod behind a router on 6 (Kube-OVN's), and a pod
+        // routed into a bridge, which is no hairpin.
+        assert!(h.take(remote, Some(&path(6, Some("192.0.2.193"), false)), host));
+        assert!(h.take(p3, Some(&path(2, Some("192.0.2.1"), false)), None));
         let r = roles(&links, &h.interfaces());
         assert_eq!(hairpin_config(&r), HAIRPIN_SEVERAL);
-        assert_eq!(r.get(&2).map(|r| r.flags), Some(iface::DEFER | iface::BRIDGE));
-        // The pod on 5 goes: only what its change touches is looked at.
-        let gone = Change {
-            remove: vec![(ip("192.0.2.11"), ip("203.0.113.10"))],
-            add: vec![],
+        assert_eq!(
+            r.get(&2).map(|r| r.flags),
+            Some(iface::DEFER | iface::BRIDGE)
+        );
+        // The pods on 6 and 5 go: only what the change touches is looked at.
+        let mut gone = StateDiff::default();
+        gone.pod_svc.remove.push((p1, ip("203.0.113.10")));
+        gone.remote.remove.push((ip("203.0.113.30"), remote));
+        state.pod_svc.remove(&p1);
+        state.remote.clear();
+        let remote_pods = crate::datapath::RemotePods::of(&state);
+        let desired = Desired {
+            state: &state,
+            remote_pods: &remote_pods,
         };
-        let mut left = local.clone();
-        left.remove(&ip("192.0.2.11"));
-        assert!(h.touched_pods(&gone, &no_guard, &left).is_empty());
-        assert_eq!(hairpin_config(&roles(&links, &h.interfaces())), 6);
+        assert!(h.touched_pods(&gone, desired).is_empty());
+        assert_eq!(hairpin_config(&roles(&links, &h.interfaces())), 0);
     }
 }

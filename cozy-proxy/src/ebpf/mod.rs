@@ -570,24 +570,22 @@ impl EbpfKernel {
         maps.wake()
     }
 
-    /// Follows the paths of the local pods `diff` touches (all of them
-    /// after a read) into [`ifaces::HairpinPaths`]; `true` if the
-    /// interfaces where hairpins may leave changed.
+    /// Follows the paths of the pods `diff` touches (all of them after a
+    /// read) into [`ifaces::HairpinPaths`]; `true` if the interfaces where
+    /// hairpins may leave changed.
     fn follow_hairpin_paths(
         &mut self,
         diff: &StateDiff,
         desired: Desired<'_>,
     ) -> Result<bool, EbpfError> {
-        let look =
-            self.hairpin_paths
-                .touched_pods(&diff.pod_svc, &diff.guard, &desired.state.pod_svc);
+        let look = self.hairpin_paths.touched_pods(diff, desired);
         if look.is_empty() {
             return Ok(false);
         }
-        let paths = self.steering.paths(&look)?;
+        let paths = self.steering.paths(&look.keys().copied().collect())?;
         let mut moved = false;
-        for pod in look {
-            moved |= self.hairpin_paths.take(pod, paths.path_of(&pod));
+        for (pod, host) in look {
+            moved |= self.hairpin_paths.take(pod, paths.path_of(&pod), host);
         }
         Ok(moved)
     }
