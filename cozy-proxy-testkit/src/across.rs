@@ -37,14 +37,20 @@ impl Streams {
     /// Starts them once a request each way is translated, and lets them
     /// run for a second: what is lost is the change's, not the start's.
     pub fn start(env: &Env, lb: IpAddr, port: u16) -> Result<Streams> {
-        let (pod, ext) = (env.topo.pod(1), env.topo.ext());
+        Streams::between(&env.topo.pod(1), &env.topo.ext(), env.net.ext, lb, port)
+    }
+
+    /// The same between the mapped pod in namespace `pod` and the outside
+    /// in `ext` (its address `ext_ip`), on any topology.
+    pub fn between(pod: &str, ext: &str, ext_ip: IpAddr, lb: IpAddr, port: u16) -> Result<Streams> {
+        let (pod, ext) = (pod.to_string(), ext.to_string());
         let v6 = lb.is_ipv6();
         let echo = (
             Echo::start(&pod, v6, port, "pod")?,
             Echo::start(&ext, v6, port, "ext")?,
         );
         eventually(SETTLE, || {
-            let out = udp_request(&pod, env.net.ext, port)?;
+            let out = udp_request(&pod, ext_ip, port)?;
             ensure!(out.ends_with(&format!(" {lb}")), "the far end saw {out:?}");
             udp_request(&ext, lb, port).map(|_| ())
         })?;
@@ -52,9 +58,9 @@ impl Streams {
         let streams = Streams {
             lb,
             inbound: UdpStream::start(&ext, lb, port, every)?,
-            outbound: UdpStream::start(&pod, env.net.ext, port, every)?,
+            outbound: UdpStream::start(&pod, ext_ip, port, every)?,
             held_in: HeldTcp::start(&ext, lb, port, Duration::from_millis(50))?,
-            held_out: HeldTcp::start(&pod, env.net.ext, port, Duration::from_millis(50))?,
+            held_out: HeldTcp::start(&pod, ext_ip, port, Duration::from_millis(50))?,
             _echo: echo,
         };
         std::thread::sleep(Duration::from_secs(1));

@@ -595,10 +595,10 @@ fn real_api(
             &serde_json::json!({"status": {"addresses": addresses}}),
         )?;
     }
-    let pool = [
-        ClusterNet { fam: Fam::V4 }.lb(0),
-        ClusterNet { fam: Fam::V6 }.lb(0),
-    ];
+    let pool: Vec<IpAddr> = [Fam::V4, Fam::V6]
+        .into_iter()
+        .flat_map(|fam| [ClusterNet { fam }.lb(0), ClusterNet { fam }.lb(1)])
+        .collect();
     let speakers = [(topo.node(1), "node1"), (topo.node(2), "node2")];
     let speakers: Vec<SpeakerNode> = (speakers.iter())
         .map(|(ns, name)| SpeakerNode { ns, name })

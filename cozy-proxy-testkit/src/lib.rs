@@ -7,6 +7,7 @@
 pub mod across;
 pub mod agent;
 pub mod bpf;
+pub mod cilium;
 pub mod cluster;
 pub mod flows;
 pub mod frames;

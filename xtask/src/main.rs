@@ -15,6 +15,7 @@
 //!   container engine (the container tests build theirs so).
 //! - demo: setup, then the local demo (network namespaces as node, pod and
 //!   outside client, with real traffic).
+mod cilium;
 mod helm;
 mod image;
 mod k8s;
@@ -70,6 +71,11 @@ const TEST_PACKAGES: &[&str] = &[
     "buildah",
     "umoci",
     "runc",
+    // The real Cilium agent compiles its datapath with the LLVM its own
+    // image carries (xtask/src/cilium.rs), and installs iptables rules.
+    "clang-19",
+    "llvm-19",
+    "iptables",
 ];
 
 /// What a setup is for: the demo needs the toolchain and a few tools;
@@ -221,6 +227,8 @@ fn setup(purpose: Purpose) -> Result<()> {
             metallb::METALLB,
             metallb.display()
         );
+        let cilium = cilium::ensure()?;
+        eprintln!("xtask: Cilium {} in {}", cilium::CILIUM, cilium.display());
     }
     for (tool, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {
         if !succeeds(cargo().args([tool, "--version"])) {
