@@ -164,9 +164,7 @@ pub fn installed(kind: BackendKind, cfg: &BackendConfig) -> Result<Installed, Ba
 pub fn is_installed(kind: BackendKind, cfg: &BackendConfig) -> bool {
     match kind {
         BackendKind::Ebpf => crate::ebpf::is_installed(&cfg.ebpf),
-        BackendKind::Nft => installed(kind, cfg)
-            .and_then(|i| i.dump())
-            .is_ok_and(|d| d.installed),
+        BackendKind::Nft => NftKernel::new().is_ok_and(|k| k.is_installed().unwrap_or(false)),
     }
 }
 
@@ -318,7 +316,8 @@ impl NodeDatapath {
             error!(error = %e, "waking our datapath failed; retried after the next sync");
             return;
         }
-        if let Some(other) = self.retire.take() {
+        // Only what is there: a node's first start has nothing to retire.
+        if let Some(other) = self.retire.take().filter(|k| is_installed(*k, &self.cfg)) {
             if let Err(e) = remove(&[other], &self.cfg) {
                 warn!(backend = %other, error = %e, "removing the other backend's datapath failed");
             }

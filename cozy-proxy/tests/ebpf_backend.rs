@@ -895,3 +895,84 @@ fn a_switch_from_nft_keeps_the_connections_a_filtered_pod_opened() -> Result<()>
     ensure!(line == "after the switch\n", "the pod read {line:?}");
     Ok(())
 }
+
+/// A switch from the fast path to nftables costs a filtered pod's flow the
+/// fast path carried its replies until the pod sends on it again: its
+/// packets never passed conntrack, which is what lets nftables admit a
+/// reply to an unlisted port, and the nft pod cannot read the programs'
+/// flow memory (no BPF capability). Once the pod sends, conntrack picks
+/// the connection up and the far end's retransmission reaches the pod.
+/// (Without the fast path conntrack sees every flow: the switch keeps
+/// them, `tests/container.rs`.)
+#[test]
+fn a_switch_from_the_fast_path_to_nft_holds_a_filtered_flow_until_the_pod_sends() -> Result<()> {
+    let mut env = setup_with(Backend::EbpfFast)?;
+    let node = env.topo.node();
+    // The node knows the far end's link-layer address: the flow rides the
+    // fast path from its first packet.
+    ok_in(&node, &["ping", "-c1", "-W1", &env.net.ext.to_string()])?;
+    let far = SocketAddr::new(env.net.ext, 8443);
+    let listener =
+        harness::topology::in_netns(&env.topo.ext(), move || Ok(TcpListener::bind(far)?))?;
+    let mut pod_end = harness::topology::in_netns(&env.topo.pod(1), move || {
+        Ok(TcpStream::connect_timeout(&far, Duration::from_secs(3))?)
+    })?;
+    let (mut far_end, seen) = listener.accept()?;
+    ensure!(seen.ip() == env.net.lbs[0], "the far end saw {seen}");
+    pod_end.write_all(b"hello\n")?;
+    let mut line = String::new();
+    BufReader::new(&far_end).read_line(&mut line)?;
+    ensure!(line == "hello\n", "the far end read {line:?}");
+    let tracked = harness::traffic::conntrack(&node, Fam::V4, &["-p", "tcp", "--dport", "8443"])?;
+    ensure!(
+        tracked.is_empty(),
+        "conntrack saw the fast path's flow: {tracked:?}"
+    );
+    env.ctl.restart_as(Backend::Nft)?;
+    env.wait_log("removed the datapath backend=ebpf")?;
+    far_end.write_all(b"after the switch\n")?;
+    pod_end.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut reader = BufReader::new(pod_end.try_clone()?);
+    let mut line = String::new();
+    ensure!(
+        reader.read_line(&mut line).is_err(),
+        "the far end's data reached the pod before it sent: {line:?}"
+    );
+    pod_end.write_all(b"again\n")?;
+    let mut line = String::new();
+    BufReader::new(&far_end).read_line(&mut line)?;
+    ensure!(line == "again\n", "the far end read {line:?}");
+    pod_end.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut line = String::new();
+    reader
+        .read_line(&mut line)
+        .context("the far end's retransmission once the pod sent")?;
+    ensure!(line == "after the switch\n", "the pod read {line:?}");
+    Ok(())
+}
+
+/// A node's first start retires nothing, and says nothing of it: the
+/// other backend was never installed there. (A switch, which does retire
+/// one, is `container`'s `switch_*`.)
+fn a_first_start_retires_nothing(backend: Backend) -> Result<()> {
+    let mut env = Env::new(backend, Fam::V4)?;
+    env.put_service(&Svc::new("vm1", env.net.lbs[0]), &[env.net.pods[0]])?;
+    env.settle()?;
+    env.wait_log("datapath synced")?;
+    let log = env.ctl.log_text();
+    ensure!(
+        !log.contains("removed the datapath"),
+        "a first start removed a datapath:\n{log}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_first_start_retires_nothing_ebpf() -> Result<()> {
+    a_first_start_retires_nothing(Backend::Ebpf)
+}
+
+#[test]
+fn a_first_start_retires_nothing_nft() -> Result<()> {
+    a_first_start_retires_nothing(Backend::Nft)
+}

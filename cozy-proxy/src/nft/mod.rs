@@ -137,6 +137,11 @@ impl NftKernel {
         Ok(())
     }
 
+    /// Is any of our tables there? One lookup per family, nothing read.
+    pub fn is_installed(&self) -> Result<bool, NftError> {
+        Ok(!self.present()?.is_empty())
+    }
+
     /// Our tables that exist.
     fn present(&self) -> Result<Vec<Table>, NftError> {
         let mut present = Vec::new();
