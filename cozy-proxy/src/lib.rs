@@ -27,6 +27,7 @@ pub mod nft;
 pub mod node;
 pub mod rbac;
 pub mod reconcile;
+pub mod repeats;
 pub mod seccomp;
 pub mod shares;
 pub mod source;

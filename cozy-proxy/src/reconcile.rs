@@ -658,7 +658,7 @@ pub(crate) mod tests {
                         &snap.services,
                         &snap.endpoint_slices,
                     );
-                    crate::source::ServiceObjects {
+                    crate::model::ServiceObjects {
                         service: crate::model::ServiceRef::new(*namespace, *name),
                         read: crate::model::read_chosen(&svcs).map(std::sync::Arc::new),
                         slices: eps

@@ -8,7 +8,7 @@ use crate::netlink::{
     route::{self, Via},
     NetlinkError, NlSocket,
 };
-use crate::telemetry::repeats::{Repeats, REPEAT_EVERY};
+use crate::repeats::{Repeats, REPEAT_EVERY};
 use cozy_proxy_common::ROUTE_PROTO;
 use std::{
     collections::{BTreeMap, BTreeSet},

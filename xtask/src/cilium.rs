@@ -12,7 +12,7 @@
 //! control plane is built from (its libraries are its own). Two module
 //! versions it names are not served by this machine's module proxy; each
 //! is replaced by the nearest one served ([`REPLACES`], [`DROPPED`]).
-use crate::k8s::{go, run_go};
+use crate::gotool::{go, run_go};
 use anyhow::{bail, Context, Result};
 use std::{
     path::{Path, PathBuf},
@@ -44,7 +44,7 @@ const DROPPED: [&str; 1] = ["sigs.k8s.io/controller-tools"];
 pub const LLVM: &str = "19";
 
 pub fn cache_dir() -> PathBuf {
-    crate::pinned::cache_dir("COZY_PROXY_CILIUM_CACHE", &format!("cilium-{CILIUM}"))
+    crate::gotool::cache_dir("COZY_PROXY_CILIUM_CACHE", &format!("cilium-{CILIUM}"))
 }
 
 /// Everything the lane needs is in the cache.

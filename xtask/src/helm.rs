@@ -3,8 +3,9 @@
 //! `$COZY_PROXY_HELM_CACHE`), linked as /usr/local/bin/helm. v3.19 is the
 //! helm 3 release built on Kubernetes 1.34's libraries, the control
 //! plane's.
+use crate::gotool::cache_dir;
 use crate::k8s::STAGING;
-use crate::pinned::{cache_dir, GoCommands};
+use crate::pinned::GoCommands;
 use anyhow::Result;
 use std::path::PathBuf;
 

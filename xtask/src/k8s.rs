@@ -6,10 +6,10 @@
 //! Importing `k8s.io/kubernetes` as a module needs its staging modules
 //! (`k8s.io/api`, `k8s.io/client-go`, ...) pinned with `replace` lines to
 //! the matching `v0.x` release: they are read from its own go.mod.
+use crate::gotool::{go, run_go};
 use anyhow::{bail, Context, Result};
 use std::{
     path::{Path, PathBuf},
-    process::Command,
     time::Instant,
 };
 
@@ -28,38 +28,7 @@ pub const BINARIES: [&str; 5] = [
 ];
 
 pub fn cache_dir() -> PathBuf {
-    crate::pinned::cache_dir("COZY_PROXY_K8S_CACHE", &format!("k8s-{KUBERNETES}"))
-}
-
-pub fn go() -> Result<PathBuf> {
-    for candidate in ["go", "/usr/local/go/bin/go", "/usr/lib/go/bin/go"] {
-        if Command::new(candidate)
-            .arg("version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            return Ok(PathBuf::from(candidate));
-        }
-    }
-    bail!("Go not found (PATH, /usr/local/go/bin): the real Kubernetes components are built from their Go modules")
-}
-
-pub fn run_go(go: &Path, dir: &Path, args: &[&str]) -> Result<std::process::Output> {
-    let out = Command::new(go)
-        .args(args)
-        .current_dir(dir)
-        .env("CGO_ENABLED", "0")
-        .env("GOFLAGS", "-mod=mod")
-        .output()
-        .with_context(|| format!("go {args:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "go {} failed:\n{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(out)
+    crate::gotool::cache_dir("COZY_PROXY_K8S_CACHE", &format!("k8s-{KUBERNETES}"))
 }
 
 /// The staging modules `k8s.io/kubernetes` requires as `v0.0.0`.

@@ -16,9 +16,12 @@
 //! - demo: setup, then the local demo (network namespaces as node, pod and
 //!   outside client, with real traffic).
 mod cilium;
+mod gotool;
 mod helm;
 mod image;
 mod k8s;
+#[cfg(test)]
+mod layers;
 mod metallb;
 mod pinned;
 mod plot;

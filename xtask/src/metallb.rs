@@ -6,7 +6,8 @@
 //! The release is v0.16.1: v0.16.2 requires `github.com/metallb/frr-k8s`
 //! v0.0.27, which the module proxy here does not serve (v0.16.1 requires
 //! v0.0.25, which it does).
-use crate::pinned::{cache_dir, GoCommands};
+use crate::gotool::cache_dir;
+use crate::pinned::GoCommands;
 use anyhow::Result;
 use std::path::PathBuf;
 

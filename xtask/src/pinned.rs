@@ -4,7 +4,8 @@
 //! from (xtask/src/k8s.rs): every component of the tests speaks the same
 //! client code, and the Go build cache shares the libraries' compiled
 //! packages between the builds.
-use crate::k8s::{go, pin_staging, run_go};
+use crate::gotool::{go, run_go};
+use crate::k8s::pin_staging;
 use anyhow::{Context, Result};
 use std::{path::PathBuf, time::Instant};
 
@@ -79,13 +80,4 @@ impl GoCommands<'_> {
         );
         Ok(module)
     }
-}
-
-/// The cache directory `~/.cache/cozy-proxy/<name>`, or `$<var>`.
-pub fn cache_dir(var: &str, name: &str) -> PathBuf {
-    if let Ok(dir) = std::env::var(var) {
-        return PathBuf::from(dir);
-    }
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    PathBuf::from(home).join(".cache/cozy-proxy").join(name)
 }

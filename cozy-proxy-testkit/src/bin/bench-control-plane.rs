@@ -16,12 +16,12 @@ use cozy_proxy::{
     ebpf::{EbpfConfig, EbpfKernel, Interfaces},
     model::{
         cluster::{cluster_ranges, ClusterConfig},
-        compute_plan, read_service, ReadSlice, ServiceRef,
+        compute_plan, read_service, ReadSlice, ServiceObjects, ServiceRef,
     },
     netlink::{route, NlSocket},
     nft::NftKernel,
     reconcile::Reconciler,
-    source::{ServiceObjects, Snapshot, Update},
+    source::{Snapshot, Update},
 };
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use serde_json::{json, Value};

@@ -3,8 +3,8 @@
 //! inserted one by one (a search from the root per element), and the trees
 //! built packed.
 use super::capacity::Entries;
-use super::state::{AllowedPort, DatapathState, NodeView};
-use crate::model::{merge_ranges, Cidr, IpRange, LbResult, Mapping, Mode};
+use super::state::{AllowedPort, DatapathState, NodeView, StateDiff};
+use crate::model::{merge_ranges, Cidr, IpRange, LbChange, LbResult, Mapping, Mode, Plan};
 use std::{collections::BTreeSet, net::IpAddr};
 
 #[derive(Default)]
@@ -94,5 +94,37 @@ impl StateBuilder {
             routes: Default::default(),
             remote_hosts: self.remote_hosts.into_iter().collect(),
         }
+    }
+}
+
+impl DatapathState {
+    /// What node `me` holds for `plan` (without `guard` and `routes`, which
+    /// [`DatapathState::resolve`] adds from the kernel's paths).
+    pub fn for_node(plan: &Plan, cluster: &BTreeSet<Cidr>, me: NodeView<'_>) -> Self {
+        let mut s = StateBuilder::default();
+        for m in &plan.mappings {
+            s.add_mapping(m, me);
+        }
+        let mut s = s.build(cluster);
+        s.unmapped_lbs = plan.unmapped_lb_ips.keys().copied().collect();
+        s
+    }
+
+    /// What turns the state of `changes`' old outcomes, as node `was` held
+    /// them, into their new ones as node `me` holds them (without `guard`
+    /// and `routes`): O(the changes), and exactly the difference of the
+    /// two whole states, since the parts of two LB IPs never share a key.
+    pub fn change_of(changes: &[LbChange], was: NodeView<'_>, me: NodeView<'_>) -> StateDiff {
+        let (mut old, mut new) = (StateBuilder::default(), StateBuilder::default());
+        for c in changes {
+            if let Some(r) = &c.old {
+                old.add_result(&c.lb_ip, r, was);
+            }
+            if let Some(r) = &c.new {
+                new.add_result(&c.lb_ip, r, me);
+            }
+        }
+        let none = BTreeSet::new();
+        old.build(&none).diff(&new.build(&none))
     }
 }

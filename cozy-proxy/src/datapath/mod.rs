@@ -28,10 +28,11 @@ pub use hosting::{SharedMapping, Sharing};
 pub use placement::{placements, ControllerWord, Placement};
 pub use render::render_text;
 pub use state::{
-    away, away_via, repack, shared_pods, AllowedPort, Change, DatapathState, Desired, Elsewhere,
-    NextHop, NodeView, Path, PathOf, Paths, RemotePods, StateDiff, NONE_AWAY,
+    away, away_via, repack, shared_pods, AllowedPort, DatapathState, Desired, Elsewhere, NextHop,
+    NodeView, Path, PathOf, Paths, RemotePods, StateDiff, NONE_AWAY,
 };
 pub use sync::{Synced, PART_LBS};
+pub use tables::Change;
 
 use serde::Serialize;
 use std::{collections::BTreeSet, fmt, net::IpAddr};

@@ -3,9 +3,8 @@
 //! Both backends keep exactly these collections (per family in the
 //! kernel), and `dump` reads them back into this same shape, so tests
 //! compare one value. docs/traffic.md says what each is for.
-use super::builder::StateBuilder;
-use super::tables::{datapath_tables, StateTable};
-use crate::model::{cluster::NodeAddresses, Cidr, Hosts, IpRange, LbChange, Mapping, Plan};
+use super::tables::{datapath_tables, Change, StateTable};
+use crate::model::{cluster::NodeAddresses, Hosts, IpRange, Mapping};
 use serde::{Deserialize, Serialize};
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -322,36 +321,6 @@ pub fn away_via(
 }
 
 impl DatapathState {
-    /// What node `me` holds for `plan` (without `guard` and `routes`, which
-    /// [`DatapathState::resolve`] adds from the kernel's paths).
-    pub fn for_node(plan: &Plan, cluster: &BTreeSet<Cidr>, me: NodeView<'_>) -> Self {
-        let mut s = StateBuilder::default();
-        for m in &plan.mappings {
-            s.add_mapping(m, me);
-        }
-        let mut s = s.build(cluster);
-        s.unmapped_lbs = plan.unmapped_lb_ips.keys().copied().collect();
-        s
-    }
-
-    /// What turns the state of `changes`' old outcomes, as node `was` held
-    /// them, into their new ones as node `me` holds them (without `guard`
-    /// and `routes`): O(the changes), and exactly the difference of the
-    /// two whole states, since the parts of two LB IPs never share a key.
-    pub fn change_of(changes: &[LbChange], was: NodeView<'_>, me: NodeView<'_>) -> StateDiff {
-        let (mut old, mut new) = (StateBuilder::default(), StateBuilder::default());
-        for c in changes {
-            if let Some(r) = &c.old {
-                old.add_result(&c.lb_ip, r, was);
-            }
-            if let Some(r) = &c.new {
-                new.add_result(&c.lb_ip, r, me);
-            }
-        }
-        let none = BTreeSet::new();
-        old.build(&none).diff(&new.build(&none))
-    }
-
     /// Every mapped pod, local or remote, and the remote mappings' nodes:
     /// the addresses whose paths [`DatapathState::resolve`] needs.
     pub fn pods(&self) -> BTreeSet<IpAddr> {
@@ -587,69 +556,6 @@ pub fn repack<C: Default + IntoIterator + FromIterator<C::Item>>(c: &mut C) {
     *c = std::mem::take(c).into_iter().collect();
 }
 
-/// Elements to remove and to add in one collection. A map entry whose value
-/// changes is removed and added again.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Change<T> {
-    pub remove: Vec<T>,
-    pub add: Vec<T>,
-}
-
-impl<T> Default for Change<T> {
-    fn default() -> Self {
-        Change {
-            remove: Vec::new(),
-            add: Vec::new(),
-        }
-    }
-}
-
-impl<T: Ord + Clone> Change<T> {
-    pub fn of_sets(old: &BTreeSet<T>, new: &BTreeSet<T>) -> Self {
-        Change {
-            remove: old.difference(new).cloned().collect(),
-            add: new.difference(old).cloned().collect(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.remove.is_empty() && self.add.is_empty()
-    }
-
-    /// The elements added (`add`) or removed.
-    pub fn side(&self, add: bool) -> &[T] {
-        if add {
-            &self.add
-        } else {
-            &self.remove
-        }
-    }
-
-    /// Every element removed or added.
-    pub fn elements(&self) -> impl Iterator<Item = &T> {
-        self.remove.iter().chain(&self.add)
-    }
-
-    pub fn size(&self) -> usize {
-        self.remove.len() + self.add.len()
-    }
-}
-
-impl<K: Ord + Clone, V: Ord + Clone> Change<(K, V)> {
-    pub fn of_maps(old: &BTreeMap<K, V>, new: &BTreeMap<K, V>) -> Self {
-        let changed = |a: &BTreeMap<K, V>, b: &BTreeMap<K, V>| -> Vec<(K, V)> {
-            a.iter()
-                .filter(|(k, v)| b.get(k) != Some(v))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        };
-        Change {
-            remove: changed(old, new),
-            add: changed(new, old),
-        }
-    }
-}
-
 impl StateDiff {
     /// The addresses of the mappings and unmapped LB IPs it changes (LB
     /// IPs and pods, local and remote): those whose guard, route or
@@ -672,6 +578,7 @@ impl StateDiff {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Plan;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("test address")

@@ -7,7 +7,6 @@
 //!
 //! [`DatapathState`]: super::DatapathState
 //! [`StateDiff`]: super::StateDiff
-use super::Change;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A collection of the state: a set of elements, or a map whose entries
@@ -152,3 +151,66 @@ macro_rules! datapath_tables {
 }
 
 pub(crate) use datapath_tables;
+
+/// Elements to remove and to add in one collection. A map entry whose value
+/// changes is removed and added again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change<T> {
+    pub remove: Vec<T>,
+    pub add: Vec<T>,
+}
+
+impl<T> Default for Change<T> {
+    fn default() -> Self {
+        Change {
+            remove: Vec::new(),
+            add: Vec::new(),
+        }
+    }
+}
+
+impl<T: Ord + Clone> Change<T> {
+    pub fn of_sets(old: &BTreeSet<T>, new: &BTreeSet<T>) -> Self {
+        Change {
+            remove: old.difference(new).cloned().collect(),
+            add: new.difference(old).cloned().collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.remove.is_empty() && self.add.is_empty()
+    }
+
+    /// The elements added (`add`) or removed.
+    pub fn side(&self, add: bool) -> &[T] {
+        if add {
+            &self.add
+        } else {
+            &self.remove
+        }
+    }
+
+    /// Every element removed or added.
+    pub fn elements(&self) -> impl Iterator<Item = &T> {
+        self.remove.iter().chain(&self.add)
+    }
+
+    pub fn size(&self) -> usize {
+        self.remove.len() + self.add.len()
+    }
+}
+
+impl<K: Ord + Clone, V: Ord + Clone> Change<(K, V)> {
+    pub fn of_maps(old: &BTreeMap<K, V>, new: &BTreeMap<K, V>) -> Self {
+        let changed = |a: &BTreeMap<K, V>, b: &BTreeMap<K, V>| -> Vec<(K, V)> {
+            a.iter()
+                .filter(|(k, v)| b.get(k) != Some(v))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        };
+        Change {
+            remove: changed(old, new),
+            add: changed(new, old),
+        }
+    }
+}

@@ -14,14 +14,13 @@
 //! - a counter slot given anew is zeroed before an address counting in it
 //!   is written; a pod mapped anew starts its flow count at zero.
 use super::addr_bits::AddrBits;
-use super::flow_sweep::FlowSweep;
 use super::slots::{Slots, Written};
 use super::EbpfError;
 use crate::datapath::{AllowedPort, Change, DatapathState, Desired, RemotePods, StateDiff};
 use crate::model::{Cidr, IpRange};
 use cozy_proxy_common::{addr, prefilter, AddrInfo, IpKey, PortKey};
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     fmt,
     net::IpAddr,
 };
@@ -575,6 +574,23 @@ impl fmt::Display for Step<'_> {
             Step::PrefilterDown(b) => write!(f, "prefilter down: {}", bits(b)),
         }
     }
+}
+
+/// Work an apply leaves to the next sweep, and what the last count found.
+#[derive(Default)]
+pub struct FlowSweep {
+    /// Pods whose remembered flows are to be forgotten: at once where the
+    /// programs consult that pod's flows again (it is filtered or ranged
+    /// after an apply: its IP reused, say), else at the next sweep. One
+    /// pass over the flow map walks all its buckets, even empty: not one
+    /// on every change that removes a pod.
+    pub stale_flows: BTreeSet<IpKey>,
+    /// (LB IP, pod) of mappings removed or moved to another pod: the
+    /// reverse translations of in-cluster clients' flows through them are
+    /// forgotten at the next sweep (one walk of `rev_nat`, only then).
+    pub stale_rev: BTreeSet<(IpKey, IpKey)>,
+    /// Counter slots the last count of flows found flows for.
+    pub counted: HashSet<u16>,
 }
 
 #[cfg(test)]

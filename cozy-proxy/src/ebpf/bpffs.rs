@@ -49,16 +49,16 @@ fn mount_bpffs(path: &Path) -> Result<(), std::io::Error> {
 /// is mounted on `pin_dir`, created if missing, if it is empty and we may,
 /// so that what is pinned survives a restart.
 pub fn ensure(pin_dir: &Path) -> Result<(), EbpfError> {
-    if pin_dir.is_dir() && is_bpffs(pin_dir).map_err(super::io(pin_dir))? {
+    if pin_dir.is_dir() && is_bpffs(pin_dir).map_err(super::error::io(pin_dir))? {
         return Ok(());
     }
     let parent = pin_dir.parent().unwrap_or(Path::new("/"));
-    std::fs::create_dir_all(parent).map_err(super::io(parent))?;
-    if is_bpffs(parent).map_err(super::io(parent))? {
+    std::fs::create_dir_all(parent).map_err(super::error::io(parent))?;
+    if is_bpffs(parent).map_err(super::error::io(parent))? {
         return Ok(());
     }
-    std::fs::create_dir_all(pin_dir).map_err(super::io(pin_dir))?;
-    let mut entries = std::fs::read_dir(pin_dir).map_err(super::io(pin_dir))?;
+    std::fs::create_dir_all(pin_dir).map_err(super::error::io(pin_dir))?;
+    let mut entries = std::fs::read_dir(pin_dir).map_err(super::error::io(pin_dir))?;
     if entries.next().is_some() {
         return Err(EbpfError::NoBpffs {
             path: pin_dir.to_path_buf(),

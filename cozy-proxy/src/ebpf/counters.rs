@@ -1,12 +1,12 @@
 //! The programs' counters: per Service (a slot each) and drops by reason.
 use super::apply_plan::ip;
-use super::maps::{named, Maps};
+use super::maps::{named, possible_cpus, Maps};
 use super::slots::Written;
 use super::{batch, EbpfError};
 use crate::datapath::{Count, Counters, ServiceCount};
-use aya::maps::{IterableMap, MapData, PerCpuArray};
+use aya::maps::IterableMap;
 use cozy_proxy_common::{maps as names, Counter, DropReason, ServiceCounters};
-use std::{mem::size_of, net::IpAddr};
+use std::net::IpAddr;
 use tracing::debug;
 
 impl Maps {
@@ -87,48 +87,4 @@ impl Maps {
         }
         Ok(out)
     }
-}
-
-/// The number of possible CPUs (a per-CPU value holds one copy each).
-pub(super) fn possible_cpus() -> Result<usize, EbpfError> {
-    // Read once: it is a file read per call otherwise.
-    static CPUS: std::sync::OnceLock<Result<usize, String>> = std::sync::OnceLock::new();
-    CPUS.get_or_init(|| aya::util::nr_cpus().map_err(|(_, e)| e.to_string()))
-        .clone()
-        .map_err(|e| EbpfError::Io {
-            path: "/sys/devices/system/cpu/possible".into(),
-            source: std::io::Error::other(e),
-        })
-}
-
-/// Zeroes the counters of `slots`: as many as a batch takes, the rest one
-/// by one.
-pub(super) fn zero_slots(
-    stats: &mut PerCpuArray<MapData, ServiceCounters>,
-    slots: &[u16],
-) -> Result<(), EbpfError> {
-    let indexes: Vec<u32> = slots.iter().map(|s| u32::from(*s)).collect();
-    let written = batch::zero_per_cpu(
-        aya::maps::IterableMap::map(stats),
-        &indexes,
-        size_of::<ServiceCounters>(),
-        possible_cpus()?,
-    );
-    for slot in slots.iter().skip(written) {
-        zero(stats, *slot)?;
-    }
-    Ok(())
-}
-
-fn zero(stats: &mut PerCpuArray<MapData, ServiceCounters>, slot: u16) -> Result<(), EbpfError> {
-    let cpus = possible_cpus()?;
-    let zeros = aya::maps::PerCpuValues::try_from(vec![ServiceCounters::default(); cpus]).map_err(
-        |source| EbpfError::Io {
-            path: "/sys/devices/system/cpu/possible".into(),
-            source,
-        },
-    )?;
-    stats
-        .set(slot as u32, zeros, 0)
-        .map_err(named(names::STATS))
 }

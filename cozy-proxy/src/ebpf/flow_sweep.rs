@@ -6,24 +6,7 @@ use super::maps::{absent_ok, named, Maps, BPF_NOEXIST};
 use super::EbpfError;
 use aya::maps::MapError;
 use cozy_proxy_common::{flow, maps as names, FlowKey, FlowState, IpKey, RevKey, RevValue};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
-
-/// Work an apply leaves to the next sweep, and what the last count found.
-#[derive(Default)]
-pub struct FlowSweep {
-    /// Pods whose remembered flows are to be forgotten: at once where the
-    /// programs consult that pod's flows again (it is filtered or ranged
-    /// after an apply: its IP reused, say), else at the next sweep. One
-    /// pass over the flow map walks all its buckets, even empty: not one
-    /// on every change that removes a pod.
-    pub stale_flows: BTreeSet<IpKey>,
-    /// (LB IP, pod) of mappings removed or moved to another pod: the
-    /// reverse translations of in-cluster clients' flows through them are
-    /// forgotten at the next sweep (one walk of `rev_nat`, only then).
-    pub stale_rev: BTreeSet<(IpKey, IpKey)>,
-    /// Counter slots the last count of flows found flows for.
-    pub counted: HashSet<u16>,
-}
+use std::collections::{BTreeMap, BTreeSet};
 
 impl Maps {
     /// The flows remembered, keys and states.

@@ -1,8 +1,7 @@
 //! The pinned BPF maps, opened by path: what the programs read, kept equal
 //! to the node's state, and read back for `dump`.
 use super::addr_bits::AddrBits;
-use super::apply_plan::{self, ip, key, AddrWrites, ApplyPlan, Belief, Ranges, Step};
-use super::flow_sweep::FlowSweep;
+use super::apply_plan::{self, ip, key, AddrWrites, ApplyPlan, Belief, FlowSweep, Ranges, Step};
 use super::slots::Written;
 use super::{batch, EbpfError};
 use crate::datapath::{AllowedPort, DatapathState, Desired, NextHop, StateDiff};
@@ -427,7 +426,7 @@ impl Maps {
         for k in w.gone.iter().skip(deleted).chain(&w.gone_unknown) {
             absent_ok(self.addrs.remove(k)).map_err(named(names::ADDRS))?;
         }
-        super::counters::zero_slots(&mut self.stats, &w.zero_slots)?;
+        zero_slots(&mut self.stats, &w.zero_slots)?;
         let written = batch::write(&self.addrs, &w.keys, &w.infos);
         for (k, info) in w.keys.iter().zip(&w.infos).skip(written) {
             self.addrs.insert(k, info, 0).map_err(named(names::ADDRS))?;
@@ -567,4 +566,48 @@ fn addr_tables(entries: Vec<(IpKey, AddrInfo)>) -> DatapathState {
         }
     }
     t
+}
+
+/// The number of possible CPUs (a per-CPU value holds one copy each).
+pub(super) fn possible_cpus() -> Result<usize, EbpfError> {
+    // Read once: it is a file read per call otherwise.
+    static CPUS: std::sync::OnceLock<Result<usize, String>> = std::sync::OnceLock::new();
+    CPUS.get_or_init(|| aya::util::nr_cpus().map_err(|(_, e)| e.to_string()))
+        .clone()
+        .map_err(|e| EbpfError::Io {
+            path: "/sys/devices/system/cpu/possible".into(),
+            source: std::io::Error::other(e),
+        })
+}
+
+/// Zeroes the counters of `slots`: as many as a batch takes, the rest one
+/// by one.
+fn zero_slots(
+    stats: &mut PerCpuArray<MapData, ServiceCounters>,
+    slots: &[u16],
+) -> Result<(), EbpfError> {
+    let indexes: Vec<u32> = slots.iter().map(|s| u32::from(*s)).collect();
+    let written = batch::zero_per_cpu(
+        aya::maps::IterableMap::map(stats),
+        &indexes,
+        size_of::<ServiceCounters>(),
+        possible_cpus()?,
+    );
+    for slot in slots.iter().skip(written) {
+        zero(stats, *slot)?;
+    }
+    Ok(())
+}
+
+fn zero(stats: &mut PerCpuArray<MapData, ServiceCounters>, slot: u16) -> Result<(), EbpfError> {
+    let cpus = possible_cpus()?;
+    let zeros = aya::maps::PerCpuValues::try_from(vec![ServiceCounters::default(); cpus]).map_err(
+        |source| EbpfError::Io {
+            path: "/sys/devices/system/cpu/possible".into(),
+            source,
+        },
+    )?;
+    stats
+        .set(slot as u32, zeros, 0)
+        .map_err(named(names::STATS))
 }

@@ -6,7 +6,9 @@ mod apply_plan;
 mod batch;
 mod bpffs;
 pub mod chain;
+mod config;
 mod counters;
+mod error;
 mod flow_seed;
 mod flow_sweep;
 pub mod hairpin;
@@ -21,10 +23,13 @@ use crate::datapath::{
     Applied, BackendKind, Capacity, Counters, DatapathState, Desired, Dump, Kernel, PathOf, Paths,
     Routes, StateDiff,
 };
-use crate::netlink::{route, NetlinkError, NlSocket};
+use crate::netlink::{route, NlSocket};
 use crate::steer::Steering;
-use aya::{maps::MapError, programs::SchedClassifier, EbpfLoader};
+use aya::{programs::SchedClassifier, EbpfLoader};
+pub use config::{EbpfConfig, Interfaces, TcAttach};
 use cozy_proxy_common::{maps as names, RevValue};
+use error::io;
+pub use error::EbpfError;
 use maps::Maps;
 use serde_json::json;
 use std::{
@@ -41,130 +46,6 @@ use tracing::{debug, info, warn};
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("COZY_PROXY_EBPF_OBJ"));
 
 pub use cozy_proxy_common::PIN_DIR;
-
-#[derive(Debug, thiserror::Error)]
-pub enum EbpfError {
-    #[error("this binary was built without its eBPF programs (COZY_PROXY_BUILD_EBPF=0)")]
-    NotBuilt,
-    #[error("loading the eBPF object: {0}")]
-    Load(#[from] aya::EbpfError),
-    #[error("program {0} missing from the object")]
-    Missing(String),
-    #[error("program {name}: {source}")]
-    Program {
-        name: String,
-        source: aya::programs::ProgramError,
-    },
-    #[error("attaching to {interface}: {source}")]
-    Attach {
-        interface: String,
-        source: aya::programs::ProgramError,
-    },
-    #[error("map {name}: {source}")]
-    Map {
-        name: &'static str,
-        source: MapError,
-    },
-    #[error("map {map} is full")]
-    Full { map: &'static str },
-    #[error(
-        "{path} is not on a bpffs and mounting one failed ({source}): the pinned maps and links \
-         must outlive the process; mount one on the node (`mount -t bpf bpf /sys/fs/bpf`; \
-         systemd's sys-fs-bpf.mount does at boot) and the pin directory into the container \
-         (the chart mounts the host's `bpfPinDir` at /bpf-pins)"
-    )]
-    NoBpffs {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("pinning {path}: {source}")]
-    PinLink {
-        path: PathBuf,
-        source: aya::pin::PinError,
-    },
-    #[error(transparent)]
-    Netlink(#[from] NetlinkError),
-    #[error("the hairpin masquerade table: {0}")]
-    Hairpin(#[from] crate::nft::NftError),
-    /// Another agent's program holds the place ours must run from.
-    #[error("our programs cannot run first: {0}")]
-    Blocked(String),
-    /// A node shape the programs cannot serve (`shape.rs`).
-    #[error("this node's shape: {0}")]
-    Unserved(String),
-}
-
-impl crate::datapath::ErrorKind for EbpfError {
-    fn kind(&self) -> &'static str {
-        match self {
-            EbpfError::NotBuilt => "not_built",
-            EbpfError::Load(_) | EbpfError::Missing(_) | EbpfError::Program { .. } => "load",
-            EbpfError::Attach { .. } | EbpfError::PinLink { .. } => "attach",
-            EbpfError::Map { .. } => "map",
-            EbpfError::Full { .. } => "full",
-            EbpfError::NoBpffs { .. } => "bpffs",
-            EbpfError::Io { .. } => "io",
-            EbpfError::Netlink(e) => crate::datapath::ErrorKind::kind(e),
-            EbpfError::Hairpin(e) => crate::datapath::ErrorKind::kind(e),
-            EbpfError::Blocked(_) => "blocked",
-            EbpfError::Unserved(_) => "unserved",
-        }
-    }
-}
-
-/// Which interfaces get the programs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Interfaces {
-    /// Every Ethernet-type interface but loopback, following links that
-    /// appear and disappear.
-    Auto,
-    Named(Vec<String>),
-}
-
-impl std::str::FromStr for Interfaces {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s == "auto" {
-            return Ok(Interfaces::Auto);
-        }
-        let names: Vec<String> = s
-            .split(',')
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-            .map(String::from)
-            .collect();
-        if names.is_empty() {
-            return Err("give \"auto\" or a comma-separated list of interfaces".into());
-        }
-        Ok(Interfaces::Named(names))
-    }
-}
-
-#[derive(Clone, Debug)]
-pub struct EbpfConfig {
-    /// bpffs directory for the pinned maps and links.
-    pub pin_dir: PathBuf,
-    pub interfaces: Interfaces,
-    /// LB traffic from and to the outside skips the host stack where it
-    /// can (redirects).
-    pub fast_path: bool,
-    pub tc_attach: TcAttach,
-}
-
-/// How the programs are attached to an interface.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum TcAttach {
-    /// tcx links where the kernel has them (6.6+), tc filters before.
-    #[default]
-    Auto,
-    /// tc filters over netlink (clsact), as on kernels before 6.6.
-    Netlink,
-}
 
 /// The loaded programs and where they are attached.
 struct Programs {
@@ -373,13 +254,6 @@ fn monotonic_ns() -> u64 {
     // SAFETY: a valid out-pointer; CLOCK_MONOTONIC cannot fail.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> EbpfError + '_ {
-    move |source| EbpfError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 impl EbpfKernel {

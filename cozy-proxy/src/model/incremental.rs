@@ -20,7 +20,6 @@ use super::service::ReadService;
 use super::types::{LbResult, Mode, Plan, ServiceRef};
 use super::warning::{Warning, WarningKind};
 use super::{FastMap, FastSet};
-use crate::source::ServiceObjects;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
@@ -32,6 +31,16 @@ use std::{
     net::IpAddr,
     sync::Arc,
 };
+
+/// One Service's objects as they are now.
+#[derive(Clone, Debug)]
+pub struct ServiceObjects {
+    pub service: ServiceRef,
+    /// What the model reads of it; `None`: deleted, or not ours.
+    pub read: Option<Arc<ReadService>>,
+    /// The EndpointSlices labelled with its name, as the model reads them.
+    pub slices: Vec<Arc<ReadSlice>>,
+}
 
 #[derive(Default)]
 pub struct PlanState {

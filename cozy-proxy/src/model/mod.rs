@@ -12,7 +12,7 @@ mod warning;
 
 pub use cidr::{merge as merge_ranges, Cidr, IpRange};
 pub use endpoints::{slice_owner, ReadSlice, SERVICE_NAME_LABEL};
-pub use incremental::{LbChange, PlanState, PlanSummary};
+pub use incremental::{LbChange, PlanState, PlanSummary, ServiceObjects};
 pub(crate) use plan::Rank;
 pub use plan::{compute_plan, compute_plan_with, read_chosen, Forbidden, Outcome};
 pub use service::{

@@ -8,9 +8,10 @@
 //! the nft backend (tables `ip`, `ip6` and `bridge cozy_proxy`) never
 //! touches.
 use super::encode::{cleanup_batch, sync_batch};
+use super::error::NftError;
 use super::schema::{hairpin_masq, Table};
 use super::sys::NFPROTO_INET;
-use super::{install_of, read, NftError};
+use super::{install_of, read};
 use crate::datapath::{Change, StateDiff};
 use crate::netlink::NlSocket;
 pub use cozy_proxy_common::HAIRPIN_MARK;

@@ -15,6 +15,7 @@ mod batch;
 #[cfg(test)]
 mod describe;
 mod encode;
+mod error;
 mod expr;
 pub mod hairpin;
 mod ports;
@@ -31,44 +32,11 @@ pub use crate::netlink::NetlinkError;
 use crate::netlink::NlSocket;
 use crate::steer::Steering;
 use encode::Install;
+pub use error::{DecodeError, NftError};
 use schema::{Table, LAYOUTS, TABLE};
 use serde_json::json;
 use std::{collections::BTreeSet, net::IpAddr};
 use tracing::{debug, info, warn};
-
-#[derive(Debug, thiserror::Error)]
-pub enum NftError {
-    #[error(transparent)]
-    Netlink(#[from] NetlinkError),
-    #[error("decoding the kernel's answer: {0}")]
-    Decode(#[from] DecodeError),
-}
-
-impl crate::datapath::ErrorKind for NftError {
-    fn kind(&self) -> &'static str {
-        match self {
-            NftError::Netlink(e) => crate::datapath::ErrorKind::kind(e),
-            NftError::Decode(_) => "decode",
-        }
-    }
-}
-
-/// An answer of the kernel that does not have the shape we wrote.
-#[derive(Debug, thiserror::Error)]
-pub enum DecodeError {
-    #[error("an element of set {set} has no key")]
-    ElementWithoutKey { set: String },
-    #[error("an element of set {set} has {len} address bytes, expected {expected}")]
-    ElementSize {
-        set: &'static str,
-        len: usize,
-        expected: usize,
-    },
-    #[error("an allowed_ports key has {len} bytes")]
-    PortKey { len: usize },
-    #[error("a guard_paths key has {len} bytes")]
-    PathKey { len: usize },
-}
 
 pub struct NftKernel {
     sock: NlSocket,

@@ -22,6 +22,7 @@
 //!   that hands it up included.
 use super::batch::Batch;
 use super::encode::{element_message, Element};
+use super::error::{DecodeError, NftError};
 use super::expr::Expr;
 use super::read::{element_addr, read_elements};
 use super::schema::{
@@ -29,7 +30,6 @@ use super::schema::{
     ADDR_SET_SIZE, IPV4, IPV6,
 };
 use super::sys::*;
-use super::{DecodeError, NftError};
 use crate::datapath::Change;
 use crate::netlink::NlSocket;
 use std::{

@@ -1,9 +1,9 @@
 //! Reading our tables back from the kernel: the table and its schema mark,
 //! the sets' layouts, their elements, the chains' rules and counters.
 use super::batch::dump;
+use super::error::{DecodeError, NftError};
 use super::schema::{self, Layout, SetDef, Table, TABLE};
 use super::sys::*;
-use super::{DecodeError, NftError};
 use crate::datapath::{AllowedPort, DatapathState};
 use crate::model::IpRange;
 use crate::netlink::wire::{attr, attr_data, attr_str, attr_u32, attr_u64, attrs};

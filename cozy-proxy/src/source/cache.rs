@@ -15,7 +15,8 @@
 //! do again and again. Only when a watch restart finds many Services became
 //! ours at once are all slices listed again ([`Cache::take_slice_relist`]).
 //! The plan is built from these, shared, never copied.
-use super::{ServiceObjects, Snapshot};
+use super::Snapshot;
+use crate::model::ServiceObjects;
 use crate::model::{
     is_selected, read_service, service_ref, slice_owner, ReadService, ReadSlice, ServiceRef,
 };

@@ -8,7 +8,7 @@ use super::cache::Cache;
 use super::pools::Pools;
 use super::{Snapshot, Source, Update};
 use crate::model::{trim, SERVICE_NAME_LABEL};
-use crate::telemetry::repeats::Repeats;
+use crate::repeats::Repeats;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::{
     core::v1::{Node, Service},

@@ -4,7 +4,6 @@
 mod client;
 mod http;
 mod metrics;
-pub mod repeats;
 
 pub use client::read_hosting;
 pub use http::serve;
