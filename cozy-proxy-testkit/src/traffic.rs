@@ -1,13 +1,19 @@
-//! Real traffic: socat servers and clients, ping, tcpdump, conntrack.
+//! Real traffic: TCP and UDP servers and clients, ping, tcpdump, conntrack.
 use super::net::Fam;
 use super::sh::{feed_in, ok_in, run_in, Proc};
+use super::topology::in_netns;
 use anyhow::{bail, Context, Result};
 use std::{
     fs,
-    net::IpAddr,
+    io::ErrorKind,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
     path::PathBuf,
     process::Stdio,
-    thread::sleep,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread::{sleep, JoinHandle},
     time::{Duration, Instant},
 };
 
@@ -34,65 +40,37 @@ fn socat_addr(kind: &str, ip: &IpAddr, port: u16) -> String {
     }
 }
 
-/// A socat server that answers every TCP connection or UDP datagram with
-/// `"<ident> <peer address>"`.
+/// A server that answers every TCP connection or UDP datagram with
+/// `"<ident> <peer address>"`: socat for TCP, a thread for UDP.
 pub struct Server {
-    _proc: Proc,
+    _running: Running,
+}
+
+/// What runs the server, held until the server is dropped.
+enum Running {
+    Socat { _proc: Proc },
+    Udp { _thread: UdpAnswerer },
 }
 
 impl Server {
     pub fn tcp(ns: &str, fam: Fam, port: u16, ident: &str) -> Result<Server> {
-        Self::start(ns, fam, "TCP", port, ident, None)
-    }
-
-    pub fn udp(ns: &str, fam: Fam, port: u16, ident: &str) -> Result<Server> {
-        Self::start(ns, fam, "UDP", port, ident, None)
-    }
-
-    /// A UDP server bound to `addr`: its answers leave from `addr`, not
-    /// from the address the route back to the client picks (a node's
-    /// route to pods behind a router picks its join address).
-    pub fn udp_at(ns: &str, addr: IpAddr, port: u16, ident: &str) -> Result<Server> {
-        let fam = if addr.is_ipv4() { Fam::V4 } else { Fam::V6 };
-        Self::start(ns, fam, "UDP", port, ident, Some(addr))
-    }
-
-    fn start(
-        ns: &str,
-        fam: Fam,
-        proto: &str,
-        port: u16,
-        ident: &str,
-        bind: Option<IpAddr>,
-    ) -> Result<Server> {
         let v = if fam == Fam::V4 { "4" } else { "6" };
-        let bind = bind.map_or(String::new(), |a| match a {
-            IpAddr::V4(a) => format!(",bind={a}"),
-            IpAddr::V6(a) => format!(",bind=[{a}]"),
-        });
-        let listen = if proto == "TCP" {
-            format!("TCP{v}-LISTEN:{port},reuseaddr,fork")
-        } else {
-            format!("UDP{v}-RECVFROM:{port},fork{bind}")
-        };
-        // Over TCP the shell reads the request (a line, or up to the
-        // client's half-close) before it answers: a shell that exited first
-        // makes socat's write of the request fail (EPIPE), and the
-        // connection closes unanswered, as a loaded machine's slow fork
-        // often let happen.
-        let reply = match proto {
-            "TCP" => format!("SYSTEM:read request; echo {ident} $SOCAT_PEERADDR"),
-            _ => format!("SYSTEM:echo {ident} $SOCAT_PEERADDR"),
-        };
+        let listen = format!("TCP{v}-LISTEN:{port},reuseaddr,fork");
+        // The shell reads the request (a line, or up to the client's
+        // half-close) before it answers: a shell that exited first makes
+        // socat's write of the request fail (EPIPE), and the connection
+        // closes unanswered. `-t5`: once the client has half-closed, socat
+        // waits that long for the shell's answer (0.5 s by default, which a
+        // loaded machine's fork and exec can take).
+        let reply = format!("SYSTEM:read request; echo {ident} $SOCAT_PEERADDR");
         let spawn = || {
             Proc::spawn_group_in(
                 ns,
-                &["socat", &listen, &reply],
+                &["socat", "-t5", &listen, &reply],
                 Stdio::null(),
                 Stdio::null(),
             )
         };
-        let ss_flag = if proto == "TCP" { "-Hltn" } else { "-Hlun" };
         let mut proc = spawn()?;
         eventually(Duration::from_secs(3), || {
             // A socket on the port is ours only while our server runs: one
@@ -100,15 +78,87 @@ impl Server {
             // started again.
             if !proc.alive() {
                 proc = spawn()?;
-                bail!("{proto} {port}: the server exited in {ns}; started again");
+                bail!("TCP {port}: the server exited in {ns}; started again");
             }
-            let out = ok_in(ns, &["ss", ss_flag, &format!("sport = :{port}")])?;
+            let out = ok_in(ns, &["ss", "-Hltn", &format!("sport = :{port}")])?;
             if out.trim().is_empty() || !proc.alive() {
-                bail!("{proto} {port} not listening in {ns}");
+                bail!("TCP {port} not listening in {ns}");
             }
             Ok(())
         })?;
-        Ok(Server { _proc: proc })
+        Ok(Server {
+            _running: Running::Socat { _proc: proc },
+        })
+    }
+
+    pub fn udp(ns: &str, fam: Fam, port: u16, ident: &str) -> Result<Server> {
+        let any = match fam {
+            Fam::V4 => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            Fam::V6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
+        Self::udp_at(ns, any, port, ident)
+    }
+
+    /// A UDP server bound to `addr`: its answers leave from `addr`, not
+    /// from the address the route back to the client picks (a node's
+    /// route to pods behind a router picks its join address).
+    pub fn udp_at(ns: &str, addr: IpAddr, port: u16, ident: &str) -> Result<Server> {
+        let at = SocketAddr::new(addr, port);
+        let socket = eventually(Duration::from_secs(3), || {
+            in_netns(ns, move || {
+                UdpSocket::bind(at).with_context(|| format!("UDP server on {at}"))
+            })
+        })
+        .with_context(|| format!("in {ns}"))?;
+        Ok(Server {
+            _running: Running::Udp {
+                _thread: UdpAnswerer::start(socket, ident)?,
+            },
+        })
+    }
+}
+
+/// A UDP socket answered from a thread, each datagram at once: no process
+/// is forked per datagram, so a loaded machine delays an answer by a
+/// scheduling slice, not by a fork and exec.
+struct UdpAnswerer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl UdpAnswerer {
+    /// How often the thread looks at the stop flag.
+    const POLL: Duration = Duration::from_millis(50);
+
+    fn start(socket: UdpSocket, ident: &str) -> Result<UdpAnswerer> {
+        socket.set_read_timeout(Some(Self::POLL))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let ident = ident.to_string();
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while !stopped.load(Ordering::Relaxed) {
+                if let Ok((_, peer)) = socket.recv_from(&mut buf) {
+                    let text = format!("{}\n", answer(&ident, peer.ip()));
+                    // An answer the network refuses is the test's to see.
+                    let _ = socket.send_to(text.as_bytes(), peer);
+                }
+            }
+        });
+        Ok(UdpAnswerer {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for UdpAnswerer {
+    /// The port is free again when the server is dropped.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -166,18 +216,43 @@ pub fn tcp_request_from(
     Ok(normalize(&stdout))
 }
 
-/// One UDP exchange (waits 1 s for the answer).
+/// How long one UDP exchange waits for its answer. The servers answer from
+/// a thread at once; a retry (a new socket, so a new flow) is the caller's.
+pub const UDP_ANSWER_WAIT: Duration = Duration::from_secs(1);
+
+/// One UDP exchange from `ns`: the answer within [`UDP_ANSWER_WAIT`].
 pub fn udp_request(ns: &str, dst: IpAddr, port: u16) -> Result<String> {
-    let target = socat_addr("UDP", &dst, port);
-    let out = feed_in(ns, &["socat", "-T1", "STDIO", &target], b"hello\n", 4)?;
-    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if stdout.is_empty() {
-        bail!(
-            "UDP {dst}:{port} from {ns}: no answer {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+    udp_request_within(ns, dst, port, UDP_ANSWER_WAIT)
+}
+
+/// One UDP exchange from `ns`, from a new socket (a new flow), connected
+/// to `dst:port` as a client's is: only an answer from there counts, and
+/// an ICMP error about the datagram fails it with "refused".
+pub fn udp_request_within(ns: &str, dst: IpAddr, port: u16, wait: Duration) -> Result<String> {
+    let target = SocketAddr::new(dst, port);
+    let answer = in_netns(ns, move || {
+        let any = match dst {
+            IpAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+            IpAddr::V6(_) => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
+        };
+        let socket = UdpSocket::bind(any)?;
+        socket.connect(target)?;
+        socket.set_read_timeout(Some(wait))?;
+        socket.send(b"hello\n")?;
+        let mut buf = [0u8; 2048];
+        let n = socket.recv(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+    });
+    match answer {
+        Ok(text) if !text.is_empty() => Ok(normalize(&text)),
+        Ok(_) => bail!("UDP {target} from {ns}: an empty answer"),
+        Err(e) => match e.downcast_ref::<std::io::Error>().map(|e| e.kind()) {
+            Some(ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                bail!("UDP {target} from {ns}: no answer in {wait:?}")
+            }
+            _ => bail!("UDP {target} from {ns}: {e}"),
+        },
     }
-    Ok(normalize(&stdout))
 }
 
 /// A server's answer `"<ident> <peer>"`, as the checks compare it.
