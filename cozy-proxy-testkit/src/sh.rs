@@ -101,10 +101,10 @@ impl Proc {
             cmd.process_group(0);
         }
         if !refused.is_empty() {
-            let filter = crate::refuse::filter(refused);
+            let filter = crate::controller::refuse::filter(refused);
             // SAFETY: the hook only makes prctl calls (async-signal-safe)
             // on a filter built before the fork.
-            unsafe { cmd.pre_exec(move || crate::refuse::install(&filter)) };
+            unsafe { cmd.pre_exec(move || crate::controller::refuse::install(&filter)) };
         }
         let child = cmd.spawn().with_context(|| format!("starting {args:?}"))?;
         Ok(Proc { child, group })

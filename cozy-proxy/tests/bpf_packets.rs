@@ -13,8 +13,8 @@ use cozy_proxy::{
 };
 use cozy_proxy_common::{maps as names, FlowKey, FlowState, IpKey, RevKey, RevValue};
 use cozy_proxy_testkit::{
-    bpf::{apply_state, Ifaces, World, DROP, PASS, REDIRECT},
-    frames::{inspect, Spec, GRE, ICMP, ICMPV6, TCP, UDP},
+    packets::bpf::{apply_state, Ifaces, World, DROP, PASS, REDIRECT},
+    packets::frames::{inspect, Spec, GRE, ICMP, ICMPV6, TCP, UDP},
 };
 use std::{net::IpAddr, sync::Mutex};
 

@@ -1,4 +1,4 @@
-//! The Cilium lane: the real Cilium agent (cozy-proxy-testkit/src/cilium.rs:
+//! The Cilium lane: the real Cilium agent (cozy-proxy-testkit/src/agents/cilium.rs:
 //! Cilium 1.20 configured by its own chart with Cozystack's values) on both
 //! nodes of a two-node namespace cluster with the real control plane and
 //! MetalLB, beside cozy-proxy's eBPF backend; every pod a Cilium endpoint,
@@ -11,14 +11,14 @@
 //! Cozystack runs Cilium. Needs root and `cargo xtask setup`.
 use anyhow::{bail, ensure, Context, Result};
 use cozy_proxy_testkit::{
-    across::Streams,
-    cilium::{self, Cilium},
-    cluster::{pod, Cluster, ClusterShape, ClusterSource, Pod},
-    k8s::{api_service, ControlPlane, SELECTOR_LABEL},
-    manifests::Svc,
-    metallb::MetalLb,
-    net::Fam,
+    agents::cilium::{self, Cilium},
+    control_plane::k8s::{api_service, ControlPlane, SELECTOR_LABEL},
+    control_plane::metallb::MetalLb,
+    controller::manifests::Svc,
+    nodes::cluster::{pod, Cluster, ClusterShape, ClusterSource, Pod},
+    nodes::net::Fam,
     sh::feed_in,
+    traffic::across::Streams,
     traffic::{answer, eventually, tcp_request, Server, SETTLE},
     Backend,
 };

@@ -6,8 +6,8 @@
 mod cases;
 
 use cozy_proxy_testkit::{
-    cluster::{Cluster, ClusterShape},
-    net::Fam,
+    nodes::cluster::{Cluster, ClusterShape},
+    nodes::net::Fam,
     Backend,
 };
 

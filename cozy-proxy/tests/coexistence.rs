@@ -7,12 +7,12 @@
 //! leaves with its LB IP, both families. Needs root.
 use anyhow::{ensure, Context, Result};
 use cozy_proxy_testkit::{
-    agent::{OtherAgent, Place},
-    manifests::Svc,
-    net::Fam,
+    agents::tc_program::{OtherAgent, Place},
+    controller::manifests::Svc,
+    nodes::net::Fam,
+    nodes::topology::Shape,
     scenario::WEB,
     sh::ok_in,
-    topology::Shape,
     traffic::{eventually, tcp_request, SETTLE},
     Backend, Env,
 };
@@ -401,7 +401,7 @@ fn route_goes_before_the_tables(backend: Backend) -> Result<()> {
     let (node, lb) = (env.topo.node(), env.lb(0));
     env.dir.put(
         "node2",
-        &cozy_proxy_testkit::k8s::node_yaml("node2", Some("198.51.100.3".parse()?)),
+        &cozy_proxy_testkit::control_plane::k8s::node_yaml("node2", Some("198.51.100.3".parse()?)),
     )?;
     env.dir.put("vm9", &Svc::new("vm9", lb).yaml())?;
     env.dir.put(

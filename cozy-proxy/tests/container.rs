@@ -13,7 +13,7 @@ mod cases;
 
 use anyhow::{ensure, Context, Result};
 use cozy_proxy_testkit as harness;
-use harness::{image, net::Fam, Backend, Env};
+use harness::{controller::image, nodes::net::Fam, Backend, Env};
 use std::time::Duration;
 
 fn run(backend: Backend, scenario: fn(&mut Env) -> Result<()>) {
@@ -83,7 +83,9 @@ fn the_shipped_profile_is_the_runtime_default_plus_bpf() -> Result<()> {
     let image::SeccompChoice::Localhost(name) = &choice else {
         anyhow::bail!("the chart's eBPF profile is {choice:?}, not Localhost");
     };
-    let path = harness::k8s::chart_dir().join("files").join(name);
+    let path = harness::control_plane::k8s::chart_dir()
+        .join("files")
+        .join(name);
     if std::env::var_os("COZY_PROXY_WRITE_PROFILE").is_some() {
         std::fs::write(&path, serde_json::to_string_pretty(&want)? + "\n")?;
     }
@@ -157,8 +159,9 @@ fn the_init_container_installs_the_profile() -> Result<()> {
         "init container failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let shipped =
-        std::fs::read_to_string(harness::k8s::chart_dir().join("files/cozy-proxy-ebpf.json"))?;
+    let shipped = std::fs::read_to_string(
+        harness::control_plane::k8s::chart_dir().join("files/cozy-proxy-ebpf.json"),
+    )?;
     ensure!(
         installed.as_deref() == Some(shipped.as_str()),
         "installed {installed:?}"
@@ -184,13 +187,14 @@ const SWITCH_LOSS: usize = 0;
 /// way across the switch.
 fn switch(from: Backend, to: Backend) -> Result<()> {
     use aya::programs::TcAttachType;
-    use harness::agent::OtherAgent;
+    use harness::agents::tc_program::OtherAgent;
     let mut env = Env::in_container(from, Fam::V4, None, None)?;
     let lb = env.lb(0);
-    let svc = harness::manifests::Svc::new("vm1", lb).filter(&[("TCP", FLOW), ("UDP", FLOW)]);
+    let svc =
+        harness::controller::manifests::Svc::new("vm1", lb).filter(&[("TCP", FLOW), ("UDP", FLOW)]);
     env.put_service(&svc, &[env.pod_ip(1)])?;
     env.settle()?;
-    let streams = harness::across::Streams::start(&env, lb, FLOW)?;
+    let streams = harness::traffic::across::Streams::start(&env, lb, FLOW)?;
     env.switch_container_to(to)?;
     env.wait_log("datapath synced")?;
     let pins = env.ctl.pin_dir.clone();

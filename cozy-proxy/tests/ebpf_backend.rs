@@ -6,9 +6,9 @@ use cozy_proxy_testkit as harness;
 use anyhow::{ensure, Context, Result};
 use cozy_proxy::ebpf::layouts::pin_path;
 use harness::{
-    manifests::{slice, Slice, Svc},
-    net::Fam,
-    refuse,
+    controller::manifests::{slice, Slice, Svc},
+    controller::refuse,
+    nodes::net::Fam,
     sh::{ok, ok_in},
     traffic::{answer, eventually, tcp_request, Server, SETTLE},
     Backend, Env,
@@ -873,8 +873,8 @@ fn a_switch_from_nft_keeps_the_connections_a_filtered_pod_opened() -> Result<()>
     let mut env = setup_with(Backend::Nft)?;
     let far = SocketAddr::new(env.net.ext, 8443);
     let listener =
-        harness::topology::in_netns(&env.topo.ext(), move || Ok(TcpListener::bind(far)?))?;
-    let mut pod_end = harness::topology::in_netns(&env.topo.pod(1), move || {
+        harness::nodes::topology::in_netns(&env.topo.ext(), move || Ok(TcpListener::bind(far)?))?;
+    let mut pod_end = harness::nodes::topology::in_netns(&env.topo.pod(1), move || {
         Ok(TcpStream::connect_timeout(&far, Duration::from_secs(3))?)
     })?;
     let (mut far_end, seen) = listener.accept()?;
@@ -913,8 +913,8 @@ fn a_switch_from_the_fast_path_to_nft_holds_a_filtered_flow_until_the_pod_sends(
     ok_in(&node, &["ping", "-c1", "-W1", &env.net.ext.to_string()])?;
     let far = SocketAddr::new(env.net.ext, 8443);
     let listener =
-        harness::topology::in_netns(&env.topo.ext(), move || Ok(TcpListener::bind(far)?))?;
-    let mut pod_end = harness::topology::in_netns(&env.topo.pod(1), move || {
+        harness::nodes::topology::in_netns(&env.topo.ext(), move || Ok(TcpListener::bind(far)?))?;
+    let mut pod_end = harness::nodes::topology::in_netns(&env.topo.pod(1), move || {
         Ok(TcpStream::connect_timeout(&far, Duration::from_secs(3))?)
     })?;
     let (mut far_end, seen) = listener.accept()?;

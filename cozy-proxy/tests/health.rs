@@ -4,7 +4,7 @@
 //! Needs root (the controller runs in a test node namespace).
 use anyhow::{ensure, Result};
 use cozy_proxy_testkit as harness;
-use harness::{net::Fam, sh::Proc, traffic::eventually, Backend, Env};
+use harness::{nodes::net::Fam, sh::Proc, traffic::eventually, Backend, Env};
 use std::{process::Stdio, time::Duration, time::Instant};
 
 #[test]

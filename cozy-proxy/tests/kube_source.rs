@@ -6,8 +6,8 @@ use cozy_proxy_testkit as harness;
 
 use anyhow::{ensure, Context, Result};
 use harness::{
-    manifests::{slice, Svc},
-    net::Fam,
+    controller::manifests::{slice, Svc},
+    nodes::net::Fam,
     sh::ok_in,
     traffic::{eventually, SETTLE},
     Backend, Env, SourceKind,

@@ -22,15 +22,15 @@
 //! by pod IP, and (port filter) an unlisted port closed. Needs root.
 use anyhow::{ensure, Context, Result};
 use cozy_proxy_testkit::{
-    cluster::{pod, Cluster, ClusterShape, ClusterSource},
-    flows::{Datagram, Echo, HeldTcp, UdpStream},
-    k8s::api_service,
-    manifests::Svc,
-    metallb::MetalLb,
-    migration::{launchers_slice, put_launcher_pods, vm_ip, Launcher, Vm},
-    net::Fam,
+    control_plane::k8s::api_service,
+    control_plane::metallb::MetalLb,
+    controller::manifests::Svc,
+    nodes::cluster::{pod, Cluster, ClusterShape, ClusterSource},
+    nodes::migration::{launchers_slice, put_launcher_pods, vm_ip, Launcher, Vm},
+    nodes::net::Fam,
+    nodes::topology::cmd,
     sh::ok,
-    topology::cmd,
+    traffic::flows::{Datagram, Echo, HeldTcp, UdpStream},
     traffic::{eventually, tcp_request, Server, SETTLE},
     Backend,
 };

@@ -7,8 +7,8 @@ use cozy_proxy::datapath::DatapathState;
 use harness::traffic::eventually;
 use harness::{
     bin,
-    manifests::{slice, Svc},
-    net::Fam,
+    controller::manifests::{slice, Svc},
+    nodes::net::Fam,
     sh::ok_in,
     Backend, Env,
 };

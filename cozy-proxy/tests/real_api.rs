@@ -19,8 +19,8 @@ use cozy_proxy_testkit as harness;
 
 use anyhow::{bail, ensure, Context, Result};
 use harness::{
-    manifests::Svc,
-    net::Fam,
+    controller::manifests::Svc,
+    nodes::net::Fam,
     scenario::WEB,
     traffic::{eventually, SETTLE},
     Backend, Env, SourceKind,
@@ -31,7 +31,7 @@ fn env(backend: Backend, fam: Fam) -> Result<Env> {
     Env::with_source(backend, SourceKind::RealApi, fam)
 }
 
-fn api(env: &Env) -> Result<&harness::k8s::ControlPlane> {
+fn api(env: &Env) -> Result<&harness::control_plane::k8s::ControlPlane> {
     env.api.as_ref().context("a real control plane")
 }
 
@@ -366,7 +366,7 @@ fn the_datapath_goes_only_with_the_charts_daemonset() -> Result<()> {
         "daemonset",
         "cozy-proxy",
         "-n",
-        harness::k8s::RELEASE_NAMESPACE,
+        harness::control_plane::k8s::RELEASE_NAMESPACE,
     ])?;
     env.ctl.stop()?;
     env.wait_log("uninstall; removing the datapath")?;
@@ -418,8 +418,10 @@ fn kube_proxy_skips_our_services(backend: Backend) -> Result<()> {
     let cp = env.api.as_mut().context("api")?;
     cp.set_node_address("node1", node_ip)?;
     cp.start_kube_proxy("node1")?;
-    env.dir
-        .put("node1", &harness::k8s::node_yaml("node1", Some(node_ip)))?;
+    env.dir.put(
+        "node1",
+        &harness::control_plane::k8s::node_yaml("node1", Some(node_ip)),
+    )?;
     let _p1 = env.serve_tcp(1, WEB)?;
     let _p2 = env.serve_tcp(2, WEB)?;
     env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
@@ -676,7 +678,7 @@ fn an_uninstall_that_takes_the_rules_first_still_removes_the_datapath() -> Resul
     env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
     env.settle()?;
     let api = api(&env)?;
-    let ns = harness::k8s::RELEASE_NAMESPACE;
+    let ns = harness::control_plane::k8s::RELEASE_NAMESPACE;
     api.kubectl(&["delete", "daemonset", "cozy-proxy", "-n", ns])?;
     for (kind, namespaced) in [
         ("rolebinding", true),
@@ -707,11 +709,11 @@ fn helm_uninstall_leaves_nothing(backend: Backend) -> Result<()> {
     let svc = Svc::new("vm1", env.lb(0)).filter(&[("TCP", 22)]);
     env.put_service(&svc, &[env.pod_ip(1)])?;
     env.settle()?;
-    api(&env)?.helm(&["uninstall", harness::k8s::RELEASE])?;
+    api(&env)?.helm(&["uninstall", harness::control_plane::k8s::RELEASE])?;
     env.ctl.stop()?;
     env.wait_log("uninstall; removing the datapath")?;
     let api = api(&env)?;
-    let ns = harness::k8s::RELEASE_NAMESPACE;
+    let ns = harness::control_plane::k8s::RELEASE_NAMESPACE;
     let left = api.kubectl(&[
         "get",
         "daemonset,serviceaccount,role,rolebinding",
@@ -750,7 +752,7 @@ fn helm_uninstall_leaves_nothing(backend: Backend) -> Result<()> {
     ensure!(pins.is_empty(), "pins left: {pins:?}");
     for dev in ["uplink", "pod1", "pod2", "pod3"] {
         for hook in [TcAttachType::Ingress, TcAttachType::Egress] {
-            let chain = harness::agent::OtherAgent::tcx_chain(&node, dev, hook)?;
+            let chain = harness::agents::tc_program::OtherAgent::tcx_chain(&node, dev, hook)?;
             ensure!(chain.is_empty(), "programs on {dev} {hook:?}: {chain:?}");
         }
     }

@@ -9,7 +9,7 @@ mod cases;
 use cozy_proxy_testkit as harness;
 
 use cases::*;
-use harness::{net::Fam, topology::Shape, Backend, Env, SourceKind};
+use harness::{nodes::net::Fam, nodes::topology::Shape, Backend, Env, SourceKind};
 
 fn run(
     backend: Backend,

@@ -11,7 +11,10 @@
 //! eBPF toolchain (`cargo xtask setup`).
 use anyhow::{ensure, Result};
 use cozy_proxy_testkit as harness;
-use harness::{across::Streams, flows::HeldTcp, manifests::Svc, net::Fam, sh::Proc, Backend, Env};
+use harness::{
+    controller::manifests::Svc, nodes::net::Fam, sh::Proc, traffic::across::Streams,
+    traffic::flows::HeldTcp, Backend, Env,
+};
 use std::{process::Stdio, time::Duration};
 
 /// The port both ends of the streams answer on.
@@ -21,7 +24,7 @@ const GAP: Duration = Duration::from_secs(2);
 const SYNCED: &str = "datapath synced";
 
 fn upgrade(backend: Backend, filter: bool) -> Result<()> {
-    let (release, previous) = harness::release::previous_binary()?;
+    let (release, previous) = harness::controller::release::previous_binary()?;
     let mut env = Env::with_binary(backend, Fam::V4, previous.display().to_string())?;
     let lb = env.lb(0);
     let mut svc = Svc::new("vm1", lb);

@@ -4,7 +4,7 @@
 //! as it is. Needs root (the controller runs in a test node namespace).
 use anyhow::{ensure, Result};
 use cozy_proxy_testkit as harness;
-use harness::{net::Fam, traffic::eventually, Backend, Env};
+use harness::{nodes::net::Fam, traffic::eventually, Backend, Env};
 use std::{fs, time::Duration};
 
 fn count(env: &Env, text: &str) -> usize {

@@ -66,7 +66,7 @@ const TEST_PACKAGES: &[&str] = &[
     // The order of a controller's syscalls (tests/ebpf_backend.rs).
     "strace",
     "fonts-dejavu-core",
-    // The real control plane's certificates (cozy-proxy-testkit/src/k8s.rs).
+    // The real control plane's certificates (cozy-proxy-testkit/src/control_plane/k8s.rs).
     "openssl",
     // The image without a daemon, and the container under the chart's
     // settings (cargo xtask image, tests/container.rs); buildah brings
@@ -323,7 +323,7 @@ fn bench(args: &[String]) -> Result<()> {
             "-p",
             "cozy-proxy",
             "-p",
-            "cozy-proxy-testkit",
+            "cozy-proxy-bench",
             "--bins",
         ]))?;
         let out = Command::new(root().join(format!("target/release/bench-{kind}")))

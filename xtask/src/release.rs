@@ -24,8 +24,9 @@ const CHART: &str = "charts/cozy-proxy/Chart.yaml";
 const LOCKS: [&str; 2] = ["Cargo.lock", "cozy-proxy-ebpf/Cargo.lock"];
 const CHANGELOG: &str = "CHANGELOG.md";
 /// Our packages, as the lock files name them.
-const PACKAGES: [&str; 5] = [
+const PACKAGES: [&str; 6] = [
     "cozy-proxy",
+    "cozy-proxy-bench",
     "cozy-proxy-common",
     "cozy-proxy-testkit",
     "cozy-proxy-ebpf",

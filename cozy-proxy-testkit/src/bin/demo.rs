@@ -5,7 +5,7 @@ use cozy_proxy_testkit as harness;
 
 use anyhow::{Context, Result};
 use harness::{
-    net::{Fam, Net},
+    nodes::net::{Fam, Net},
     sh::ok_in,
     traffic::{eventually, ping, tcp_request, Server, SETTLE},
     Backend, Env,
@@ -33,7 +33,7 @@ fn demo(backend: Backend) -> Result<()> {
         backend.arg(),
         examples.display()
     ));
-    for file in harness::manifests::files_in(&examples)? {
+    for file in harness::controller::manifests::files_in(&examples)? {
         let name = file
             .file_stem()
             .and_then(|s| s.to_str())

@@ -17,8 +17,8 @@ use super::{nets, Ifaces, World, DROP, PASS};
 use aya::maps::{HashMap as AyaHashMap, MapData};
 use cozy_proxy_common::{maps as names, FlowKey, FlowState, FragKey, RevKey, RevValue};
 use cozy_proxy_testkit::{
-    frames::{addresses, parse, ICMP, ICMPV6, TCP, UDP},
-    fuzz::{frame, from_hex, to_hex, Pools, Rng},
+    packets::frames::{addresses, parse, ICMP, ICMPV6, TCP, UDP},
+    packets::fuzz::{frame, from_hex, to_hex, Pools, Rng},
 };
 use std::{
     collections::BTreeSet,

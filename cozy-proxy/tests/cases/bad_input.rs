@@ -2,7 +2,7 @@
 //! Service keeps working, and the problem is reported.
 use anyhow::{ensure, Result};
 use cozy_proxy_testkit::scenario::WEB;
-use cozy_proxy_testkit::{manifests::Svc, Env};
+use cozy_proxy_testkit::{controller::manifests::Svc, Env};
 
 /// Scenario 17: wholeIP / allowICMP neither "true" nor "false": warning, fail closed.
 pub fn s17_invalid_annotation(env: &mut Env) -> Result<()> {

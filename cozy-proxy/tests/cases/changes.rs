@@ -2,7 +2,7 @@
 use anyhow::{ensure, Context, Result};
 use cozy_proxy_testkit::scenario::WEB;
 use cozy_proxy_testkit::{
-    manifests::Svc,
+    controller::manifests::Svc,
     sh::Proc,
     traffic::{eventually, Capture, SETTLE},
     Env,

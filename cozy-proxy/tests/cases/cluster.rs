@@ -3,9 +3,9 @@
 //! unmapped pods (in-cluster clients) on node1 and node2.
 use anyhow::{bail, ensure, Context, Result};
 use cozy_proxy_testkit::{
-    cluster::{pod, Cluster, ClusterShape, Pod},
-    manifests::Svc,
-    net::Fam,
+    controller::manifests::Svc,
+    nodes::cluster::{pod, Cluster, ClusterShape, Pod},
+    nodes::net::Fam,
     sh::{feed_in, ok_in, run_in, Proc},
     traffic::{conntrack, eventually, ping, tcp_request, udp_request, Server, SETTLE},
 };

@@ -2,9 +2,9 @@
 use anyhow::{bail, ensure, Result};
 use cozy_proxy_testkit::scenario::WEB;
 use cozy_proxy_testkit::{
-    manifests::Svc,
-    net::Fam,
-    topology::{cmd, Shape},
+    controller::manifests::Svc,
+    nodes::net::Fam,
+    nodes::topology::{cmd, Shape},
     traffic::{tcp_request, udp_request, Capture},
     Backend, Env,
 };

@@ -12,12 +12,12 @@
 //! - afterwards the node still serves both mappings.
 use anyhow::{ensure, Result};
 use cozy_proxy_testkit::{
-    frames::{mac, parse, send_all, Seen, ICMP, ICMPV6, TCP, UDP},
-    fuzz::{frame, Pools, Rng},
-    manifests::Svc,
-    net::Fam,
+    controller::manifests::Svc,
+    nodes::net::Fam,
+    nodes::topology::Shape,
+    packets::frames::{mac, parse, send_all, Seen, ICMP, ICMPV6, TCP, UDP},
+    packets::fuzz::{frame, Pools, Rng},
     scenario::WEB,
-    topology::Shape,
     traffic::Capture,
     Env,
 };

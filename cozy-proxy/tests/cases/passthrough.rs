@@ -2,7 +2,7 @@
 use anyhow::{ensure, Context, Result};
 use cozy_proxy_testkit::scenario::WEB;
 use cozy_proxy_testkit::{
-    manifests::Svc,
+    controller::manifests::Svc,
     traffic::{
         conntrack, echo_requests_received, eventually, ping, send_raw, tcp_request, RawReceiver,
         Server, SETTLE,
@@ -101,7 +101,7 @@ pub fn s06_conntrack_one_entry(env: &mut Env) -> Result<()> {
         tcp_request(&env.pod_ns(1), env.net.ext, 7000)
     })?;
     let fam = env.fam();
-    let icmp = if fam == cozy_proxy_testkit::net::Fam::V4 {
+    let icmp = if fam == cozy_proxy_testkit::nodes::net::Fam::V4 {
         "icmp"
     } else {
         "icmpv6"

@@ -4,12 +4,12 @@
 //! ICMP errors naming the LB IP, a node VIP no Service can take.
 use anyhow::{bail, ensure, Context, Result};
 use cozy_proxy_testkit::{
-    frames::{mac, parse, send, send_paged, Spec, ICMPV6, TCP, UDP},
-    manifests::Svc,
-    net::Fam,
+    controller::manifests::Svc,
+    nodes::net::Fam,
+    nodes::topology::{cmd, Shape},
+    packets::frames::{mac, parse, send, send_paged, Spec, ICMPV6, TCP, UDP},
     scenario::WEB,
     sh::ok_in,
-    topology::{cmd, Shape},
     traffic::{answer, conntrack, eventually, tcp_request, tcp_request_from, Capture, Server},
     Backend, Env,
 };

@@ -3,7 +3,7 @@
 //! fragments, TCP/UDP/ICMP/ICMPv6, ICMP errors quoting a packet) built from
 //! pools of interesting addresses and ports, then cut, flipped or left
 //! whole. Deterministic for a seed, so that a failure can be replayed.
-use crate::frames::{Spec, GRE, ICMP, ICMPV6, TCP, UDP};
+use crate::packets::frames::{Spec, GRE, ICMP, ICMPV6, TCP, UDP};
 use std::net::IpAddr;
 
 /// SplitMix64: small, fast, and good enough to pick test inputs.
@@ -216,7 +216,7 @@ pub fn from_hex(s: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frames::parse;
+    use crate::packets::frames::parse;
 
     fn pools() -> Pools {
         Pools {

@@ -1,7 +1,16 @@
-//! Real traffic: TCP and UDP servers and clients, ping, tcpdump, conntrack.
-use super::net::Fam;
-use super::sh::{feed_in, ok_in, run_in, Proc};
-use super::topology::in_netns;
+//! Real traffic through the kernel, and its counting: TCP and UDP servers
+//! and clients, ping, tcpdump, conntrack (here); long-running flows
+//! measured while the network changes under them (`flows`); streams kept
+//! up across a change of the controller (`across`).
+//!
+//! What it does not model: load (the benchmarks measure rates); every
+//! exchange here is a request and its answer, or a counted stream.
+pub mod across;
+pub mod flows;
+
+use crate::nodes::net::Fam;
+use crate::nodes::topology::in_netns;
+use crate::sh::{feed_in, ok_in, run_in, Proc};
 use anyhow::{bail, Context, Result};
 use std::{
     fs,
@@ -398,7 +407,7 @@ impl Capture {
     }
 
     /// A capture written as pcap to `out` (whole frames, for
-    /// [`crate::frames::read_pcap`]).
+    /// [`crate::packets::frames::read_pcap`]).
     pub fn start_pcap(ns: &str, dev: &str, filter: &str, out: PathBuf) -> Result<Capture> {
         let err = out.with_extension("err");
         let file = out.display().to_string();
@@ -440,7 +449,7 @@ impl Capture {
     pub fn stop_frames(mut self) -> Result<Vec<Vec<u8>>> {
         self.proc.kill(libc::SIGINT);
         let _ = self.proc.child.wait();
-        crate::frames::read_pcap(&self.out)
+        crate::packets::frames::read_pcap(&self.out)
     }
 
     /// Stops the capture; the packet lines it printed.

@@ -2,7 +2,7 @@
 //! `ext`, `node`, `pod1`..`pod3`, created per test with unique names and
 //! removed when dropped; the node wires its pods in one of the [`Shape`]s
 //! the common CNIs build.
-use super::sh::{feed_in, ok, ok_in};
+use crate::sh::{feed_in, ok, ok_in};
 use anyhow::{bail, Result};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -327,7 +327,7 @@ impl Topology {
     /// pod stays right, as a real CNI's gratuitous ARP would make it).
     pub fn move_pod(&mut self, i: usize) -> Result<()> {
         let (ns, old) = self.pod_port(i);
-        let link = super::sh::ok_in(&self.pod(i), &["ip", "-j", "link", "show", "dev", "eth0"])?;
+        let link = crate::sh::ok_in(&self.pod(i), &["ip", "-j", "link", "show", "dev", "eth0"])?;
         let link: serde_json::Value = serde_json::from_str(&link)?;
         let Some(mac) = link[0]["address"].as_str().map(str::to_string) else {
             bail!("pod{i}'s eth0 has no link-layer address: {link}");

@@ -5,7 +5,7 @@
 //! runs them: memberlist off (every node with a speaker is eligible), no
 //! webhook. Built from `go.universe.tf/metallb` by `cargo xtask setup`
 //! (xtask/src/metallb.rs), with its CRDs.
-use crate::k8s::ControlPlane;
+use crate::control_plane::k8s::ControlPlane;
 use crate::sh::Proc;
 use anyhow::{bail, Context, Result};
 use std::{fs, net::IpAddr, path::PathBuf, process::Stdio};

@@ -26,8 +26,8 @@
 //!   and `genev_sys_6081` (no Open vSwitch, no Geneve here); Envoy and the
 //!   Gateway API, which Cozystack enables, are off (no L7 here); IPv4
 //!   only, as Cozystack runs Cilium.
-use crate::cluster::Cluster;
-use crate::k8s::ControlPlane;
+use crate::control_plane::k8s::ControlPlane;
+use crate::nodes::cluster::Cluster;
 use crate::sh::{ok_in, Proc};
 use anyhow::{bail, Context, Result};
 use std::{

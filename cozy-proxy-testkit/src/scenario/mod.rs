@@ -1,8 +1,11 @@
 //! The vocabulary the scenarios of cozy-proxy/tests/cases/README.md are
 //! written in: Services put in place, servers in pods, and checks of what
 //! reaches whom. The scenarios themselves are in cozy-proxy/tests/cases.
+pub mod env;
+pub mod suite;
+
 use crate::{
-    manifests::{slice, Svc},
+    controller::manifests::{slice, Svc},
     traffic::{answer, eventually, ping, tcp_request, udp_request, Server, SETTLE},
     Env,
 };

@@ -13,15 +13,15 @@
 //! traffic leaving the cluster (as CNIs do), and each runs its own
 //! `cozy-proxy run --node-name nodeN` on the same manifests (Nodes with
 //! podCIDRs and addresses, Services, EndpointSlices with nodeName).
-use crate::k8s::{self, ControlPlane};
-use crate::manifests::{ManifestDir, Svc};
-use crate::metallb::{MetalLb, SpeakerNode};
-use crate::net::Fam;
-use crate::sh::{feed_in, ok_in};
-use crate::topology::{
+use crate::control_plane::k8s::{self, ControlPlane};
+use crate::control_plane::metallb::{MetalLb, SpeakerNode};
+use crate::controller::manifests::{ManifestDir, Svc};
+use crate::nodes::net::Fam;
+use crate::nodes::topology::{
     bridge_gateway, cmd, join_node, new_ns, no_offload, ovn_router, pod_on_segment,
     remove_namespaces, unique_prefix, veth, wire_port, Shape,
 };
+use crate::sh::{feed_in, ok_in};
 use crate::traffic::{answer, eventually, tcp_request, udp_request, Server, SETTLE};
 use crate::{bin, expected_state, test_bpffs, Backend, Controller};
 use anyhow::{bail, ensure, Context, Result};

@@ -36,12 +36,12 @@ fn main() -> anyhow::Result<()> {
 
 mod datapath {
     use super::harness::{
-        frames::mac,
-        k8s::ControlPlane,
-        manifests::{slice, Svc},
-        net::{Fam, Net},
+        control_plane::k8s::ControlPlane,
+        controller::manifests::{slice, Svc},
+        nodes::net::{Fam, Net},
+        nodes::topology::Topology,
+        packets::frames::mac,
         sh::{feed_in, ok_in, run_in, Proc},
-        topology::Topology,
         traffic::eventually,
         Backend, Env,
     };

@@ -50,7 +50,7 @@ pub struct OtherAgent {
 fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
     std::thread::scope(|s| {
         s.spawn(|| {
-            crate::topology::enter_netns(ns)?;
+            crate::nodes::topology::enter_netns(ns)?;
             f()
         })
         .join()

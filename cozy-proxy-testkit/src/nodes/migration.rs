@@ -9,10 +9,10 @@
 //! And the objects a migration writes: the EndpointSlice as the
 //! EndpointSlice controller writes it from the two virt-launcher pods'
 //! conditions, or, with a real API, the pods themselves.
-use crate::cluster::{Cluster, ClusterShape};
-use crate::k8s::{ControlPlane, SELECTOR_LABEL};
-use crate::net::Fam;
-use crate::topology::{cmd, new_ns, no_offload, remove_namespaces, veth};
+use crate::control_plane::k8s::{ControlPlane, SELECTOR_LABEL};
+use crate::nodes::cluster::{Cluster, ClusterShape};
+use crate::nodes::net::Fam;
+use crate::nodes::topology::{cmd, new_ns, no_offload, remove_namespaces, veth};
 use crate::traffic::{eventually, SETTLE};
 use anyhow::{ensure, Result};
 use std::net::IpAddr;
@@ -143,7 +143,7 @@ impl Vm {
         let (mut here, mut there) = (Vec::new(), Vec::new());
         for fam in [Fam::V4, Fam::V6] {
             here.push(self.route_here(fam));
-            let net = crate::cluster::ClusterNet { fam };
+            let net = crate::nodes::cluster::ClusterNet { fam };
             there.push(format!("route replace {} via {}", vm_ip(fam), net.node(k)));
         }
         batch(&self.ns, &vm)?;
@@ -175,8 +175,8 @@ impl Drop for Vm {
 /// Node `k`'s address on its side of a pod's link (the pods' gateway).
 fn gateways(k: usize) -> (IpAddr, IpAddr) {
     let (v4, v6) = (
-        crate::cluster::ClusterNet { fam: Fam::V4 },
-        crate::cluster::ClusterNet { fam: Fam::V6 },
+        crate::nodes::cluster::ClusterNet { fam: Fam::V4 },
+        crate::nodes::cluster::ClusterNet { fam: Fam::V6 },
     );
     (v4.gateway(k), v6.gateway(k))
 }
@@ -226,7 +226,7 @@ impl Launcher {
 
 /// The Service `name`'s EndpointSlice: the VM's IP once per launcher pod.
 pub fn launchers_slice(name: &str, fam: Fam, pods: &[Launcher]) -> String {
-    let net = crate::cluster::ClusterNet { fam };
+    let net = crate::nodes::cluster::ClusterNet { fam };
     let mut y = format!(
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-e\n  namespace: default\n  labels:\n    kubernetes.io/service-name: {name}\n\
          addressType: {}\nendpoints:\n",

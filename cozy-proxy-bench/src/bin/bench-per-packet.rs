@@ -19,8 +19,8 @@ use cozy_proxy::datapath::{AllowedPort, DatapathState};
 use cozy_proxy::model::IpRange;
 use cozy_proxy_common::{addr, maps as names, AddrInfo, Config, IpKey, PortKey};
 use cozy_proxy_testkit::{
-    bpf::{World, DROP, PASS, REDIRECT},
-    frames::{Spec, TCP, UDP},
+    packets::bpf::{World, DROP, PASS, REDIRECT},
+    packets::frames::{Spec, TCP, UDP},
 };
 use serde_json::{json, Value};
 use std::net::IpAddr;

@@ -65,7 +65,7 @@ pub fn chart_security(backend: &str) -> Result<Security> {
 
 /// The same for the chart's container (or init container) `name`.
 pub fn chart_container_security(backend: &str, name: &str) -> Result<Security> {
-    let chart = crate::k8s::chart_dir().display().to_string();
+    let chart = crate::control_plane::k8s::chart_dir().display().to_string();
     let rendered = ok(&[
         "helm",
         "template",
@@ -395,7 +395,9 @@ impl SeccompChoice {
                 )?)
             }
             SeccompChoice::Localhost(name) => {
-                let path = crate::k8s::chart_dir().join("files").join(name);
+                let path = crate::control_plane::k8s::chart_dir()
+                    .join("files")
+                    .join(name);
                 let text = fs::read_to_string(&path)
                     .with_context(|| format!("reading {}", path.display()))?;
                 Some(serde_json::from_str(&text)?)

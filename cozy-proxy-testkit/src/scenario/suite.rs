@@ -35,11 +35,11 @@ macro_rules! datapath_suite {
     ($run:ident($($arg:expr),*); $($module:ident :: $name:ident),+ $(,)?) => {
         mod v4 {
             use super::*;
-            $crate::datapath_suite!(@tests $run($($arg,)* $crate::net::Fam::V4); $($module::$name),+);
+            $crate::datapath_suite!(@tests $run($($arg,)* $crate::nodes::net::Fam::V4); $($module::$name),+);
         }
         mod v6 {
             use super::*;
-            $crate::datapath_suite!(@tests $run($($arg,)* $crate::net::Fam::V6); $($module::$name),+);
+            $crate::datapath_suite!(@tests $run($($arg,)* $crate::nodes::net::Fam::V6); $($module::$name),+);
         }
     };
     (@tests $run:ident $args:tt; $($module:ident :: $name:ident),+) => {

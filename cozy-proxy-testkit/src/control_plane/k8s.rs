@@ -5,7 +5,7 @@
 //! controller makes the slices cozy-proxy reads). Built from their Go
 //! modules by `cargo xtask setup` (xtask/src/k8s.rs); started and stopped
 //! here, nothing left behind.
-use crate::manifests::Svc;
+use crate::controller::manifests::Svc;
 use crate::sh::{ok, ok_in, Proc};
 use crate::traffic::eventually;
 use anyhow::{bail, Context, Result};

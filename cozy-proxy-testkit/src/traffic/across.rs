@@ -2,7 +2,7 @@
 //! upgrade): a UDP request/reply stream at 100/s each way and a held TCP
 //! connection each way, all through one mapped pod's LB IP; then how much
 //! of it the change cost.
-use crate::flows::{Datagram, Echo, Held, HeldTcp, UdpStream};
+use crate::traffic::flows::{Datagram, Echo, Held, HeldTcp, UdpStream};
 use crate::traffic::{eventually, udp_request, SETTLE};
 use crate::Env;
 use anyhow::{ensure, Result};
