@@ -3,7 +3,7 @@
 //! re-created), new interfaces followed, and cleanup. Needs root.
 use cozy_proxy_testkit as harness;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use cozy_proxy::ebpf::layouts::pin_path;
 use harness::{
     controller::manifests::{slice, Slice, Svc},
@@ -923,21 +923,52 @@ fn a_switch_from_the_fast_path_to_nft_holds_a_filtered_flow_until_the_pod_sends(
     let mut line = String::new();
     BufReader::new(&far_end).read_line(&mut line)?;
     ensure!(line == "hello\n", "the far end read {line:?}");
-    let tracked = harness::traffic::conntrack(&node, Fam::V4, &["-p", "tcp", "--dport", "8443"])?;
+    // Either direction: the pod's (to port 8443) or the far end's (from it).
+    let tracked = || -> Result<Vec<String>> {
+        let mut all = Vec::new();
+        for dir in ["--dport", "--sport"] {
+            all.extend(harness::traffic::conntrack(
+                &node,
+                Fam::V4,
+                &["-p", "tcp", dir, "8443"],
+            )?);
+        }
+        Ok(all)
+    };
+    let before = tracked()?;
     ensure!(
-        tracked.is_empty(),
-        "conntrack saw the fast path's flow: {tracked:?}"
+        before.is_empty(),
+        "conntrack saw the fast path's flow: {before:#?}"
     );
+    let ours: Vec<u64> = pinned_links(&env.ctl.pin_dir)?
+        .iter()
+        .map(|l| l.0)
+        .collect();
     env.ctl.restart_as(Backend::Nft)?;
     env.wait_log("removed the datapath backend=ebpf")?;
+    // The pins are gone; the kernel releases the links they held a moment
+    // later (after an RCU grace period), and until then the programs still
+    // carry the flow. From then on nothing but nft does.
+    eventually(SETTLE, || {
+        let links = bpftool(&["link", "show"])?;
+        let left: Vec<u64> = links
+            .as_array()
+            .map(|all| all.iter().filter_map(|l| l["id"].as_u64()).collect())
+            .unwrap_or_default();
+        let held: Vec<&u64> = ours.iter().filter(|id| left.contains(id)).collect();
+        ensure!(held.is_empty(), "links still held: {held:?}");
+        Ok(())
+    })?;
     far_end.write_all(b"after the switch\n")?;
     pod_end.set_read_timeout(Some(Duration::from_secs(2)))?;
     let mut reader = BufReader::new(pod_end.try_clone()?);
     let mut line = String::new();
-    ensure!(
-        reader.read_line(&mut line).is_err(),
-        "the far end's data reached the pod before it sent: {line:?}"
-    );
+    if reader.read_line(&mut line).is_ok() {
+        bail!(
+            "the far end's data reached the pod before it sent: {line:?}; conntrack: {:#?}",
+            tracked()?
+        );
+    }
     pod_end.write_all(b"again\n")?;
     let mut line = String::new();
     BufReader::new(&far_end).read_line(&mut line)?;
