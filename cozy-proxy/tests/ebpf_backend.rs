@@ -863,6 +863,26 @@ fn attaching_through_tcx_adds_no_qdisc() -> Result<()> {
     Ok(())
 }
 
+/// A TCP connection pod1 (mapped as `vm1`, port-filtered) opened to the
+/// outside on port 8443, an unlisted one: the pod's end and the far end's,
+/// after a first line from the pod, which the far end saw come from the
+/// LB IP.
+fn connection_pod1_opened(env: &Env) -> Result<(TcpStream, TcpStream)> {
+    let far = SocketAddr::new(env.net.ext, 8443);
+    let listener =
+        harness::nodes::topology::in_netns(&env.topo.ext(), move || Ok(TcpListener::bind(far)?))?;
+    let mut pod_end = harness::nodes::topology::in_netns(&env.topo.pod(1), move || {
+        Ok(TcpStream::connect_timeout(&far, Duration::from_secs(3))?)
+    })?;
+    let (far_end, seen) = listener.accept()?;
+    ensure!(seen.ip() == env.net.lbs[0], "the far end saw {seen}");
+    pod_end.write_all(b"hello\n")?;
+    let mut line = String::new();
+    BufReader::new(&far_end).read_line(&mut line)?;
+    ensure!(line == "hello\n", "the far end read {line:?}");
+    Ok((pod_end, far_end))
+}
+
 /// A switch from nftables to eBPF keeps the flows a filtered pod started:
 /// a connection the pod opened to an unlisted port while nftables served
 /// (which lets the replies in by conntrack), on which the far end speaks
@@ -871,18 +891,7 @@ fn attaching_through_tcx_adds_no_qdisc() -> Result<()> {
 #[test]
 fn a_switch_from_nft_keeps_the_connections_a_filtered_pod_opened() -> Result<()> {
     let mut env = setup_with(Backend::Nft)?;
-    let far = SocketAddr::new(env.net.ext, 8443);
-    let listener =
-        harness::nodes::topology::in_netns(&env.topo.ext(), move || Ok(TcpListener::bind(far)?))?;
-    let mut pod_end = harness::nodes::topology::in_netns(&env.topo.pod(1), move || {
-        Ok(TcpStream::connect_timeout(&far, Duration::from_secs(3))?)
-    })?;
-    let (mut far_end, seen) = listener.accept()?;
-    ensure!(seen.ip() == env.net.lbs[0], "the far end saw {seen}");
-    pod_end.write_all(b"hello\n")?;
-    let mut line = String::new();
-    BufReader::new(&far_end).read_line(&mut line)?;
-    ensure!(line == "hello\n", "the far end read {line:?}");
+    let (pod_end, mut far_end) = connection_pod1_opened(&env)?;
     env.ctl.restart_as(Backend::Ebpf)?;
     env.wait_log("remembered the flows filtered pods started before the switch")?;
     env.wait_log("removed the datapath backend=nft")?;
@@ -911,18 +920,7 @@ fn a_switch_from_the_fast_path_to_nft_holds_a_filtered_flow_until_the_pod_sends(
     // The node knows the far end's link-layer address: the flow rides the
     // fast path from its first packet.
     ok_in(&node, &["ping", "-c1", "-W1", &env.net.ext.to_string()])?;
-    let far = SocketAddr::new(env.net.ext, 8443);
-    let listener =
-        harness::nodes::topology::in_netns(&env.topo.ext(), move || Ok(TcpListener::bind(far)?))?;
-    let mut pod_end = harness::nodes::topology::in_netns(&env.topo.pod(1), move || {
-        Ok(TcpStream::connect_timeout(&far, Duration::from_secs(3))?)
-    })?;
-    let (mut far_end, seen) = listener.accept()?;
-    ensure!(seen.ip() == env.net.lbs[0], "the far end saw {seen}");
-    pod_end.write_all(b"hello\n")?;
-    let mut line = String::new();
-    BufReader::new(&far_end).read_line(&mut line)?;
-    ensure!(line == "hello\n", "the far end read {line:?}");
+    let (mut pod_end, mut far_end) = connection_pod1_opened(&env)?;
     // Either direction: the pod's (to port 8443) or the far end's (from it).
     let tracked = || -> Result<Vec<String>> {
         let mut all = Vec::new();

@@ -175,21 +175,7 @@ impl Drop for UdpAnswerer {
 /// server's answer, or an error that says how it failed.
 pub fn tcp_request(ns: &str, dst: IpAddr, port: u16) -> Result<String> {
     let target = format!("{},connect-timeout=1", socat_addr("TCP", &dst, port));
-    let out = feed_in(
-        ns,
-        &["socat", "-T2", "-t2", "STDIO", &target],
-        b"hello\n",
-        4,
-    )?;
-    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if !out.status.success() || stdout.is_empty() {
-        bail!(
-            "TCP {dst}:{port} from {ns}: {}, {:?}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(normalize(&stdout))
+    tcp_exchange(ns, &target, &format!("TCP {dst}:{port}"))
 }
 
 /// One TCP exchange from `ns` bound to `src:sport` (a chosen source
@@ -209,16 +195,18 @@ pub fn tcp_request_from(
         "{},connect-timeout=1,bind={bind},reuseaddr",
         socat_addr("TCP", &dst, port)
     );
-    let out = feed_in(
-        ns,
-        &["socat", "-T2", "-t2", "STDIO", &target],
-        b"hello\n",
-        4,
-    )?;
+    tcp_exchange(ns, &target, &format!("TCP {bind} -> {dst}:{port}"))
+}
+
+/// A line sent to socat's `target` from `ns` and the answer read back;
+/// `what` names the exchange in the error.
+fn tcp_exchange(ns: &str, target: &str, what: &str) -> Result<String> {
+    let out = feed_in(ns, &["socat", "-T2", "-t2", "STDIO", target], b"hello\n", 4)?;
     let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() || stdout.is_empty() {
         bail!(
-            "TCP {bind} -> {dst}:{port} from {ns}: {}",
+            "{what} from {ns}: {}, {:?}",
+            out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
@@ -387,6 +375,18 @@ pub struct Capture {
 }
 
 impl Capture {
+    /// Waits until tcpdump, its errors in `err`, says it listens.
+    fn listening(ns: &str, err: &std::path::Path) -> Result<()> {
+        eventually(Duration::from_secs(3), || {
+            let text = fs::read_to_string(err).unwrap_or_default();
+            if text.contains("listening on") {
+                Ok(())
+            } else {
+                bail!("tcpdump in {ns} not ready: {text}")
+            }
+        })
+    }
+
     pub fn start(ns: &str, dev: &str, filter: &str, out: PathBuf) -> Result<Capture> {
         let err = out.with_extension("err");
         let proc = Proc::spawn_in(
@@ -395,14 +395,7 @@ impl Capture {
             Stdio::from(fs::File::create(&out)?),
             Stdio::from(fs::File::create(&err)?),
         )?;
-        eventually(Duration::from_secs(3), || {
-            let text = fs::read_to_string(&err).unwrap_or_default();
-            if text.contains("listening on") {
-                Ok(())
-            } else {
-                bail!("tcpdump in {ns} not ready: {text}")
-            }
-        })?;
+        Capture::listening(ns, &err)?;
         Ok(Capture { proc, out })
     }
 
@@ -434,14 +427,7 @@ impl Capture {
             Stdio::null(),
             Stdio::from(fs::File::create(&err)?),
         )?;
-        eventually(Duration::from_secs(3), || {
-            let text = fs::read_to_string(&err).unwrap_or_default();
-            if text.contains("listening on") {
-                Ok(())
-            } else {
-                bail!("tcpdump in {ns} not ready: {text}")
-            }
-        })?;
+        Capture::listening(ns, &err)?;
         Ok(Capture { proc, out })
     }
 
