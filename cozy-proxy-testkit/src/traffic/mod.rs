@@ -101,11 +101,7 @@ impl Server {
     }
 
     pub fn udp(ns: &str, fam: Fam, port: u16, ident: &str) -> Result<Server> {
-        let any = match fam {
-            Fam::V4 => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            Fam::V6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-        };
-        Self::udp_at(ns, any, port, ident)
+        Self::udp_at(ns, unspecified(fam == Fam::V4), port, ident)
     }
 
     /// A UDP server bound to `addr`: its answers leave from `addr`, not
@@ -217,22 +213,15 @@ fn tcp_exchange(ns: &str, target: &str, what: &str) -> Result<String> {
 /// a thread at once; a retry (a new socket, so a new flow) is the caller's.
 pub const UDP_ANSWER_WAIT: Duration = Duration::from_secs(1);
 
-/// One UDP exchange from `ns`: the answer within [`UDP_ANSWER_WAIT`].
-pub fn udp_request(ns: &str, dst: IpAddr, port: u16) -> Result<String> {
-    udp_request_within(ns, dst, port, UDP_ANSWER_WAIT)
-}
-
 /// One UDP exchange from `ns`, from a new socket (a new flow), connected
 /// to `dst:port` as a client's is: only an answer from there counts, and
-/// an ICMP error about the datagram fails it with "refused".
-pub fn udp_request_within(ns: &str, dst: IpAddr, port: u16, wait: Duration) -> Result<String> {
+/// an ICMP error about the datagram fails it with "refused". It waits
+/// [`UDP_ANSWER_WAIT`] for the answer.
+pub fn udp_request(ns: &str, dst: IpAddr, port: u16) -> Result<String> {
     let target = SocketAddr::new(dst, port);
+    let wait = UDP_ANSWER_WAIT;
     let answer = in_netns(ns, move || {
-        let any = match dst {
-            IpAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
-            IpAddr::V6(_) => SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
-        };
-        let socket = UdpSocket::bind(any)?;
+        let socket = UdpSocket::bind(SocketAddr::new(unspecified(dst.is_ipv4()), 0))?;
         socket.connect(target)?;
         socket.set_read_timeout(Some(wait))?;
         socket.send(b"hello\n")?;
@@ -249,6 +238,15 @@ pub fn udp_request_within(ns: &str, dst: IpAddr, port: u16, wait: Duration) -> R
             }
             _ => bail!("UDP {target} from {ns}: {e}"),
         },
+    }
+}
+
+/// The unspecified address of a family (bound to: every address).
+fn unspecified(v4: bool) -> IpAddr {
+    if v4 {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
     }
 }
 
