@@ -27,7 +27,8 @@
 //!   Gateway API, which Cozystack enables, are off (no L7 here); IPv4
 //!   only, as Cozystack runs Cilium.
 use crate::control_plane::k8s::ControlPlane;
-use crate::nodes::cluster::Cluster;
+use crate::nodes::cluster::{Cluster, ClusterNet};
+use crate::nodes::net::Fam;
 use crate::sh::{ok_in, Proc};
 use anyhow::{bail, Context, Result};
 use std::{
@@ -250,6 +251,15 @@ pub struct Cilium {
     kubeconfig: PathBuf,
 }
 
+impl Drop for Cilium {
+    /// The agents stopped, then their files gone (a failure's report
+    /// carries the end of each agent's log).
+    fn drop(&mut self) {
+        self.agents.clear();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
 impl Cilium {
     /// Applies the chart's objects but its workloads (the agent's
     /// ServiceAccount, RBAC, ConfigMap) and the CRDs, rendered by the real
@@ -301,9 +311,18 @@ impl Cilium {
         })
     }
 
-    /// Starts node `node`'s agent in namespace `ns`, and waits until it
-    /// reports itself ready.
-    pub fn start_agent(&mut self, ns: &str, node: &str) -> Result<&mut Agent> {
+    /// Starts node `node`'s agent in namespace `ns`, its router device
+    /// (`cilium_host`) on `router`, and waits until it reports itself
+    /// ready. The router address is given: Cilium's IPAM takes one at
+    /// random from the node's pod network, where the tests' pods hold
+    /// addresses no IPAM hands out (a real primary CNI's IPAM would), and
+    /// one pod in about twenty found its address on `cilium_host`.
+    pub fn start_agent(
+        &mut self,
+        ns: &str,
+        node: &str,
+        router: std::net::IpAddr,
+    ) -> Result<&mut Agent> {
         let own = self.dir.join(node);
         let config_dir = own.join("config");
         let _ = fs::remove_dir_all(&own);
@@ -332,6 +351,7 @@ impl Cilium {
             ("k8s-kubeconfig-path", self.kubeconfig.display().to_string()),
             ("lib-dir", cache().join("lib").display().to_string()),
             ("cgroup-root", cgroup.display().to_string()),
+            ("local-router-ipv4", router.to_string()),
         ] {
             config.insert(k.into(), v);
         }
@@ -441,7 +461,11 @@ pub fn on_cluster(c: &Cluster, devices: &str) -> Result<Cilium> {
     let dir = std::env::temp_dir().join(format!("{}-cilium", c.topo.prefix));
     let mut cilium = Cilium::install(&api.cp, &dir, devices)?;
     for k in 1..=2 {
-        cilium.start_agent(&c.topo.node(k), &format!("node{k}"))?;
+        cilium.start_agent(
+            &c.topo.node(k),
+            &format!("node{k}"),
+            ClusterNet { fam: Fam::V4 }.agent_router_v4(k),
+        )?;
     }
     Ok(cilium)
 }

@@ -97,6 +97,15 @@ impl ClusterNet {
         }
     }
 
+    /// An address of node `k`'s pod network (IPv4) that no pod of the
+    /// tests holds: the last of it, for another agent's own device there
+    /// (Cilium's `cilium_host`).
+    pub fn agent_router_v4(&self, k: usize) -> IpAddr {
+        format!("192.0.2.{}", 64 * (k - 1) + 62)
+            .parse()
+            .expect("v4")
+    }
+
     pub fn lb(&self, i: usize) -> IpAddr {
         match self.fam {
             Fam::V4 => format!("203.0.113.{}", 10 * (i + 1)).parse().expect("v4"),
