@@ -188,17 +188,23 @@ fn cozy_proxy_beside_a_real_cilium_agent() -> Result<()> {
     let cluster_ip = lane.put_cluster_ip("web")?;
     lane.cozy_proxy_holds(&[(lb, VM), (lbf, VMF)])?;
 
-    // Cilium serves the ClusterIP, and skips the labelled Services.
+    // Cilium serves the ClusterIP with its backend (without one, its
+    // socket programs refuse a connect with EHOSTUNREACH), and skips the
+    // labelled Services.
     if std::env::var("CILIUM_SHOW").is_ok() {
         for t in lane.cilium_services()? {
             println!("{t}");
         }
     }
+    let backend = format!("{}:{PORT}", lane.c.pod_ip(WEB));
     eventually(Duration::from_secs(20), || {
         for table in lane.cilium_services()? {
             ensure!(
-                table.contains(&format!("{cluster_ip}:{CLUSTER_PORT}")),
-                "Cilium does not serve {cluster_ip}: {table}"
+                table
+                    .lines()
+                    .any(|row| row.contains(&format!("{cluster_ip}:{CLUSTER_PORT}"))
+                        && row.contains(&backend)),
+                "Cilium does not serve {cluster_ip} by {backend}: {table}"
             );
             for lb in [lb, lbf] {
                 ensure!(
@@ -392,18 +398,28 @@ fn the_hairpin_through_ovn0_beside_a_real_cilium_agent() -> Result<()> {
     })?;
     let (ext, ext_ip) = (lane.c.topo.ext(), lane.c.net.ext());
     let _servers = lane.c.serve(&lane.c.pod_ns(VM), PORT, "n1p1")?;
-    lane.c.exchange(&ext, lb, PORT, "n1p1", ext_ip)?;
-    // In-cluster clients on both nodes: masqueraded to their node's
-    // join address (the hairpin), answered from the LB IP.
-    for client in [pod(1, 2), pod(2, 2)] {
-        let ns = lane.c.pod_ns(client);
-        let got = eventually(SETTLE, || tcp_request(&ns, lb, PORT))?;
-        ensure!(got.starts_with("n1p1 "), "{ns} -> {lb}: {got:?}");
-    }
-    {
+    let traffic = || -> Result<()> {
+        lane.c.exchange(&ext, lb, PORT, "n1p1", ext_ip)?;
+        // In-cluster clients on both nodes: masqueraded to their node's
+        // join address (the hairpin), answered from the LB IP.
+        for client in [pod(1, 2), pod(2, 2)] {
+            let ns = lane.c.pod_ns(client);
+            let got = eventually(SETTLE, || tcp_request(&ns, lb, PORT))?;
+            ensure!(got.starts_with("n1p1 "), "{ns} -> {lb}: {got:?}");
+        }
         let _far = lane.c.serve(&ext, 7000, "ext")?;
-        lane.c
-            .exchange(&lane.c.pod_ns(VM), ext_ip, 7000, "ext", lb)?;
-    }
+        lane.c.exchange(&lane.c.pod_ns(VM), ext_ip, 7000, "ext", lb)
+    };
+    // The cause first, then what the nodes held.
+    traffic().map_err(|e| {
+        anyhow::anyhow!(
+            "{e:#}\n{}\n{}\n--- the Cilium agents ---\n{}\n{}\n{}",
+            lane.c.kernel_state(1),
+            lane.c.kernel_state(2),
+            lane.cilium.agents[0].log_tail(30),
+            lane.cilium.agents[1].log_tail(30),
+            lane.c.logs()
+        )
+    })?;
     Ok(())
 }

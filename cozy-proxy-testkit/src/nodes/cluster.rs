@@ -855,6 +855,32 @@ impl Cluster {
         std::env::temp_dir().join(format!("{}-{name}", self.topo.prefix))
     }
 
+    /// What node `k`'s kernel holds for a failure report: its conntrack
+    /// entries, nftables ruleset, neighbours and routes, and the packet
+    /// counters that are not zero.
+    pub fn kernel_state(&self, k: usize) -> String {
+        let ns = self.topo.node(k);
+        [
+            vec!["conntrack", "-L"],
+            vec!["nft", "list", "ruleset"],
+            vec!["ip", "neigh"],
+            vec!["ip", "route", "show", "table", "all"],
+            vec!["nstat", "-a", "-s"],
+        ]
+        .iter()
+        .map(|args| {
+            let out = crate::sh::run_in(&ns, args).map_or_else(
+                |e| e.to_string(),
+                |o| {
+                    String::from_utf8_lossy(&o.stdout).into_owned()
+                        + &String::from_utf8_lossy(&o.stderr)
+                },
+            );
+            format!("--- node{k}: {} ---\n{out}", args.join(" "))
+        })
+        .collect()
+    }
+
     /// Both controllers' logs, for a failure report.
     pub fn logs(&self) -> String {
         self.ctls
