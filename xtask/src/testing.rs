@@ -1,4 +1,5 @@
-//! `cargo xtask test`: format, lint, then every test binary, tallied.
+//! `cargo xtask test`: format, lint, the previous release's build, then
+//! every test binary, tallied.
 //!
 //! The datapath scenario binaries spend most of their time waiting (for a
 //! packet that must not arrive, for a controller to settle), not on the
@@ -24,6 +25,15 @@ pub fn test(extra: &[String]) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    // A build the upgrade test runs, made before the binaries run.
+    run(cargo().args([
+        "run",
+        "-q",
+        "-p",
+        "cozy-proxy-testkit",
+        "--bin",
+        "previous-release",
+    ]))?;
     let mut totals = Totals::default();
     let mut failures = Vec::new();
     for mut cmd in invocations(extra)? {
@@ -32,6 +42,7 @@ pub fn test(extra: &[String]) -> Result<()> {
         }
     }
     println!("tests: {} passed, {} failed", totals.passed, totals.failed);
+    totals.print_failures();
     if !failures.is_empty() {
         bail!("{}", failures.join("\n"));
     }
@@ -116,6 +127,76 @@ fn integration_tests() -> Result<Vec<String>> {
 struct Totals {
     passed: u64,
     failed: u64,
+    /// What each failing test printed, as [`FailureReports`] keeps it.
+    reports: FailureReports,
+}
+
+/// The lines most of a failing test's report fits in: a CI log keeps its
+/// end, and every failure's cause is to be read there.
+const REPORT_LINES: usize = 80;
+
+/// The `---- <test> stdout ----` sections of libtest's output, without
+/// the frames of stack backtraces, each cut at [`REPORT_LINES`].
+#[derive(Default)]
+struct FailureReports {
+    done: Vec<Vec<String>>,
+    current: Option<Vec<String>>,
+    in_backtrace: bool,
+}
+
+impl FailureReports {
+    fn read(&mut self, line: &str) {
+        if line.starts_with("---- ") && line.ends_with(" ----") {
+            self.close();
+            self.current = Some(vec![line.to_string()]);
+            return;
+        }
+        let Some(report) = self.current.as_mut() else {
+            return;
+        };
+        if line == "failures:" || line.starts_with("test result: ") {
+            self.close();
+            return;
+        }
+        if line.trim() == "Stack backtrace:" {
+            self.in_backtrace = true;
+            return;
+        }
+        if self.in_backtrace {
+            if line.trim().is_empty() {
+                self.in_backtrace = false;
+            }
+            return;
+        }
+        if report.len() < REPORT_LINES {
+            report.push(line.to_string());
+        } else if report.len() == REPORT_LINES {
+            report.push("[... cut]".to_string());
+        }
+    }
+
+    fn close(&mut self) {
+        self.in_backtrace = false;
+        if let Some(report) = self.current.take() {
+            self.done.push(report);
+        }
+    }
+}
+
+impl Totals {
+    /// Every failing test's report again, at the end of the output.
+    fn print_failures(&mut self) {
+        self.reports.close();
+        if self.reports.done.is_empty() {
+            return;
+        }
+        println!("\nthe failures' reports:");
+        for report in &self.reports.done {
+            for line in report {
+                println!("{line}");
+            }
+        }
+    }
 }
 
 impl Totals {
@@ -128,6 +209,7 @@ impl Totals {
             for line in BufReader::new(out).lines() {
                 let line = line?;
                 println!("{line}");
+                self.reports.read(&line);
                 if let Some((p, f)) = tally(&line) {
                     self.passed += p;
                     self.failed += f;
@@ -161,6 +243,47 @@ mod tests {
         let line = "test result: ok. 80 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 98.55s";
         assert_eq!(super::tally(line), Some((80, 2)));
         assert_eq!(super::tally("test foo ... ok"), None);
+    }
+
+    #[test]
+    fn failure_reports_keep_the_message_and_drop_the_frames() {
+        let out = "\
+test a ... FAILED
+failures:
+
+---- a stdout ----
+Error: TCP timed out
+
+Stack backtrace:
+   0: anyhow::msg
+             at src/lib.rs:1:1
+
+the rest of a
+---- b stdout ----
+b's message
+
+failures:
+    a
+    b
+
+test result: FAILED. 0 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1s";
+        let mut reports = super::FailureReports::default();
+        for line in out.lines() {
+            reports.read(line);
+        }
+        reports.close();
+        assert_eq!(
+            reports.done,
+            vec![
+                vec![
+                    "---- a stdout ----",
+                    "Error: TCP timed out",
+                    "",
+                    "the rest of a"
+                ],
+                vec!["---- b stdout ----", "b's message", ""],
+            ]
+        );
     }
 
     #[test]
