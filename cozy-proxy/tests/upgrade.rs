@@ -72,9 +72,12 @@ fn upgrade(backend: Backend, filter: bool) -> Result<()> {
         pushed.alive,
         "the pushed stream to the node ended: {pushed:?}"
     );
+    // Lines still arrive from the new build's start on. Not a rate: the
+    // pusher forks a `sleep` per line, slower on a loaded machine; a
+    // stream cut by a reset ends its client (`alive` above).
     ensure!(
-        pushed.after > 50,
-        "the pushed stream stalled after the upgrade (2 s at 50 lines/s): {pushed:?}"
+        pushed.after >= 10,
+        "the pushed stream stalled after the upgrade (2 s at up to 50 lines/s): {pushed:?}"
     );
     env.settle()?;
     Ok(())
