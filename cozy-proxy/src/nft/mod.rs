@@ -144,12 +144,16 @@ impl NftKernel {
     }
 }
 
-/// Is this nf_tables notification about our table? The table's name is
-/// attribute 1 of table, chain, rule, set and element messages alike
-/// (NFTA_TABLE_NAME, NFTA_CHAIN_TABLE, NFTA_RULE_TABLE, ...), after the
-/// 4-byte nfgenmsg.
+/// Is this nf_tables notification about one of our tables? The table's
+/// name is attribute 1 of table, chain, rule, set and element messages
+/// alike (NFTA_TABLE_NAME, NFTA_CHAIN_TABLE, NFTA_RULE_TABLE, ...), after
+/// the 4-byte nfgenmsg, whose first byte is the family: `inet cozy_proxy`
+/// is the eBPF backend's (`hairpin`), which this backend never reads.
 fn about_our_table(msg_type: u16, payload: &[u8]) -> bool {
     if msg_type >> 8 != libc::NFNL_SUBSYS_NFTABLES as u16 {
+        return false;
+    }
+    if payload.first() == Some(&sys::NFPROTO_INET) {
         return false;
     }
     crate::netlink::wire::attrs(payload.get(4..).unwrap_or(&[])).any(|(kind, value)| {
@@ -311,5 +315,36 @@ impl Kernel for NftKernel {
     fn cleanup(&mut self) -> Result<(), NftError> {
         encode::cleanup_batch(&self.present()?).apply(&self.sock)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod about_our_table_tests {
+    use super::{about_our_table, schema::TABLE, sys};
+
+    /// A NEWTABLE notification for `TABLE` in `family`.
+    fn new_table(family: u8) -> (u16, Vec<u8>) {
+        let name = [TABLE.as_bytes(), &[0]].concat();
+        let len = 4 + name.len() as u16;
+        let mut payload = vec![family, 0, 0, 0];
+        payload.extend(len.to_ne_bytes());
+        payload.extend(1u16.to_ne_bytes());
+        payload.extend(&name);
+        payload.resize(payload.len().next_multiple_of(4), 0);
+        ((libc::NFNL_SUBSYS_NFTABLES as u16) << 8, payload)
+    }
+
+    #[test]
+    fn the_ebpf_backends_inet_table_is_not_ours() {
+        for family in [
+            libc::NFPROTO_IPV4 as u8,
+            libc::NFPROTO_IPV6 as u8,
+            libc::NFPROTO_BRIDGE as u8,
+        ] {
+            let (kind, payload) = new_table(family);
+            assert!(about_our_table(kind, &payload), "family {family}");
+        }
+        let (kind, payload) = new_table(sys::NFPROTO_INET);
+        assert!(!about_our_table(kind, &payload));
     }
 }
