@@ -27,8 +27,7 @@
 //!   Gateway API, which Cozystack enables, are off (no L7 here); IPv4
 //!   only, as Cozystack runs Cilium.
 use crate::control_plane::k8s::ControlPlane;
-use crate::nodes::cluster::{Cluster, ClusterNet};
-use crate::nodes::net::Fam;
+use crate::nodes::cluster::Cluster;
 use crate::sh::{ok_in, Proc};
 use anyhow::{bail, Context, Result};
 use std::{
@@ -464,7 +463,7 @@ pub fn on_cluster(c: &Cluster, devices: &str) -> Result<Cilium> {
         cilium.start_agent(
             &c.topo.node(k),
             &format!("node{k}"),
-            ClusterNet { fam: Fam::V4 }.agent_router_v4(k),
+            c.net.agent_router_v4(k),
         )?;
     }
     Ok(cilium)
