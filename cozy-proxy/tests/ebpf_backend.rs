@@ -311,69 +311,6 @@ fn cleanup_removes_links_maps_and_routes() -> Result<()> {
     Ok(())
 }
 
-/// A pod on another node: the LB IP is routed like the pod IP (through the
-/// other node), and the egress program on that path rewrites it.
-#[test]
-fn a_pod_behind_another_node_is_reached() -> Result<()> {
-    let mut env = setup()?;
-    let (node, node2, pod) = (
-        env.topo.node(),
-        env.topo.ns("node2"),
-        env.topo.ns("remotepod"),
-    );
-    let cmd = |ns: &str, line: &str| -> Result<()> {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        ok_in(ns, &words).map(|_| ())
-    };
-    for ns in [&node2, &pod] {
-        ok(&["ip", "netns", "add", ns])?;
-        cmd(ns, "ip link set lo up")?;
-    }
-    // Register them for removal with the topology.
-    env.extra_namespaces.extend([node2.clone(), pod.clone()]);
-    ok(&[
-        "ip", "link", "add", "n2", "netns", &node, "type", "veth", "peer", "n1", "netns", &node2,
-    ])?;
-    ok(&[
-        "ip", "link", "add", "eth0", "netns", &pod, "type", "veth", "peer", "p0", "netns", &node2,
-    ])?;
-    cmd(&node, "ip addr add 192.0.2.200/31 dev n2")?;
-    cmd(&node2, "ip addr add 192.0.2.201/31 dev n1")?;
-    cmd(&node2, "ip addr add 192.0.2.1/32 dev p0")?;
-    cmd(&pod, "ip addr add 192.0.2.50/32 dev eth0")?;
-    for (ns, dev) in [
-        (&node, "n2"),
-        (&node2, "n1"),
-        (&node2, "p0"),
-        (&pod, "eth0"),
-    ] {
-        cmd(ns, &format!("ethtool -K {dev} tx off"))?;
-        cmd(ns, &format!("ip link set {dev} up"))?;
-    }
-    cmd(&node2, "sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0")?;
-    cmd(&node2, "ip route add 192.0.2.50/32 dev p0")?;
-    cmd(&node2, "ip route add default via 192.0.2.200")?;
-    cmd(&pod, "ip route add 192.0.2.1 dev eth0")?;
-    cmd(&pod, "ip route add default via 192.0.2.1")?;
-    cmd(&node, "ip route add 192.0.2.50/32 via 192.0.2.201")?;
-    let lb = env.net.lbs[3];
-    env.dir.put("far", &Svc::new("far", lb).yaml())?;
-    env.dir.put(
-        "far-eps",
-        &slice("far", "IPv4", &[("192.0.2.50".into(), None)]),
-    )?;
-    env.settle()?;
-    let routes = ok_in(&node, &["ip", "route", "show", "proto", "249"])?;
-    ensure!(
-        routes.contains("203.0.113.40 via 192.0.2.201 dev n2"),
-        "routes: {routes}"
-    );
-    let _srv = Server::tcp(&pod, Fam::V4, 8080, "far")?;
-    let got = eventually(SETTLE, || tcp_request(&env.topo.ext(), lb, 8080))?;
-    ensure!(got == answer("far", env.net.ext), "{got}");
-    Ok(())
-}
-
 /// Someone detaches our links (here: `bpftool link detach` on every one):
 /// the next resync (2 s here) checks the attachments and attaches them
 /// again; traffic to the LB IP flows again.

@@ -26,8 +26,6 @@ pub struct Env {
     /// the controller: a stopping controller asks it for its DaemonSet).
     pub api: Option<crate::control_plane::k8s::ControlPlane>,
     pub dir: ManifestDir,
-    /// Namespaces a test adds (removed with the topology).
-    pub extra_namespaces: Vec<String>,
     pub topo: Topology,
     pub net: Net,
     pub backend: Backend,
@@ -155,7 +153,6 @@ impl Env {
             ctl,
             standin,
             api,
-            extra_namespaces: Vec::new(),
             dir,
             topo,
             net: Net::new(fam),
@@ -284,9 +281,6 @@ impl Drop for Env {
         // outlives the namespaces (pinned maps and links live in bpffs).
         let _ = self.ctl.stop();
         let pins = self.ctl.pin_dir.display().to_string();
-        for ns in &self.extra_namespaces {
-            let _ = crate::sh::ok(&["ip", "netns", "del", ns]);
-        }
         let _ = crate::sh::run_in(
             &self.topo.node(),
             &[&bin(), "cleanup", "--bpf-pin-dir", &pins],
