@@ -29,6 +29,8 @@ pub fn ensure() -> Result<PathBuf> {
         version: HELM,
         packages: &["helm.sh/helm/v3/cmd/helm"],
         ldflags: &ldflags,
+        tags: "",
+        pin_kubernetes: true,
         cache: cache_dir("COZY_PROXY_HELM_CACHE", &format!("helm-{HELM}")),
     };
     let helm = build.bin().join("helm");

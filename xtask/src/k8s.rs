@@ -1,7 +1,8 @@
 //! The real Kubernetes components the tests run: kube-apiserver,
-//! kube-controller-manager, kube-proxy and kubectl from the `k8s.io/kubernetes` Go
-//! module, etcd from `go.etcd.io/etcd/server/v3`, built with Go and its
-//! module proxy (both on these machines) once per machine into a cache
+//! kube-controller-manager, kube-scheduler, kubelet, kube-proxy and
+//! kubectl from the `k8s.io/kubernetes` Go module, etcd from
+//! `go.etcd.io/etcd/server/v3`, built with Go and its module proxy (both
+//! on these machines) once per machine into a cache
 //! (`~/.cache/cozy-proxy/k8s-<version>`, or `$COZY_PROXY_K8S_CACHE`).
 //! Importing `k8s.io/kubernetes` as a module needs its staging modules
 //! (`k8s.io/api`, `k8s.io/client-go`, ...) pinned with `replace` lines to
@@ -19,9 +20,11 @@ pub const STAGING: &str = "v0.34.4";
 /// The etcd release KUBERNETES's go.mod requires.
 pub const ETCD: &str = "v3.6.4";
 
-pub const BINARIES: [&str; 5] = [
+pub const BINARIES: [&str; 7] = [
     "kube-apiserver",
     "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
     "kube-proxy",
     "kubectl",
     "etcd",
@@ -120,6 +123,8 @@ pub fn ensure() -> Result<PathBuf> {
             &out_arg,
             "k8s.io/kubernetes/cmd/kube-apiserver",
             "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "k8s.io/kubernetes/cmd/kube-scheduler",
+            "k8s.io/kubernetes/cmd/kubelet",
             "k8s.io/kubernetes/cmd/kube-proxy",
             "k8s.io/kubernetes/cmd/kubectl",
             "./etcd",

@@ -23,6 +23,7 @@ mod k8s;
 #[cfg(test)]
 mod layers;
 mod metallb;
+mod node_runtime;
 mod pinned;
 mod plot;
 mod release;
@@ -79,6 +80,13 @@ const TEST_PACKAGES: &[&str] = &[
     "clang-19",
     "llvm-19",
     "iptables",
+    // The real nodes: runc under containerd, the CNI plugins, and the
+    // pause and workload images (nodes/kubelet.rs): pause.c built static,
+    // busybox for the workload.
+    "containernetworking-plugins",
+    "gcc",
+    "libc6-dev",
+    "busybox-static",
 ];
 
 /// What a setup is for: the demo needs the toolchain and a few tools;
@@ -232,6 +240,14 @@ fn setup(purpose: Purpose) -> Result<()> {
         );
         let cilium = cilium::ensure()?;
         eprintln!("xtask: Cilium {} in {}", cilium::CILIUM, cilium.display());
+        let [containerd, crictl] = node_runtime::ensure()?;
+        eprintln!(
+            "xtask: containerd {} in {}, crictl {} in {}",
+            node_runtime::CONTAINERD,
+            containerd.display(),
+            node_runtime::CRI_TOOLS,
+            crictl.display()
+        );
     }
     for (tool, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {
         if !succeeds(cargo().args([tool, "--version"])) {

@@ -24,6 +24,8 @@ pub fn ensure() -> Result<PathBuf> {
             "go.universe.tf/metallb/speaker",
         ],
         ldflags: "-s -w",
+        tags: "",
+        pin_kubernetes: true,
         cache: cache_dir("COZY_PROXY_METALLB_CACHE", &format!("metallb-{METALLB}")),
     };
     let crds = build.cache.join("crds");

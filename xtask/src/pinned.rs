@@ -1,9 +1,10 @@
-//! Go commands from a module other than Kubernetes' (MetalLB, helm),
-//! built with the machine's Go into a cache of their own, their
-//! Kubernetes libraries pinned to the release the control plane is built
-//! from (xtask/src/k8s.rs): every component of the tests speaks the same
-//! client code, and the Go build cache shares the libraries' compiled
-//! packages between the builds.
+//! Go commands from a module other than Kubernetes' (MetalLB, helm,
+//! containerd, crictl), built with the machine's Go into a cache of their
+//! own. Where they are clients of the API (MetalLB, helm), their
+//! Kubernetes libraries are pinned to the release the control plane is
+//! built from (xtask/src/k8s.rs): every component of the tests speaks the
+//! same client code, and the Go build cache shares the libraries'
+//! compiled packages between the builds.
 use crate::gotool::{go, run_go};
 use crate::k8s::pin_staging;
 use anyhow::{Context, Result};
@@ -15,6 +16,11 @@ pub struct GoCommands<'a> {
     pub version: &'a str,
     pub packages: &'a [&'a str],
     pub ldflags: &'a str,
+    /// Build tags (`-tags`), or empty.
+    pub tags: &'a str,
+    /// Pin the Kubernetes staging modules to the control plane's release;
+    /// a module that is no API client keeps the versions it requires.
+    pub pin_kubernetes: bool,
     /// Where the build goes: `bin/` (moved into place once built) and
     /// `src/` (the go.mod that pins the libraries).
     pub cache: PathBuf,
@@ -42,7 +48,11 @@ impl GoCommands<'_> {
             "module cozy-proxy-tools\n\ngo 1.24.0\n\nrequire {} {}\n",
             self.module, self.version
         );
-        pin_staging(&go, &src, &head)?;
+        if self.pin_kubernetes {
+            pin_staging(&go, &src, &head)?;
+        } else {
+            std::fs::write(src.join("go.mod"), &head)?;
+        }
         let out = run_go(
             &go,
             &src,
@@ -67,6 +77,9 @@ impl GoCommands<'_> {
             "-o",
             &out_arg,
         ];
+        if !self.tags.is_empty() {
+            args.extend(["-tags", self.tags]);
+        }
         args.extend_from_slice(self.packages);
         run_go(&go, &src, &args)?;
         let bin = self.bin();
