@@ -81,12 +81,16 @@ impl NextHop {
     };
 
     /// The route of an LB IP whose pod is reached by `path`: on the pod's
-    /// own link the pod itself is the next hop (the frame gets its MAC).
+    /// own link the pod itself is the next hop (the frame gets its MAC),
+    /// marked `onlink`. The route that puts the pod on that link may be of
+    /// scope host (the `ptp` CNI plugin's `<pod>/32 dev <veth> scope
+    /// host`): a gateway resolved through it is not taken as one, and the
+    /// kernel would ask the link for the LB IP itself instead of the pod.
     pub fn toward(pod: IpAddr, path: &Path) -> NextHop {
         NextHop {
             gateway: Some(path.gateway.unwrap_or(pod)),
             oif: path.oif,
-            onlink: path.onlink,
+            onlink: path.onlink || path.gateway.is_none(),
             src: None,
         }
     }
@@ -666,6 +670,24 @@ mod tests {
     /// A remote mapping's LB IP goes along the path to its pod where that
     /// path leads to its node (via the node, or a tunnel's onlink far
     /// end); else to its node where that node is on a network of ours.
+    /// A pod on its own link is the route's next hop, marked onlink (the
+    /// route to the pod may be of scope host, as `ptp` writes it); a
+    /// gateway on the path keeps the path's flag.
+    #[test]
+    fn a_pod_on_its_link_is_an_onlink_next_hop() {
+        let pod = ip("192.0.2.20");
+        let on_link = NextHop::toward(pod, &path(3, None));
+        assert_eq!(
+            (on_link.gateway, on_link.oif, on_link.onlink),
+            (Some(pod), 3, true)
+        );
+        let routed = NextHop::toward(pod, &path(2, Some("198.51.100.3")));
+        assert_eq!(
+            (routed.gateway, routed.onlink),
+            (Some(ip("198.51.100.3")), false)
+        );
+    }
+
     #[test]
     fn a_remote_lb_ip_is_steered_to_its_node_when_on_link() {
         let (lb, pod, host) = (ip("203.0.113.10"), ip("192.0.2.11"), ip("198.51.100.2"));
@@ -686,7 +708,7 @@ mod tests {
         let to_host = NextHop {
             gateway: Some(host),
             oif: 2,
-            onlink: false,
+            onlink: true,
             src: Some(join),
         };
         assert_eq!(s.route_of(&lb, &paths), Some(to_host));
