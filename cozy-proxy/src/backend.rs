@@ -175,6 +175,18 @@ pub fn installed_kinds(cfg: &BackendConfig) -> Vec<BackendKind> {
         .collect()
 }
 
+/// The backend `dump` reads without `--backend`: the one whose datapath
+/// is installed, eBPF's while both are (a switch, either way, holds both
+/// for a moment), nft where none is (a node cozy-proxy does not serve:
+/// the dump says "not installed").
+pub fn dumped_by_default(cfg: &BackendConfig) -> BackendKind {
+    match installed_kinds(cfg).as_slice() {
+        [] => BackendKind::Nft,
+        kinds if kinds.contains(&BackendKind::Ebpf) => BackendKind::Ebpf,
+        _ => BackendKind::Nft,
+    }
+}
+
 impl Installed {
     pub fn dump(&self) -> Result<Dump, BackendError> {
         running!(&self.0, d => d.dump())

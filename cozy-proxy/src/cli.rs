@@ -25,9 +25,10 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Print the live datapath state, read back from the kernel.
     Dump {
-        /// Whose state to read.
-        #[arg(long, value_enum, default_value_t = BackendKind::Nft)]
-        backend: BackendKind,
+        /// Whose state to read; without it, the backend whose datapath is
+        /// installed (eBPF's while both are, in a switch; nft where none is).
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
         /// Tables for a person, or the whole state as JSON.
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
         output: Output,

@@ -35,6 +35,7 @@ async fn run_cli() -> Result<()> {
             ebpf,
         } => {
             let cfg = ebpf.config();
+            let backend = backend.unwrap_or_else(|| backend::dumped_by_default(&cfg));
             let mut dump = backend::installed(backend, &cfg)?.dump()?;
             let word = match controller.as_str() {
                 "" => ControllerWord::NotAsked,
