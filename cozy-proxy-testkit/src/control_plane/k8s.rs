@@ -41,10 +41,32 @@ pub fn available() -> bool {
 
 /// The admin's static token (system:masters).
 const ADMIN_TOKEN: &str = "cozy-proxy-tests-admin";
+/// Kubelets the static tokens know: `node1` to `nodeN`.
+const MAX_KUBELETS: usize = 4;
+
+/// The static token of kubelet `node` (user `system:node:<node>`, group
+/// `system:nodes`: what the Node authorizer grants a kubelet).
+pub fn node_token(node: &str) -> String {
+    format!("cozy-proxy-tests-kubelet-{node}")
+}
 /// Service CIDRs (dual-stack): inside the tests' documentation ranges,
 /// away from the pods (the scenarios use 192.0.2.1x and 2001:db8:2::1x).
 const SERVICE_CIDR_V4: &str = "192.0.2.192/27";
 const SERVICE_CIDR_V6: &str = "2001:db8:ff::/112";
+/// The `kubernetes` Service's ClusterIPs: the first of each range.
+const API_CLUSTER_IP_V4: &str = "192.0.2.193";
+const API_CLUSTER_IP_V6: &str = "2001:db8:ff::1";
+
+/// What runs the cluster's pods: nothing (the tests stand in for the
+/// kubelets, and only the controllers cozy-proxy needs run), or real
+/// kubelets (nodes/kubelet.rs), for which the API authorizes nodes, serves
+/// the `kubernetes` Service's endpoints, and kube-scheduler and the
+/// workload controllers run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workloads {
+    StoodIn,
+    Kubelets,
+}
 
 pub struct ControlPlane {
     pub ns: String,
@@ -52,7 +74,11 @@ pub struct ControlPlane {
     etcd: Option<Proc>,
     apiserver: Option<Proc>,
     kcm: Option<Proc>,
+    scheduler: Option<Proc>,
     kube_proxy: Option<Proc>,
+    /// kube-proxy of each real node (its namespace's own).
+    node_proxies: Vec<Proc>,
+    workloads: Workloads,
     pub url: String,
     /// The admin's kubeconfig (for kubectl).
     pub admin: PathBuf,
@@ -99,7 +125,12 @@ fn certificates(dir: &Path, listen: &str) -> Result<()> {
     ])?;
     fs::write(
         dir.join("san.ext"),
-        format!("subjectAltName=IP:127.0.0.1,IP:{listen},DNS:localhost\n"),
+        // The `kubernetes` Service's ClusterIPs and names too: pods reach
+        // the API through them (the chart's DaemonSet on real nodes).
+        format!(
+            "subjectAltName=IP:127.0.0.1,IP:{listen},IP:{API_CLUSTER_IP_V4},IP:{API_CLUSTER_IP_V6},\
+             DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
+        ),
     )?;
     openssl(&[
         "x509",
@@ -120,10 +151,15 @@ fn certificates(dir: &Path, listen: &str) -> Result<()> {
     ])?;
     openssl(&["genrsa", "-out", &p("sa.key"), "2048"])?;
     openssl(&["rsa", "-in", &p("sa.key"), "-pubout", "-out", &p("sa.pub")])?;
-    fs::write(
-        dir.join("tokens.csv"),
-        format!("{ADMIN_TOKEN},admin,admin,\"system:masters\"\n"),
-    )?;
+    // The admin, and each kubelet as the Node authorizer knows it.
+    let mut tokens = format!("{ADMIN_TOKEN},admin,admin,\"system:masters\"\n");
+    for k in 1..=MAX_KUBELETS {
+        tokens += &format!(
+            "{},system:node:node{k},node{k},\"system:nodes\"\n",
+            node_token(&format!("node{k}"))
+        );
+    }
+    fs::write(dir.join("tokens.csv"), tokens)?;
     Ok(())
 }
 
@@ -154,6 +190,16 @@ impl ControlPlane {
     /// The same, the API served on `listen`, an address of `ns` (other
     /// namespaces reach it there: the nodes of a cluster).
     pub fn start_on(ns: &str, dir: PathBuf, listen: &str) -> Result<ControlPlane> {
+        ControlPlane::start_for(ns, dir, listen, Workloads::StoodIn)
+    }
+
+    /// The same, for `workloads`.
+    pub fn start_for(
+        ns: &str,
+        dir: PathBuf,
+        listen: &str,
+        workloads: Workloads,
+    ) -> Result<ControlPlane> {
         if !available() {
             bail!(
                 "the Kubernetes binaries are not in {} (cargo xtask setup builds them)",
@@ -172,7 +218,10 @@ impl ControlPlane {
             etcd: None,
             apiserver: None,
             kcm: None,
+            scheduler: None,
             kube_proxy: None,
+            node_proxies: Vec::new(),
+            workloads,
             url,
             admin,
             listen: listen.into(),
@@ -182,6 +231,9 @@ impl ControlPlane {
         cp.start_etcd()?;
         cp.start_apiserver()?;
         cp.start_kcm()?;
+        if workloads == Workloads::Kubelets {
+            cp.start_scheduler()?;
+        }
         Ok(cp)
     }
 
@@ -258,7 +310,10 @@ impl ControlPlane {
             "--token-auth-file".into(),
             d("tokens.csv"),
             "--authorization-mode".into(),
-            "RBAC".into(),
+            match self.workloads {
+                Workloads::StoodIn => "RBAC".into(),
+                Workloads::Kubelets => "Node,RBAC".into(),
+            },
             "--service-account-issuer".into(),
             "https://kubernetes.default.svc".into(),
             "--service-account-key-file".into(),
@@ -269,10 +324,15 @@ impl ControlPlane {
             format!("{SERVICE_CIDR_V4},{SERVICE_CIDR_V6}"),
             "--allow-privileged".into(),
             "--enable-priority-and-fairness=false".into(),
-            // No endpoints for the `kubernetes` Service: loopback cannot be
-            // one, and nothing in the tests uses it.
-            "--endpoint-reconciler-type=none".into(),
+            // Endpoints for the `kubernetes` Service only where pods use it
+            // (loopback cannot be one).
+            match self.workloads {
+                Workloads::StoodIn => "--endpoint-reconciler-type=none".into(),
+                Workloads::Kubelets => "--endpoint-reconciler-type=lease".into(),
+            },
             "--watch-cache=true".into(),
+            // The kubelets (logs, exec) at their addresses: no DNS here.
+            "--kubelet-preferred-address-types=InternalIP".into(),
         ];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let apiserver = self.launch("kube-apiserver", &args, Duration::from_secs(60), || {
@@ -301,6 +361,12 @@ impl ControlPlane {
             .display()
             .to_string();
         let admin = self.admin.display().to_string();
+        let mut controllers = String::from("endpointslice-controller,serviceaccount-controller,serviceaccount-token-controller,namespace-controller,garbage-collector-controller");
+        if self.workloads == Workloads::Kubelets {
+            controllers += ",daemonset-controller,deployment-controller,replicaset-controller,\
+                root-ca-certificate-publisher-controller,pod-garbage-collector-controller,disruption-controller,\
+                node-lifecycle-controller";
+        }
         let args = [
             bin.as_str(),
             "--kubeconfig",
@@ -310,7 +376,7 @@ impl ControlPlane {
             "--authorization-kubeconfig",
             &admin,
             "--controllers",
-            "endpointslice-controller,serviceaccount-controller,serviceaccount-token-controller,namespace-controller,garbage-collector-controller",
+            &controllers,
             "--bind-address",
             "127.0.0.1",
             "--secure-port",
@@ -334,6 +400,45 @@ impl ControlPlane {
         )?;
         self.kcm = Some(kcm);
         Ok(())
+    }
+
+    fn start_scheduler(&mut self) -> Result<()> {
+        let bin = bin_dir().join("kube-scheduler").display().to_string();
+        let admin = self.admin.display().to_string();
+        let args = [
+            bin.as_str(),
+            "--kubeconfig",
+            &admin,
+            "--authentication-kubeconfig",
+            &admin,
+            "--authorization-kubeconfig",
+            &admin,
+            "--leader-elect=false",
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            "10259",
+        ];
+        let scheduler = self.launch("kube-scheduler", &args, Duration::from_secs(60), || {
+            ok_in(
+                &self.ns,
+                &[
+                    "curl",
+                    "-skf",
+                    "--max-time",
+                    "1",
+                    "https://127.0.0.1:10259/healthz",
+                ],
+            )
+            .map(|_| ())
+        })?;
+        self.scheduler = Some(scheduler);
+        Ok(())
+    }
+
+    /// A kubeconfig for kubelet `node` (its static token).
+    pub fn node_kubeconfig(&self, node: &str) -> Result<PathBuf> {
+        kubeconfig(&self.dir, &self.url, &node_token(node), node)
     }
 
     /// Starts component `name` in the namespace (its output in
@@ -365,6 +470,22 @@ impl ControlPlane {
     /// namespace (the node's), as a cluster runs it beside cozy-proxy.
     /// It waits for its Node to have an address (`set_node_address`).
     pub fn start_kube_proxy(&mut self, node: &str) -> Result<()> {
+        let ns = self.ns.clone();
+        let proc = self.kube_proxy_in(&ns, node, &self.dir.join("kube-proxy.log"))?;
+        self.kube_proxy = Some(proc);
+        Ok(())
+    }
+
+    /// The same in real node `node`'s namespace `ns`, its log in
+    /// `kube-proxy-<node>.log`.
+    pub fn start_node_kube_proxy(&mut self, ns: &str, node: &str) -> Result<()> {
+        let log = self.dir.join(format!("kube-proxy-{node}.log"));
+        let proc = self.kube_proxy_in(ns, node, &log)?;
+        self.node_proxies.push(proc);
+        Ok(())
+    }
+
+    fn kube_proxy_in(&self, ns: &str, node: &str, log: &Path) -> Result<Proc> {
         let bin = bin_dir().join("kube-proxy").display().to_string();
         let admin = self.admin.display().to_string();
         let args = [
@@ -382,11 +503,19 @@ impl ControlPlane {
             "--healthz-bind-address",
             "127.0.0.1:10256",
         ];
-        let kube_proxy = self.launch("kube-proxy", &args, Duration::from_secs(30), || {
-            ok_in(&self.ns, &["nft", "list", "table", "ip", "kube-proxy"]).map(|_| ())
+        let out = fs::OpenOptions::new().create(true).append(true).open(log)?;
+        let proc = Proc::spawn_in(ns, &args, Stdio::null(), Stdio::from(out))?;
+        let within = Duration::from_secs(30);
+        eventually(within, || {
+            ok_in(ns, &["nft", "list", "table", "ip", "kube-proxy"]).map(|_| ())
+        })
+        .with_context(|| {
+            format!(
+                "kube-proxy did not become ready within {within:?}:\n{}",
+                crate::sh::tail(log, 30)
+            )
         })?;
-        self.kube_proxy = Some(kube_proxy);
-        Ok(())
+        Ok(proc)
     }
 
     /// Changes the rules of ClusterRole `name` (as an operator editing it
@@ -472,16 +601,19 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        for p in [
-            self.kube_proxy.take(),
-            self.kcm.take(),
-            self.apiserver.take(),
-            self.etcd.take(),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let mut p = p;
+        let mut procs: Vec<Proc> = self.node_proxies.drain(..).collect();
+        procs.extend(
+            [
+                self.kube_proxy.take(),
+                self.scheduler.take(),
+                self.kcm.take(),
+                self.apiserver.take(),
+                self.etcd.take(),
+            ]
+            .into_iter()
+            .flatten(),
+        );
+        for mut p in procs {
             p.kill(libc::SIGKILL);
             let _ = p.child.wait();
         }

@@ -77,13 +77,26 @@ impl Kind {
 }
 
 /// The Pod object of a MetalLB component (each one reads its own, to own
-/// the objects it writes); no kubelet runs it here.
-fn component_pod(kind: Kind, name: &str, node: Option<&str>) -> String {
+/// the objects it writes). Without kubelets no one runs it; with real
+/// kubelets it runs `placeholder` (an image of the nodes' own, sleeping,
+/// on the host's network) while the component runs beside it.
+fn component_pod(kind: Kind, name: &str, node: Option<&str>, placeholder: Option<&str>) -> String {
     let node = node.map_or(String::new(), |n| format!("  nodeName: {n}\n"));
-    let image = kind.binary();
+    let binary = kind.binary();
+    let container = match placeholder {
+        None => format!("{{name: {binary}, image: quay.io/metallb/{binary}:{METALLB}}}"),
+        Some(image) => format!(
+            "{{name: {binary}, image: {image}, imagePullPolicy: Never, args: [sleep, \"2147483647\"]}}"
+        ),
+    };
+    let host = if placeholder.is_some() {
+        "  hostNetwork: true\n  tolerations: [{operator: Exists}]\n"
+    } else {
+        ""
+    };
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NAMESPACE}\n\
-         spec:\n{node}  containers:\n  - {{name: {image}, image: quay.io/metallb/{image}:{METALLB}}}\n"
+         spec:\n{node}{host}  containers:\n  - {container}\n"
     )
 }
 
@@ -91,6 +104,17 @@ impl MetalLb {
     /// Installs the CRDs and the configuration through `cp`, starts the
     /// controller in `cp`'s namespace and a speaker on each node.
     pub fn start(cp: &ControlPlane, pool: &[IpAddr], nodes: &[SpeakerNode]) -> Result<MetalLb> {
+        MetalLb::start_placed(cp, pool, nodes, None)
+    }
+
+    /// The same where kubelets run the components' Pod objects: they run
+    /// image `placeholder` (see `component_pod`).
+    pub fn start_placed(
+        cp: &ControlPlane,
+        pool: &[IpAddr],
+        nodes: &[SpeakerNode],
+        placeholder: Option<&str>,
+    ) -> Result<MetalLb> {
         if !available() {
             bail!(
                 "MetalLB is not in {} (cargo xtask setup builds it)",
@@ -116,10 +140,15 @@ impl MetalLb {
             procs: Vec::new(),
             logs,
         };
-        m.spawn(cp, &cp.ns, Kind::Controller, "controller", None)?;
+        m.spawn(
+            cp,
+            &cp.ns,
+            (Kind::Controller, "controller", None),
+            placeholder,
+        )?;
         for n in nodes {
             let pod = format!("speaker-{}", n.name);
-            m.spawn(cp, n.ns, Kind::Speaker, &pod, Some(n.name))?;
+            m.spawn(cp, n.ns, (Kind::Speaker, &pod, Some(n.name)), placeholder)?;
         }
         Ok(m)
     }
@@ -130,11 +159,10 @@ impl MetalLb {
         &mut self,
         cp: &ControlPlane,
         ns: &str,
-        kind: Kind,
-        name: &str,
-        node: Option<&str>,
+        (kind, name, node): (Kind, &str, Option<&str>),
+        placeholder: Option<&str>,
     ) -> Result<()> {
-        cp.apply(&component_pod(kind, name, node))?;
+        cp.apply(&component_pod(kind, name, node, placeholder))?;
         let bin = (cache_dir().join("bin").join(kind.binary()))
             .display()
             .to_string();

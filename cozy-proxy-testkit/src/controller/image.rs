@@ -452,7 +452,7 @@ fn build(binary: &Path, archive: &Path) -> Result<()> {
 }
 
 /// The reference name of the test image in its archive.
-const TEST_TAG: &str = "test";
+pub const TEST_TAG: &str = "test";
 
 /// The test image unpacked into `bundle`; its rootfs.
 pub fn test_bundle(bundle: &Path) -> Result<PathBuf> {

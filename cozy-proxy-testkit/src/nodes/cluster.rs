@@ -22,9 +22,9 @@ use crate::nodes::topology::{
     remove_namespaces, unique_prefix, veth, wire_port, Shape,
 };
 use crate::sh::{feed_in, ok_in};
-use crate::traffic::{answer, eventually, tcp_request, udp_request, Server, SETTLE};
+use crate::traffic::{eventually, Server};
 use crate::{bin, expected_state, test_bpffs, Backend, Controller};
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, Context, Result};
 use cozy_proxy::datapath::DatapathState;
 use std::{fs, net::IpAddr, path::PathBuf, time::Duration};
 
@@ -123,11 +123,11 @@ impl ClusterNet {
     }
 }
 
-fn pod_cidr_v4(k: usize) -> String {
+pub fn pod_cidr_v4(k: usize) -> String {
     format!("192.0.2.{}/26", 64 * (k - 1))
 }
 
-fn pod_cidr_v6(k: usize) -> String {
+pub fn pod_cidr_v6(k: usize) -> String {
     format!("2001:db8:2::{:x}/120", 0x100 * (k - 1))
 }
 
@@ -135,6 +135,9 @@ fn pod_cidr_v6(k: usize) -> String {
 pub struct ClusterTopology {
     pub prefix: String,
     pub shape: ClusterShape,
+    /// The pods the tests wire on each node ([`PODS`]), or none where a
+    /// CNI plugin wires the kubelets' pods (nodes/real_cluster.rs).
+    pub pods: usize,
 }
 
 /// How the nodes reach their pods and each other's.
@@ -208,15 +211,21 @@ impl ClusterTopology {
         let mut all = vec![self.ext(), self.far(), self.ovn()];
         for k in 1..=2 {
             all.push(self.node(k));
-            all.extend((1..=PODS).map(|i| self.pod(pod(k, i))));
+            all.extend((1..=self.pods).map(|i| self.pod(pod(k, i))));
         }
         all
     }
 
     pub fn new(shape: ClusterShape) -> Result<ClusterTopology> {
+        ClusterTopology::with_pods(shape, PODS)
+    }
+
+    /// The same with `pods` pods on each node.
+    pub fn with_pods(shape: ClusterShape, pods: usize) -> Result<ClusterTopology> {
         let t = ClusterTopology {
             prefix: unique_prefix("cpc"),
             shape,
+            pods,
         };
         if let Err(e) = t.build() {
             remove_namespaces(&t.all());
@@ -345,7 +354,7 @@ impl ClusterTopology {
         if self.shape == ClusterShape::Overlay {
             self.vxlan(k)?;
         }
-        for i in 1..=PODS {
+        for i in 1..=self.pods {
             let p = pod(k, i);
             let pns = self.pod(p);
             new_ns(&pns)?;
@@ -568,7 +577,7 @@ impl Drop for ClusterTopology {
 }
 
 /// The API's address: ext's on the LAN.
-const API_ADDRESS: &str = "198.51.100.1";
+pub const API_ADDRESS: &str = "198.51.100.1";
 
 /// The control plane in `ext`, the chart's RBAC, both Nodes, MetalLB with
 /// a pool of the first LB IP of each family; the LB range made on-link at
@@ -590,9 +599,7 @@ fn real_api(
         // The spec (podCIDRs) applied; the addresses patched into the
         // status as a kubelet does (two InternalIPs: apply would merge them
         // by type).
-        let node_object = node_yaml(k);
-        let spec = node_object.split("status:").next().unwrap_or_default();
-        cp.apply(spec)?;
+        cp.apply(&node_spec_yaml(k))?;
         let addresses: Vec<serde_json::Value> = [Fam::V4, Fam::V6]
             .iter()
             .map(|&fam| serde_json::json!({"type": "InternalIP", "address": ClusterNet { fam }.node(k).to_string()}))
@@ -619,6 +626,17 @@ fn real_api(
     cmd(&topo.ext(), "ip -6 route replace 2001:db8:203::/64 dev br0")?;
     let args = cp.controller_args()?;
     Ok((ClusterApi { metallb, cp }, args))
+}
+
+/// Node `k`'s object without its status: the spec (pod networks), as a
+/// node IPAM sets it.
+pub fn node_spec_yaml(k: usize) -> String {
+    let object = node_yaml(k);
+    object
+        .split("status:")
+        .next()
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// Node manifests: addresses and pod networks, as the API publishes them.
@@ -836,18 +854,7 @@ impl Cluster {
         ident: &str,
         seen: IpAddr,
     ) -> Result<()> {
-        let want = answer(ident, seen);
-        let got = eventually(SETTLE, || tcp_request(from, to, port))?;
-        ensure!(
-            got == want,
-            "TCP {from} -> {to}:{port}: answer {got:?}, expected {want:?}"
-        );
-        let got = eventually(SETTLE, || udp_request(from, to, port))?;
-        ensure!(
-            got == want,
-            "UDP {from} -> {to}:{port}: answer {got:?}, expected {want:?}"
-        );
-        Ok(())
+        crate::traffic::exchange(from, to, port, ident, seen)
     }
 
     /// A scratch file for this cluster.

@@ -251,6 +251,24 @@ fn unspecified(v4: bool) -> IpAddr {
 }
 
 /// A server's answer `"<ident> <peer>"`, as the checks compare it.
+/// From `from`, a TCP and a UDP exchange with `to:port` both answer
+/// `"<ident> <seen>"`: the server identified itself, and saw `seen` as
+/// the source.
+pub fn exchange(from: &str, to: IpAddr, port: u16, ident: &str, seen: IpAddr) -> Result<()> {
+    let want = answer(ident, seen);
+    let got = eventually(SETTLE, || tcp_request(from, to, port))?;
+    anyhow::ensure!(
+        got == want,
+        "TCP {from} -> {to}:{port}: answer {got:?}, expected {want:?}"
+    );
+    let got = eventually(SETTLE, || udp_request(from, to, port))?;
+    anyhow::ensure!(
+        got == want,
+        "UDP {from} -> {to}:{port}: answer {got:?}, expected {want:?}"
+    );
+    Ok(())
+}
+
 pub fn answer(ident: &str, peer: IpAddr) -> String {
     format!("{ident} {peer}")
 }

@@ -1,0 +1,284 @@
+//! Two real nodes (nodes/kubelet.rs) on the two-node cluster's LAN
+//! (nodes/cluster.rs, routed shape, no pods wired by the tests: the
+//! kubelets' pods get theirs from the `ptp` CNI plugin), joined to a real
+//! control plane in `ext` served on the LAN (kube-apiserver with the Node
+//! authorizer, kube-controller-manager with the workload controllers,
+//! kube-scheduler), the real kube-proxy in nftables mode on every node,
+//! and MetalLB (its controller and a speaker per node, in layer 2, as
+//! processes in the nodes' namespaces).
+//!
+//! cozy-proxy runs as the operator runs it: `helm install` of the chart,
+//! its DaemonSet's pods scheduled, started by containerd under the chart's
+//! security settings and probed by the kubelets; the tenants' workloads
+//! are Pods (busybox standing in for a VM) behind labelled Services.
+//!
+//! What it does not model: MetalLB's components as containers (they run
+//! as processes beside the kubelets; their Pod objects, which they read,
+//! run a sleeping placeholder), cluster DNS, and image pulls
+//! (nodes/images.rs).
+use crate::control_plane::k8s::{self, ControlPlane, Workloads, RELEASE, RELEASE_NAMESPACE};
+use crate::control_plane::metallb::{MetalLb, SpeakerNode};
+use crate::nodes::cluster::{
+    node_spec_yaml, pod_cidr_v4, pod_cidr_v6, ClusterNet, ClusterShape, ClusterTopology,
+    API_ADDRESS,
+};
+use crate::nodes::images::{COZY_PROXY_REPOSITORY, WORKLOAD};
+use crate::nodes::kubelet::{KubeletNode, NodeSpec};
+use crate::nodes::net::Fam;
+use crate::nodes::topology::cmd;
+use crate::traffic::eventually;
+use anyhow::{bail, Context, Result};
+use std::{net::IpAddr, time::Duration};
+
+/// The nodes: node1 and node2.
+pub const NODES: usize = 2;
+
+/// The namespace the tenants' workloads and Services live in.
+pub const TENANT_NAMESPACE: &str = "default";
+
+/// The cluster; dropped in this order: the nodes (their pods), MetalLB,
+/// the control plane, the namespaces.
+pub struct RealCluster {
+    pub nodes: Vec<KubeletNode>,
+    pub metallb: MetalLb,
+    pub cp: ControlPlane,
+    pub topo: ClusterTopology,
+}
+
+/// Node `k`'s CNI ranges: in its pod network, from .20 (the tests' wired
+/// pods elsewhere use .1x), the gateway the first address.
+fn pod_ranges(k: usize) -> Vec<(String, IpAddr, IpAddr, IpAddr)> {
+    let base = 64 * (k - 1);
+    let v4 = |i: usize| -> IpAddr { format!("192.0.2.{}", base + i).parse().expect("v4") };
+    let v6 = |i: usize| -> IpAddr {
+        format!("2001:db8:2::{:x}", 0x100 * (k - 1) + i)
+            .parse()
+            .expect("v6")
+    };
+    vec![
+        (pod_cidr_v4(k), v4(20), v4(50), v4(1)),
+        (pod_cidr_v6(k), v6(0x20), v6(0x50), v6(1)),
+    ]
+}
+
+impl RealCluster {
+    pub fn start() -> Result<RealCluster> {
+        let topo = ClusterTopology::with_pods(ClusterShape::Routed, 0)?;
+        let cp = ControlPlane::start_for(
+            &topo.ext(),
+            std::env::temp_dir().join(format!("{}-k8s", topo.prefix)),
+            API_ADDRESS,
+            Workloads::Kubelets,
+        )?;
+        let mut cp = cp;
+        let mut nodes = Vec::new();
+        for k in 1..=NODES {
+            let name = format!("node{k}");
+            // The pod networks in the spec, as a node IPAM would set them.
+            cp.apply(&node_spec_yaml(k))?;
+            let addresses = [Fam::V4, Fam::V6]
+                .into_iter()
+                .map(|fam| ClusterNet { fam }.node(k))
+                .collect();
+            let spec = NodeSpec {
+                name: name.clone(),
+                ns: topo.node(k),
+                addresses,
+                pod_ranges: pod_ranges(k),
+            };
+            let dir = std::env::temp_dir().join(format!("{}-{name}", topo.prefix));
+            nodes.push(KubeletNode::start(spec, dir, &cp)?);
+            cp.start_node_kube_proxy(&topo.node(k), &name)?;
+        }
+        let pool: Vec<IpAddr> = [Fam::V4, Fam::V6]
+            .into_iter()
+            .flat_map(|fam| [ClusterNet { fam }.lb(0), ClusterNet { fam }.lb(1)])
+            .collect();
+        let names: Vec<(String, String)> = (1..=NODES)
+            .map(|k| (topo.node(k), format!("node{k}")))
+            .collect();
+        let speakers: Vec<SpeakerNode> = (names.iter())
+            .map(|(ns, name)| SpeakerNode { ns, name })
+            .collect();
+        let metallb = MetalLb::start_placed(&cp, &pool, &speakers, Some(WORKLOAD))?;
+        // The router's LAN holds the LB range: the announcing speaker
+        // answers for an LB IP there.
+        cmd(&topo.ext(), "ip route replace 203.0.113.0/24 dev br0")?;
+        cmd(&topo.ext(), "ip -6 route replace 2001:db8:203::/64 dev br0")?;
+        Ok(RealCluster {
+            nodes,
+            metallb,
+            cp,
+            topo,
+        })
+    }
+
+    /// `helm upgrade --install` of the chart with `backend` and the image
+    /// of the binary under test (tag `tag`, imported on every node), then
+    /// waits for the DaemonSet's rollout: a pod Ready on every node.
+    pub fn install(&self, backend: &str, tag: &str) -> Result<()> {
+        let chart = k8s::chart_dir().display().to_string();
+        self.cp
+            .helm(&[
+                "upgrade",
+                "--install",
+                RELEASE,
+                &chart,
+                "--set",
+                &format!("backend={backend}"),
+                "--set",
+                &format!("image.repository={COZY_PROXY_REPOSITORY}"),
+                "--set",
+                &format!("image.tag={tag}"),
+                "--set",
+                "image.pullPolicy=Never",
+            ])
+            .context("helm upgrade --install")?;
+        self.rollout()
+    }
+
+    /// Waits until the DaemonSet's pods are updated and Ready on every
+    /// node; the error carries the pods' states and the kubelets' logs.
+    pub fn rollout(&self) -> Result<()> {
+        let out = self.cp.kubectl(&[
+            "rollout",
+            "status",
+            "daemonset/cozy-proxy",
+            "-n",
+            RELEASE_NAMESPACE,
+            "--timeout",
+            "150s",
+            "--request-timeout=0",
+        ]);
+        if let Err(e) = out {
+            bail!("{e:#}\n{}", self.report());
+        }
+        Ok(())
+    }
+
+    /// What a failure report needs: the pods, their events, the end of
+    /// each node's kubelet and containerd logs.
+    pub fn report(&self) -> String {
+        let mut out = String::new();
+        for args in [
+            &["get", "pods", "-A", "-o", "wide"][..],
+            &["get", "events", "-A", "--sort-by=.lastTimestamp"][..],
+        ] {
+            out += &format!(
+                "--- kubectl {} ---\n{}\n",
+                args.join(" "),
+                self.cp.kubectl(args).unwrap_or_else(|e| format!("{e:#}"))
+            );
+        }
+        for n in &self.nodes {
+            for log in ["kubelet.log", "containerd.log"] {
+                out += &format!("--- {} {log} ---\n{}\n", n.spec.name, n.log_tail(log, 25));
+            }
+        }
+        out
+    }
+
+    /// A tenant's workload: a Pod of the workload image on node `k`
+    /// (busybox's httpd on port 8081, its readiness probe), labelled for
+    /// Service `name`'s selector; returns once it is Ready, its sandbox's
+    /// network namespace attached on the host as `<prefix>-w-<name>`.
+    pub fn put_workload(&self, name: &str, k: usize) -> Result<String> {
+        let pod = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": TENANT_NAMESPACE,
+                         "labels": {k8s::SELECTOR_LABEL: name}},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": format!("node{k}")},
+                "terminationGracePeriodSeconds": 2,
+                "containers": [{
+                    "name": "vm",
+                    "image": WORKLOAD,
+                    "imagePullPolicy": "Never",
+                    "args": ["httpd", "-f", "-p", "8081", "-h", "/tmp"],
+                    "readinessProbe": {"tcpSocket": {"port": 8081}, "periodSeconds": 1},
+                }],
+            },
+        });
+        self.cp.apply(&pod.to_string())?;
+        let ready = self.cp.kubectl(&[
+            "wait",
+            "--for=condition=Ready",
+            &format!("pod/{name}"),
+            "-n",
+            TENANT_NAMESPACE,
+            "--timeout=90s",
+            "--request-timeout=0",
+        ]);
+        if let Err(e) = ready {
+            bail!("{e:#}\n{}", self.report());
+        }
+        let ns = format!("{}-w-{name}", self.topo.prefix);
+        self.nodes[k - 1].attach_pod_netns(TENANT_NAMESPACE, name, &ns)?;
+        Ok(ns)
+    }
+
+    /// The address family's IP of Pod `name`.
+    pub fn pod_ip(&self, name: &str, fam: Fam) -> Result<IpAddr> {
+        let out = self.cp.kubectl(&[
+            "get",
+            "pod",
+            name,
+            "-n",
+            TENANT_NAMESPACE,
+            "-o",
+            "jsonpath={.status.podIPs[*].ip}",
+        ])?;
+        out.split_whitespace()
+            .filter_map(|a| a.parse::<IpAddr>().ok())
+            .find(|a| a.is_ipv4() == (fam == Fam::V4))
+            .with_context(|| format!("pod {name} has no {fam:?} address: {out:?}"))
+    }
+
+    /// Node `k`'s cozy-proxy pod.
+    pub fn cozy_proxy_pod(&self, k: usize) -> Result<String> {
+        let out = self.cp.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            RELEASE_NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=cozy-proxy",
+            "--field-selector",
+            &format!("spec.nodeName=node{k}"),
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ])?;
+        out.split_whitespace()
+            .next()
+            .map(str::to_string)
+            .with_context(|| format!("no cozy-proxy pod on node{k}"))
+    }
+
+    /// `kubectl exec` of `args` in node `k`'s cozy-proxy pod.
+    pub fn exec(&self, k: usize, args: &[&str]) -> Result<String> {
+        let pod = self.cozy_proxy_pod(k)?;
+        let mut all = vec!["exec", "-n", RELEASE_NAMESPACE, pod.as_str(), "--"];
+        all.extend_from_slice(args);
+        self.cp.kubectl(&all)
+    }
+
+    /// Waits `within` for `check`.
+    pub fn eventually<T>(&self, within: Duration, check: impl FnMut() -> Result<T>) -> Result<T> {
+        eventually(within, check).with_context(|| self.report())
+    }
+}
+
+impl Drop for RealCluster {
+    /// The workloads' namespaces attached on the host go; the rest goes
+    /// with the fields.
+    fn drop(&mut self) {
+        let prefix = format!("{}-w-", self.topo.prefix);
+        let listed = crate::sh::ok(&["ip", "netns", "list"]).unwrap_or_default();
+        for name in listed.lines().filter_map(|l| l.split_whitespace().next()) {
+            if name.starts_with(&prefix) {
+                let _ = crate::sh::ok(&["ip", "netns", "del", name]);
+            }
+        }
+    }
+}
