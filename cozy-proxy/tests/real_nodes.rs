@@ -15,7 +15,7 @@ use cozy_proxy_testkit::{
     controller::image::TEST_TAG,
     controller::manifests::Svc,
     nodes::{cluster::ClusterNet, net::Fam, real_cluster::RealCluster},
-    traffic::{exchange, Server, SETTLE},
+    traffic::{across::Streams, exchange, Server, SETTLE},
 };
 use std::net::IpAddr;
 
@@ -90,5 +90,102 @@ fn the_chart_serves_a_workload_on_real_nodes_with_each_backend() -> Result<()> {
         let logs = c.cp.kubectl(&["logs", "-n", RELEASE_NAMESPACE, &pod])?;
         ensure!(!logs.is_empty(), "kubectl logs {pod}: empty");
     }
+    Ok(())
+}
+
+/// A step of the lifecycle, done to a running cluster.
+type Step = fn(&mut RealCluster) -> Result<()>;
+
+/// The operator's steps, in order, with traffic flowing through vm1's LB
+/// IP (datagrams at 100/s each way, a held TCP connection each way,
+/// `traffic::across`): each costs nothing. Then `helm uninstall` leaves
+/// nothing on either node nor in the API.
+#[test]
+fn upgrades_switches_and_restarts_through_the_kubelets_lose_nothing() -> Result<()> {
+    let mut c = RealCluster::start()?;
+    let lb = ClusterNet { fam: Fam::V4 }.lb(0);
+    let vm = c.put_workload("vm1", 1)?;
+    put_service(&c, "vm1", lb, false)?;
+    c.install("ebpf", TEST_TAG)?;
+    c.tag_image(TEST_TAG, "next")?;
+    let steps: [(&str, Step); 6] = [
+        ("helm upgrade to a new image tag", |c| {
+            c.install("ebpf", "next")
+        }),
+        ("helm upgrade --set backend=nft", |c| {
+            c.install("nft", "next")
+        }),
+        ("helm upgrade --set backend=ebpf", |c| {
+            c.install("ebpf", "next")
+        }),
+        ("cozy-proxy pod deleted on node1", |c| {
+            c.delete_cozy_proxy_pod(1)
+        }),
+        ("kubelet and containerd restarted on node1", |c| {
+            let RealCluster { nodes, cp, .. } = c;
+            nodes[0].restart_runtime(cp)
+        }),
+        ("node2's cozy-proxy pod deleted", |c| {
+            c.delete_cozy_proxy_pod(2)
+        }),
+    ];
+    let ext_ip = ClusterNet { fam: Fam::V4 }.ext();
+    let mut table = vec!["| step | lost in | lost out | longest stall in / out |".to_string()];
+    let mut failures = Vec::new();
+    for (name, step) in steps {
+        let streams = Streams::between(&vm, &c.topo.ext(), ext_ip, lb, PORT)
+            .with_context(|| format!("{name}: the streams before"))?;
+        step(&mut c).with_context(|| name.to_string())?;
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let crossing = streams.finish();
+        table.push(format!(
+            "| {name} | {} of {} | {} of {} | {:?} / {:?} |",
+            crossing.lost_in,
+            crossing.sent_in,
+            crossing.lost_out,
+            crossing.sent_out,
+            crossing.held_in.longest_stall,
+            crossing.held_out.longest_stall
+        ));
+        if let Err(e) = crossing.check(0) {
+            failures.push(format!("{name}: {e:#}"));
+        }
+    }
+    println!("{}", table.join("\n"));
+    ensure!(
+        failures.is_empty(),
+        "{}\n{}",
+        failures.join("\n"),
+        table.join("\n")
+    );
+    // The positive control: what the check reads holds node1's datapath.
+    let before = c.leftovers(1)?;
+    ensure!(
+        before.iter().any(|l| l.starts_with("pinned:"))
+            && before.iter().any(|l| l.starts_with("route:")),
+        "node1's datapath is not where the check reads: {before:?}"
+    );
+    c.uninstall()?;
+    for k in 1..=2 {
+        let left = c.leftovers(k)?;
+        ensure!(
+            left.is_empty(),
+            "node{k} after helm uninstall:\n{}",
+            left.join("\n")
+        );
+    }
+    let objects = c.cp.kubectl(&[
+        "get",
+        "daemonsets,serviceaccounts,roles,rolebindings,clusterroles,clusterrolebindings",
+        "-A",
+        "-l",
+        "app.kubernetes.io/name=cozy-proxy",
+        "-o",
+        "name",
+    ])?;
+    ensure!(
+        objects.trim().is_empty(),
+        "in the API after helm uninstall:\n{objects}"
+    );
     Ok(())
 }

@@ -343,6 +343,24 @@ impl KubeletNode {
         Ok(())
     }
 
+    /// Tags image `from` as `to` in the node's image store (a new release
+    /// of the same image, for a rolling upgrade).
+    pub fn tag_image(&self, from: &str, to: &str) -> Result<()> {
+        let ctr = containerd_bin("ctr");
+        self.ok(&[&ctr, "-n", "k8s.io", "images", "tag", "--force", from, to])
+            .map(|_| ())
+    }
+
+    /// Stops the kubelet and containerd and starts them again (the pods
+    /// keep running under their shims); returns once the Node is Ready.
+    pub fn restart_runtime(&mut self, cp: &ControlPlane) -> Result<()> {
+        self.stop_kubelet();
+        self.stop_containerd();
+        self.start_containerd()?;
+        self.start_kubelet()?;
+        self.wait_ready(cp)
+    }
+
     /// Stops the kubelet (the pods keep running).
     pub fn stop_kubelet(&mut self) {
         if let Some(mut p) = self.kubelet.take() {

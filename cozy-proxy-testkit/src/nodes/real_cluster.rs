@@ -263,6 +263,77 @@ impl RealCluster {
         self.cp.kubectl(&all)
     }
 
+    /// The cozy-proxy image of tag `from` tagged `to` on every node.
+    pub fn tag_image(&self, from: &str, to: &str) -> Result<()> {
+        let image = |tag: &str| format!("{COZY_PROXY_REPOSITORY}:{tag}");
+        for n in &self.nodes {
+            n.tag_image(&image(from), &image(to))?;
+        }
+        Ok(())
+    }
+
+    /// Deletes node `k`'s cozy-proxy pod, as an operator would; returns
+    /// once the DaemonSet's replacement is Ready.
+    pub fn delete_cozy_proxy_pod(&self, k: usize) -> Result<()> {
+        let pod = self.cozy_proxy_pod(k)?;
+        self.cp.kubectl(&[
+            "delete",
+            "pod",
+            "-n",
+            RELEASE_NAMESPACE,
+            &pod,
+            "--request-timeout=0",
+        ])?;
+        self.rollout()
+    }
+
+    /// `helm uninstall`; returns once the cozy-proxy pods are gone.
+    pub fn uninstall(&self) -> Result<()> {
+        self.cp
+            .helm(&["uninstall", RELEASE, "--wait", "--timeout", "120s"])?;
+        self.eventually(Duration::from_secs(60), || {
+            let left = self.cp.kubectl(&[
+                "get",
+                "pods",
+                "-n",
+                RELEASE_NAMESPACE,
+                "-l",
+                "app.kubernetes.io/name=cozy-proxy",
+                "-o",
+                "name",
+            ])?;
+            anyhow::ensure!(left.trim().is_empty(), "still there: {left}");
+            Ok(())
+        })
+    }
+
+    /// What cozy-proxy left on node `k`: its nft tables, its pinned BPF
+    /// objects (the binary under test's own `dump` of the eBPF backend,
+    /// in the node's namespaces), its LB IPs' routes. Empty: nothing.
+    pub fn leftovers(&self, k: usize) -> Result<Vec<String>> {
+        let node = &self.nodes[k - 1];
+        let mut left = Vec::new();
+        let tables = node.ok(&["nft", "list", "tables"])?;
+        left.extend(
+            (tables.lines())
+                .filter(|l| l.contains("cozy_proxy"))
+                .map(|l| format!("nft: {l}")),
+        );
+        let pins = node.ok(&[
+            "sh",
+            "-c",
+            "ls -A /sys/fs/bpf/cozy-proxy 2>/dev/null || true",
+        ])?;
+        left.extend(
+            (pins.split_whitespace()).map(|p| format!("pinned: /sys/fs/bpf/cozy-proxy/{p}")),
+        );
+        for family in ["-4", "-6"] {
+            let routes = node.ok(&["ip", family, "route", "show", "proto", "249"])?;
+            left.extend(routes.lines().map(|r| format!("route: {r}")));
+        }
+        Ok(left)
+    }
+
     /// Waits `within` for `check`.
     pub fn eventually<T>(&self, within: Duration, check: impl FnMut() -> Result<T>) -> Result<T> {
         eventually(within, check).with_context(|| self.report())
