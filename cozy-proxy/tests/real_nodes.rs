@@ -189,3 +189,99 @@ fn upgrades_switches_and_restarts_through_the_kubelets_lose_nothing() -> Result<
     );
     Ok(())
 }
+
+/// Does the workload's own httpd answer at `lb:8081` from `ns`?
+fn httpd_answers(ns: &str, lb: IpAddr) -> bool {
+    let url = format!("http://{lb}:8081/");
+    cozy_proxy_testkit::sh::ok_in(
+        ns,
+        &[
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "1",
+            &url,
+        ],
+    )
+    .is_ok_and(|code| code.trim() == "404")
+}
+
+/// `kubectl drain` of the node that runs a tenant's workload (a
+/// Deployment, as a VM's controller recreates its VM elsewhere): the pod
+/// is recreated on the other node, MetalLB announces the LB IP from there
+/// (`externalTrafficPolicy: Local`) and cozy-proxy maps it to the new pod,
+/// whose egress leaves as the LB IP. The outage, seen from outside at the
+/// workload's own httpd, is bounded by the pod's own restart (its
+/// creation to Ready) plus 10 s.
+#[test]
+fn a_drained_nodes_workload_keeps_its_lb_ip_on_the_other_node() -> Result<()> {
+    use std::time::{Duration, Instant};
+    let c = RealCluster::start()?;
+    c.install("ebpf", TEST_TAG)?;
+    let lb = ClusterNet { fam: Fam::V4 }.lb(1);
+    let (pod, node) = c.put_deployment("vm2")?;
+    put_service(&c, "vm2", lb, false)?;
+    let ns = c.attach(&pod, &node)?;
+    check_both_ways(&c, &ns, lb, "vm2")?;
+    let ext = c.topo.ext();
+    ensure!(httpd_answers(&ext, lb), "the workload's httpd at {lb}:8081");
+    // Answers seen from outside every 100 ms, until told to stop.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = {
+        let (stop, ext) = (stop.clone(), ext.clone());
+        std::thread::spawn(move || {
+            let mut answered = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if httpd_answers(&ext, lb) {
+                    answered.push(Instant::now());
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            answered
+        })
+    };
+    let drained = Instant::now();
+    c.cp.kubectl(&[
+        "drain",
+        &node,
+        "--ignore-daemonsets",
+        "--force",
+        "--delete-emptydir-data",
+        "--timeout=120s",
+        "--request-timeout=0",
+    ])
+    .with_context(|| c.report())?;
+    let (moved, to) = c.ready_pod_of("vm2", Some(&node))?;
+    let drain_took = drained.elapsed();
+    let restart = c.time_to_ready(&moved)?;
+    c.eventually(Duration::from_secs(20), || {
+        ensure!(httpd_answers(&ext, lb), "not answering at {lb}:8081 yet");
+        Ok(())
+    })?;
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answered = poller
+        .join()
+        .map_err(|_| anyhow::anyhow!("the poller panicked"))?;
+    let outage = answered
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
+    println!(
+        "drain of {node} ({drain_took:?}): {pod} -> {moved} on {to}, created to Ready in \
+         {restart:?}; longest gap between answers {outage:?}"
+    );
+    ensure!(to != node, "recreated on the drained node");
+    let ns = c.attach(&moved, &to)?;
+    check_both_ways(&c, &ns, lb, "vm2")?;
+    ensure!(
+        outage < restart + Duration::from_secs(10),
+        "outage {outage:?}, the pod's restart {restart:?}"
+    );
+    Ok(())
+}

@@ -90,7 +90,8 @@ fn component_pod(kind: Kind, name: &str, node: Option<&str>, placeholder: Option
         ),
     };
     let host = if placeholder.is_some() {
-        "  hostNetwork: true\n  tolerations: [{operator: Exists}]\n"
+        // `sleep` ignores SIGTERM: gone at once when deleted (a drain).
+        "  hostNetwork: true\n  tolerations: [{operator: Exists}]\n  terminationGracePeriodSeconds: 1\n"
     } else {
         ""
     };

@@ -218,6 +218,101 @@ impl RealCluster {
         Ok(ns)
     }
 
+    /// A tenant's workload as a Deployment of one replica (a VM's
+    /// controller recreates it elsewhere when its node is drained): the
+    /// workload image's httpd on port 8081, labelled for Service `name`.
+    /// Returns once its pod is Ready, with that pod's name and node.
+    pub fn put_deployment(&self, name: &str) -> Result<(String, String)> {
+        let deployment = serde_json::json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": TENANT_NAMESPACE},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {k8s::SELECTOR_LABEL: name}},
+                "template": {
+                    "metadata": {"labels": {k8s::SELECTOR_LABEL: name}},
+                    "spec": {
+                        "terminationGracePeriodSeconds": 2,
+                        "containers": [{
+                            "name": "vm",
+                            "image": WORKLOAD,
+                            "imagePullPolicy": "Never",
+                            "args": ["httpd", "-f", "-p", "8081", "-h", "/tmp"],
+                            "readinessProbe": {"tcpSocket": {"port": 8081}, "periodSeconds": 1},
+                        }],
+                    },
+                },
+            },
+        });
+        self.cp.apply(&deployment.to_string())?;
+        self.ready_pod_of(name, None)
+    }
+
+    /// The Ready pod of workload `name` (on a node other than `not_on`,
+    /// if given): its name and node; waits up to 90 s.
+    pub fn ready_pod_of(&self, name: &str, not_on: Option<&str>) -> Result<(String, String)> {
+        self.eventually(Duration::from_secs(90), || {
+            let out = self.cp.kubectl(&[
+                "get",
+                "pods",
+                "-n",
+                TENANT_NAMESPACE,
+                "-l",
+                &format!("{}={name}", k8s::SELECTOR_LABEL),
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.conditions[?(@.type==\"Ready\")].status} {.metadata.deletionTimestamp}{\"\\n\"}{end}",
+            ])?;
+            for line in out.lines() {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                if let [pod, node, "True"] = f.as_slice() {
+                    if Some(*node) != not_on {
+                        return Ok((pod.to_string(), node.to_string()));
+                    }
+                }
+            }
+            bail!("no Ready pod of {name} (not on {not_on:?}): {out}")
+        })
+    }
+
+    /// How long Pod `pod` took from its creation to Ready, from its
+    /// status (the API's timestamps, to the second).
+    pub fn time_to_ready(&self, pod: &str) -> Result<Duration> {
+        let out = self.cp.kubectl(&[
+            "get",
+            "pod",
+            pod,
+            "-n",
+            TENANT_NAMESPACE,
+            "-o",
+            "jsonpath={.metadata.creationTimestamp} {.status.conditions[?(@.type==\"Ready\")].lastTransitionTime}",
+        ])?;
+        let times: Vec<i64> = (out.split_whitespace())
+            .map(|t| {
+                let out = crate::sh::ok(&["date", "-d", t, "+%s"])?;
+                out.trim().parse::<i64>().context("date +%s")
+            })
+            .collect::<Result<_>>()?;
+        match times.as_slice() {
+            [created, ready] if ready >= created => {
+                Ok(Duration::from_secs((ready - created) as u64))
+            }
+            _ => bail!("pod {pod}'s times: {out:?}"),
+        }
+    }
+
+    /// Attaches Pod `pod`'s network namespace on node `node` as
+    /// `<prefix>-w-<pod>`; returns its name.
+    pub fn attach(&self, pod: &str, node: &str) -> Result<String> {
+        let k: usize = node
+            .trim_start_matches("node")
+            .parse()
+            .with_context(|| format!("node name {node}"))?;
+        let ns = format!("{}-w-{pod}", self.topo.prefix);
+        self.nodes[k - 1].attach_pod_netns(TENANT_NAMESPACE, pod, &ns)?;
+        Ok(ns)
+    }
+
     /// The address family's IP of Pod `name`.
     pub fn pod_ip(&self, name: &str, fam: Fam) -> Result<IpAddr> {
         let out = self.cp.kubectl(&[
