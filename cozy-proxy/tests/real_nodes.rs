@@ -285,3 +285,63 @@ fn a_drained_nodes_workload_keeps_its_lb_ip_on_the_other_node() -> Result<()> {
     );
     Ok(())
 }
+
+/// The EndpointSlices the real EndpointSlice controller writes from the
+/// kubelet's probes, and what node1's datapath makes of them
+/// (docs/traffic.md, "Which endpoint backs an LB IP"), on eBPF: a pod
+/// starting (not ready) never backs its LB IP; Ready, it does; its
+/// readiness probe failing, the LB IP goes; deleted while its probe still
+/// passes (serving and terminating), it keeps the LB IP and its traffic
+/// through the grace period; terminating and no longer serving, the LB IP
+/// goes.
+#[test]
+fn the_kubelets_probes_decide_which_endpoint_backs_the_lb_ip() -> Result<()> {
+    use cozy_proxy_testkit::traffic::eventually;
+    use std::time::Duration;
+    let c = RealCluster::start()?;
+    c.install("ebpf", TEST_TAG)?;
+    let lb = ClusterNet { fam: Fam::V4 }.lb(0);
+    c.put_probed_workload("vm3", 1, 60)?;
+    put_service(&c, "vm3", lb, false)?;
+    let ip = c.eventually(SETTLE, || c.pod_ip("vm3", Fam::V4))?;
+    let conditions = |want: &str| {
+        let want = format!("{ip} {want}");
+        c.eventually(Duration::from_secs(30), || {
+            let got = c.slice_conditions("vm3")?;
+            ensure!(got.trim() == want, "slice: {got:?}, want {want:?}");
+            Ok(())
+        })
+    };
+    let mapped = |want: Option<IpAddr>| {
+        c.eventually(SETTLE, || {
+            let got = c.mapped(1, lb)?;
+            ensure!(got == want, "node1 maps {lb} to {got:?}, want {want:?}");
+            Ok(())
+        })
+    };
+    // Starting: never backs the LB IP (sampled over 3 s once the slice
+    // says so).
+    conditions("false/false/false")?;
+    for _ in 0..3 {
+        ensure!(c.mapped(1, lb)?.is_none(), "a starting pod backs {lb}");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    c.set_ready("vm3", true)?;
+    conditions("true/true/false")?;
+    mapped(Some(ip))?;
+    let ns = c.attach("vm3", "node1")?;
+    check_both_ways(&c, &ns, lb, "vm3").context("Ready")?;
+    c.set_ready("vm3", false)?;
+    conditions("false/false/false")?;
+    mapped(None).context("readiness failing")?;
+    c.set_ready("vm3", true)?;
+    conditions("true/true/false")?;
+    mapped(Some(ip))?;
+    c.cp.kubectl(&["delete", "pod", "vm3", "-n", "default", "--wait=false"])?;
+    conditions("false/true/true")?;
+    mapped(Some(ip)).context("serving while terminating")?;
+    eventually(SETTLE, || check_both_ways(&c, &ns, lb, "vm3")).context("terminating")?;
+    c.set_ready("vm3", false)?;
+    conditions("false/false/true")?;
+    mapped(None).context("terminating, no longer serving")
+}

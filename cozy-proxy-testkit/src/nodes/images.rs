@@ -107,7 +107,9 @@ fn build_workload(dir: &Path) -> Result<Archive> {
     fs::create_dir_all(rootfs.join("tmp"))?;
     fs::copy("/bin/busybox", rootfs.join("bin/busybox"))
         .context("/bin/busybox (Debian's busybox-static)")?;
-    for applet in ["sh", "sleep", "httpd", "nc", "ip", "cat", "echo", "wget"] {
+    for applet in [
+        "sh", "sleep", "httpd", "nc", "ip", "cat", "echo", "wget", "rm", "touch",
+    ] {
         std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet))?;
     }
     let path = dir.join("workload.oci.tar");

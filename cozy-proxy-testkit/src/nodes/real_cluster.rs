@@ -218,6 +218,82 @@ impl RealCluster {
         Ok(ns)
     }
 
+    /// A tenant's workload Pod on node `k` whose readiness is a file: Ready
+    /// while `/tmp/ready` exists (`set_ready`); its grace period
+    /// `grace_s` seconds, through which it keeps running (its shell, pid
+    /// 1, ignores SIGTERM) and its readiness probe goes on. Returns at
+    /// once (the pod is not Ready yet).
+    pub fn put_probed_workload(&self, name: &str, k: usize, grace_s: u32) -> Result<()> {
+        let pod = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": TENANT_NAMESPACE,
+                         "labels": {k8s::SELECTOR_LABEL: name}},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": format!("node{k}")},
+                "terminationGracePeriodSeconds": grace_s,
+                "containers": [{
+                    "name": "vm",
+                    "image": WORKLOAD,
+                    "imagePullPolicy": "Never",
+                    "args": ["sh", "-c", "httpd -p 8081 -h /tmp; exec sleep 2147483647"],
+                    "readinessProbe": {
+                        "exec": {"command": ["cat", "/tmp/ready"]},
+                        "periodSeconds": 1,
+                        "failureThreshold": 1,
+                    },
+                }],
+            },
+        });
+        self.cp.apply(&pod.to_string())
+    }
+
+    /// Makes workload `name`'s readiness probe pass or fail.
+    pub fn set_ready(&self, name: &str, ready: bool) -> Result<()> {
+        let change = if ready {
+            "touch /tmp/ready"
+        } else {
+            "rm -f /tmp/ready"
+        };
+        self.cp
+            .kubectl(&[
+                "exec",
+                "-n",
+                TENANT_NAMESPACE,
+                name,
+                "--",
+                "sh",
+                "-c",
+                change,
+            ])
+            .map(|_| ())
+    }
+
+    /// The EndpointSlice conditions of Service `name`'s endpoint(s), as
+    /// `ready/serving/terminating` lines.
+    pub fn slice_conditions(&self, name: &str) -> Result<String> {
+        self.cp.kubectl(&[
+            "get",
+            "endpointslices",
+            "-n",
+            TENANT_NAMESPACE,
+            "-l",
+            &format!("kubernetes.io/service-name={name}"),
+            "-o",
+            "jsonpath={range .items[*].endpoints[*]}{.addresses[0]} {.conditions.ready}/{.conditions.serving}/{.conditions.terminating}{\"\\n\"}{end}",
+        ])
+    }
+
+    /// The pod node `k`'s datapath maps LB IP `lb` to, read by `kubectl
+    /// exec ... dump -o json` in its cozy-proxy pod.
+    pub fn mapped(&self, k: usize, lb: IpAddr) -> Result<Option<IpAddr>> {
+        let out = self.exec(k, &["/cozy-proxy", "dump", "-o", "json"])?;
+        let dump: serde_json::Value = serde_json::from_str(&out).context("dump -o json")?;
+        Ok(dump["state"]["svc_pod"][lb.to_string()]
+            .as_str()
+            .and_then(|p| p.parse().ok()))
+    }
+
     /// A tenant's workload as a Deployment of one replica (a VM's
     /// controller recreates it elsewhere when its node is drained): the
     /// workload image's httpd on port 8081, labelled for Service `name`.
