@@ -10,12 +10,12 @@
 //! as the LB IP. Needs root and `cargo xtask setup`.
 use anyhow::{ensure, Context, Result};
 use cozy_proxy_testkit::{
-    control_plane::k8s::{api_service, RELEASE_NAMESPACE},
+    control_plane::k8s::{api_service, RELEASE_NAMESPACE, SELECTOR_LABEL},
     control_plane::metallb::MetalLb,
     controller::image::TEST_TAG,
     controller::manifests::Svc,
     nodes::{cluster::ClusterNet, net::Fam, real_cluster::RealCluster},
-    traffic::{across::Streams, exchange, Server, SETTLE},
+    traffic::{across::Streams, exchange, tcp_request, Server, SETTLE},
 };
 use std::net::IpAddr;
 
@@ -26,6 +26,18 @@ const PORT: u16 = 7000;
 /// A labelled Service for workload `name` in `mode`, MetalLB allocating
 /// `lb` from its pool (`externalTrafficPolicy: Local`, as Cozystack's).
 fn put_service(c: &RealCluster, name: &str, lb: IpAddr, filtered: bool) -> Result<()> {
+    put_service_of(c, name, name, lb, filtered)
+}
+
+/// The same, Service `name` selecting workload `workload` (a second
+/// family's Service of one workload).
+fn put_service_of(
+    c: &RealCluster,
+    name: &str,
+    workload: &str,
+    lb: IpAddr,
+    filtered: bool,
+) -> Result<()> {
     let ports = [("TCP", PORT as i32), ("UDP", PORT as i32)];
     let svc = if filtered {
         Svc::new(name, lb).filter(&ports)
@@ -35,6 +47,7 @@ fn put_service(c: &RealCluster, name: &str, lb: IpAddr, filtered: bool) -> Resul
     let fam = if lb.is_ipv4() { Fam::V4 } else { Fam::V6 };
     let mut service = api_service(&svc, ClusterNet { fam }.address_type());
     service["spec"]["externalTrafficPolicy"] = "Local".into();
+    service["spec"]["selector"] = serde_json::json!({SELECTOR_LABEL: workload});
     service["metadata"]["annotations"]["metallb.io/loadBalancerIPs"] = lb.to_string().into();
     c.cp.apply(&service.to_string())?;
     let got = c
@@ -65,30 +78,55 @@ fn check_both_ways(c: &RealCluster, pod_ns: &str, lb: IpAddr, ident: &str) -> Re
 }
 
 /// The chart installed with each backend in turn (`helm upgrade
-/// --install`, then `helm upgrade --set backend=`), a tenant's workload
-/// on node1 reached through its LB IP both ways on each, `kubectl exec
-/// ... dump` showing the mapping, `kubectl logs` the controller's log.
+/// --install`, then `helm upgrade --set backend=`). On each: a tenant's
+/// workload on node1 reached through its LB IPs both ways, IPv4 and
+/// IPv6 (a Service per family); another on node2 behind a port-filtered
+/// Service, its listed port reached and an unlisted one not; `kubectl
+/// exec ... dump` showing the mapping, `kubectl logs` the controller's
+/// log.
 #[test]
-fn the_chart_serves_a_workload_on_real_nodes_with_each_backend() -> Result<()> {
+fn the_chart_serves_workloads_on_real_nodes_with_each_backend() -> Result<()> {
     let c = RealCluster::start()?;
-    let lb = ClusterNet { fam: Fam::V4 }.lb(0);
-    let vm = c.put_workload("vm1", 1)?;
+    let (v4, v6) = (ClusterNet { fam: Fam::V4 }, ClusterNet { fam: Fam::V6 });
+    let vm1 = c.put_workload("vm1", 1)?;
+    let vm2 = c.put_workload("vm2", 2)?;
     let pod_ip = c.pod_ip("vm1", Fam::V4)?;
-    put_service(&c, "vm1", lb, false)?;
+    put_service(&c, "vm1", v4.lb(0), false)?;
+    put_service_of(&c, "vm1-v6", "vm1", v6.lb(0), false)?;
+    put_service(&c, "vm2", v4.lb(1), true)?;
     for backend in ["nft", "ebpf", "auto"] {
         c.install(backend, TEST_TAG)?;
-        check_both_ways(&c, &vm, lb, "vm1").with_context(|| format!("backend={backend}"))?;
+        let on = |what: &str| format!("backend={backend}: {what}");
+        check_both_ways(&c, &vm1, v4.lb(0), "vm1").with_context(|| on("vm1 IPv4"))?;
+        check_both_ways(&c, &vm1, v6.lb(0), "vm1").with_context(|| on("vm1 IPv6"))?;
+        check_both_ways(&c, &vm2, v4.lb(1), "vm2").with_context(|| on("vm2's listed port"))?;
+        // The unlisted port, right after the listed one answered.
+        let _unlisted = Server::tcp(&vm2, Fam::V4, PORT + 1, "vm2")?;
+        let got = tcp_request(&c.topo.ext(), v4.lb(1), PORT + 1);
+        ensure!(
+            got.is_err(),
+            "{}",
+            on(&format!("vm2's unlisted port answered: {got:?}"))
+        );
         // As docs/operating.md says it: no flag names the backend.
         let dump = c.exec(1, &["/cozy-proxy", "dump"])?;
         let kind = if backend == "nft" { "nft" } else { "ebpf" };
+        let lb = v4.lb(0);
         ensure!(
             dump.contains(&format!("backend: {kind} (installed)"))
                 && dump.contains(&format!("{lb} -> {pod_ip}")),
-            "backend={backend}: dump on node1 lacks {kind} and {lb} -> {pod_ip}:\n{dump}"
+            "{}",
+            on(&format!(
+                "dump on node1 lacks {kind} and {lb} -> {pod_ip}:\n{dump}"
+            ))
         );
         let pod = c.cozy_proxy_pod(1)?;
         let logs = c.cp.kubectl(&["logs", "-n", RELEASE_NAMESPACE, &pod])?;
-        ensure!(!logs.is_empty(), "kubectl logs {pod}: empty");
+        ensure!(
+            logs.contains("datapath synced"),
+            "{}",
+            on(&format!("kubectl logs {pod}: {logs}"))
+        );
     }
     Ok(())
 }
