@@ -132,48 +132,58 @@ fn the_chart_serves_workloads_on_real_nodes_with_each_backend() -> Result<()> {
 }
 
 /// A step of the lifecycle, done to a running cluster.
-type Step = fn(&mut RealCluster) -> Result<()>;
+type Step = dyn Fn(&mut RealCluster) -> Result<()>;
 
 /// The operator's steps, in order, with traffic flowing through vm1's LB
 /// IP (datagrams at 100/s each way, a held TCP connection each way,
-/// `traffic::across`): each costs nothing. Then `helm uninstall` leaves
-/// nothing on either node nor in the API.
-#[test]
-fn upgrades_switches_and_restarts_through_the_kubelets_lose_nothing() -> Result<()> {
+/// `traffic::across`), the chart installed with `backend` (`other`: the
+/// one switched to and back): each costs nothing. Then `helm uninstall`
+/// leaves nothing on either node nor in the API.
+fn lifecycle(backend: &'static str, other: &'static str) -> Result<()> {
     let mut c = RealCluster::start()?;
     let lb = ClusterNet { fam: Fam::V4 }.lb(0);
     let vm = c.put_workload("vm1", 1)?;
     put_service(&c, "vm1", lb, false)?;
-    c.install("ebpf", TEST_TAG)?;
+    c.install(backend, TEST_TAG)?;
     c.tag_image(TEST_TAG, "next")?;
-    let steps: [(&str, Step); 6] = [
-        ("helm upgrade to a new image tag", |c| {
-            c.install("ebpf", "next")
-        }),
-        ("helm upgrade --set backend=nft", |c| {
-            c.install("nft", "next")
-        }),
-        ("helm upgrade --set backend=ebpf", |c| {
-            c.install("ebpf", "next")
-        }),
-        ("cozy-proxy pod deleted on node1", |c| {
-            c.delete_cozy_proxy_pod(1)
-        }),
-        ("kubelet and containerd restarted on node1", |c| {
-            let RealCluster { nodes, cp, .. } = c;
-            nodes[0].restart_runtime(cp)
-        }),
-        ("node2's cozy-proxy pod deleted", |c| {
-            c.delete_cozy_proxy_pod(2)
-        }),
+    let steps: Vec<(String, Box<Step>)> = vec![
+        (
+            "helm upgrade to a new image tag".into(),
+            Box::new(move |c| c.install(backend, "next")),
+        ),
+        (
+            format!("helm upgrade --set backend={other}"),
+            Box::new(move |c| c.install(other, "next")),
+        ),
+        (
+            format!("helm upgrade --set backend={backend}"),
+            Box::new(move |c| c.install(backend, "next")),
+        ),
+        (
+            "cozy-proxy pod deleted on node1".into(),
+            Box::new(|c| c.delete_cozy_proxy_pod(1)),
+        ),
+        (
+            "kubelet and containerd restarted on node1".into(),
+            Box::new(|c| {
+                let RealCluster { nodes, cp, .. } = c;
+                nodes[0].restart_runtime(cp)
+            }),
+        ),
+        (
+            "node2's cozy-proxy pod deleted".into(),
+            Box::new(|c| c.delete_cozy_proxy_pod(2)),
+        ),
     ];
     let ext_ip = ClusterNet { fam: Fam::V4 }.ext();
-    let mut table = vec!["| step | lost in | lost out | longest stall in / out |".to_string()];
+    let mut table = vec![format!(
+        "| step ({backend}) | lost in | lost out | longest stall in / out |"
+    )];
     let mut failures = Vec::new();
     for (name, step) in steps {
         let streams = Streams::between(&vm, &c.topo.ext(), ext_ip, lb, PORT)
             .with_context(|| format!("{name}: the streams before"))?;
-        step(&mut c).with_context(|| name.to_string())?;
+        step(&mut c).with_context(|| name.clone())?;
         std::thread::sleep(std::time::Duration::from_secs(2));
         let crossing = streams.finish();
         table.push(format!(
@@ -197,9 +207,10 @@ fn upgrades_switches_and_restarts_through_the_kubelets_lose_nothing() -> Result<
         table.join("\n")
     );
     // The positive control: what the check reads holds node1's datapath.
+    let datapath = if backend == "ebpf" { "pinned:" } else { "nft:" };
     let before = c.leftovers(1)?;
     ensure!(
-        before.iter().any(|l| l.starts_with("pinned:"))
+        before.iter().any(|l| l.starts_with(datapath))
             && before.iter().any(|l| l.starts_with("route:")),
         "node1's datapath is not where the check reads: {before:?}"
     );
@@ -226,6 +237,16 @@ fn upgrades_switches_and_restarts_through_the_kubelets_lose_nothing() -> Result<
         "in the API after helm uninstall:\n{objects}"
     );
     Ok(())
+}
+
+#[test]
+fn upgrades_switches_and_restarts_lose_nothing_ebpf() -> Result<()> {
+    lifecycle("ebpf", "nft")
+}
+
+#[test]
+fn upgrades_switches_and_restarts_lose_nothing_nft() -> Result<()> {
+    lifecycle("nft", "ebpf")
 }
 
 /// Does the workload's own httpd answer at `lb:8081` from `ns`?
