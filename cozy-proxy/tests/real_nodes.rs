@@ -404,3 +404,42 @@ fn the_kubelets_probes_decide_which_endpoint_backs_the_lb_ip() -> Result<()> {
     conditions("false/false/true")?;
     mapped(None).context("terminating, no longer serving")
 }
+
+/// A pod IP reused after deletion (node2's CNI range holds one address):
+/// tenant A's pod is deleted, tenant B's pod on the same node gets its
+/// address. A's LB IP is not mapped to B's pod (it goes dark with A's
+/// endpoints), B's LB IP is, and B's egress leaves as B's LB IP.
+#[test]
+fn a_pod_ip_reused_after_deletion_serves_only_its_own_lb_ip() -> Result<()> {
+    let c = RealCluster::start_with(1)?;
+    c.install("ebpf", TEST_TAG)?;
+    let net = ClusterNet { fam: Fam::V4 };
+    let (lb_a, lb_b) = (net.lb(0), net.lb(1));
+    let vma = c.put_workload("vma", 2)?;
+    let reused = c.pod_ip("vma", Fam::V4)?;
+    put_service(&c, "vma", lb_a, false)?;
+    check_both_ways(&c, &vma, lb_a, "vma")?;
+    c.delete_pod("vma")?;
+    let unmapped = |lb: IpAddr| {
+        c.eventually(SETTLE, || {
+            let got = c.mapped(2, lb)?;
+            ensure!(got.is_none(), "node2 maps {lb} to {got:?}");
+            Ok(())
+        })
+    };
+    unmapped(lb_a).context("A's pod deleted")?;
+    let vmb = c.put_workload("vmb", 2)?;
+    let ip_b = c.pod_ip("vmb", Fam::V4)?;
+    ensure!(ip_b == reused, "B's pod got {ip_b}, not A's old {reused}");
+    put_service(&c, "vmb", lb_b, false)?;
+    check_both_ways(&c, &vmb, lb_b, "vmb").context("B's LB IP")?;
+    unmapped(lb_a).context("A's LB IP, B's pod on A's old address")?;
+    // The outside gets nothing from B's pod at A's LB IP.
+    let _b = Server::tcp(&vmb, Fam::V4, PORT, "vmb")?;
+    let ext = c.topo.ext();
+    c.eventually(SETTLE, || tcp_request(&ext, lb_b, PORT))
+        .context("the positive control: B's server at B's LB IP")?;
+    let got = tcp_request(&ext, lb_a, PORT);
+    ensure!(got.is_err(), "A's LB IP answered from B's pod: {got:?}");
+    Ok(())
+}

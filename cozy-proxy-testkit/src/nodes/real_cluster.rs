@@ -33,6 +33,9 @@ use std::{net::IpAddr, time::Duration};
 /// The nodes: node1 and node2.
 pub const NODES: usize = 2;
 
+/// The addresses per family a node's CNI range holds.
+const POD_ADDRESSES: usize = 31;
+
 /// The namespace the tenants' workloads and Services live in.
 pub const TENANT_NAMESPACE: &str = "default";
 
@@ -46,8 +49,9 @@ pub struct RealCluster {
 }
 
 /// Node `k`'s CNI ranges: in its pod network, from .20 (the tests' wired
-/// pods elsewhere use .1x), the gateway the first address.
-fn pod_ranges(k: usize) -> Vec<(String, IpAddr, IpAddr, IpAddr)> {
+/// pods elsewhere use .1x), the gateway the first address; `size`
+/// addresses per family.
+fn pod_ranges(k: usize, size: usize) -> Vec<(String, IpAddr, IpAddr, IpAddr)> {
     let base = 64 * (k - 1);
     let v4 = |i: usize| -> IpAddr { format!("192.0.2.{}", base + i).parse().expect("v4") };
     let v6 = |i: usize| -> IpAddr {
@@ -56,13 +60,20 @@ fn pod_ranges(k: usize) -> Vec<(String, IpAddr, IpAddr, IpAddr)> {
             .expect("v6")
     };
     vec![
-        (pod_cidr_v4(k), v4(20), v4(50), v4(1)),
-        (pod_cidr_v6(k), v6(0x20), v6(0x50), v6(1)),
+        (pod_cidr_v4(k), v4(20), v4(20 + size - 1), v4(1)),
+        (pod_cidr_v6(k), v6(0x20), v6(0x20 + size - 1), v6(1)),
     ]
 }
 
 impl RealCluster {
     pub fn start() -> Result<RealCluster> {
+        RealCluster::start_with(POD_ADDRESSES)
+    }
+
+    /// The same, node2's CNI range holding `node2_addresses` addresses
+    /// per family (one: each pod there gets the address the one before
+    /// it had).
+    pub fn start_with(node2_addresses: usize) -> Result<RealCluster> {
         let topo = ClusterTopology::with_pods(ClusterShape::Routed, 0)?;
         let cp = ControlPlane::start_for(
             &topo.ext(),
@@ -84,7 +95,14 @@ impl RealCluster {
                 name: name.clone(),
                 ns: topo.node(k),
                 addresses,
-                pod_ranges: pod_ranges(k),
+                pod_ranges: pod_ranges(
+                    k,
+                    if k == 2 {
+                        node2_addresses
+                    } else {
+                        POD_ADDRESSES
+                    },
+                ),
             };
             let dir = std::env::temp_dir().join(format!("{}-{name}", topo.prefix));
             nodes.push(KubeletNode::start(spec, dir, &cp)?);
@@ -387,6 +405,23 @@ impl RealCluster {
         let ns = format!("{}-w-{pod}", self.topo.prefix);
         self.nodes[k - 1].attach_pod_netns(TENANT_NAMESPACE, pod, &ns)?;
         Ok(ns)
+    }
+
+    /// Deletes Pod `name` and waits until it is gone (its sandbox torn
+    /// down, its address released).
+    pub fn delete_pod(&self, name: &str) -> Result<()> {
+        self.cp
+            .kubectl(&[
+                "delete",
+                "pod",
+                name,
+                "-n",
+                TENANT_NAMESPACE,
+                "--wait=true",
+                "--timeout=60s",
+                "--request-timeout=0",
+            ])
+            .map(|_| ())
     }
 
     /// The address family's IP of Pod `name`.
