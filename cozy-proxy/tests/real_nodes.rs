@@ -14,7 +14,12 @@ use cozy_proxy_testkit::{
     control_plane::metallb::MetalLb,
     controller::image::TEST_TAG,
     controller::manifests::Svc,
-    nodes::{cluster::ClusterNet, net::Fam, real_cluster::RealCluster},
+    nodes::{
+        cluster::ClusterNet,
+        kubelet::Cni,
+        net::Fam,
+        real_cluster::{RealCluster, POD_ADDRESSES},
+    },
     traffic::{across::Streams, exchange, tcp_request, Server, SETTLE},
 };
 use std::net::IpAddr;
@@ -84,9 +89,8 @@ fn check_both_ways(c: &RealCluster, pod_ns: &str, lb: IpAddr, ident: &str) -> Re
 /// Service, its listed port reached and an unlisted one not; `kubectl
 /// exec ... dump` showing the mapping, `kubectl logs` the controller's
 /// log.
-#[test]
-fn the_chart_serves_workloads_on_real_nodes_with_each_backend() -> Result<()> {
-    let c = RealCluster::start()?;
+fn chart_serves_workloads(cni: Cni, backends: &[&str]) -> Result<()> {
+    let c = RealCluster::start_with(cni, POD_ADDRESSES)?;
     let (v4, v6) = (ClusterNet { fam: Fam::V4 }, ClusterNet { fam: Fam::V6 });
     let vm1 = c.put_workload("vm1", 1)?;
     let vm2 = c.put_workload("vm2", 2)?;
@@ -94,7 +98,7 @@ fn the_chart_serves_workloads_on_real_nodes_with_each_backend() -> Result<()> {
     put_service(&c, "vm1", v4.lb(0), false)?;
     put_service_of(&c, "vm1-v6", "vm1", v6.lb(0), false)?;
     put_service(&c, "vm2", v4.lb(1), true)?;
-    for backend in ["nft", "ebpf", "auto"] {
+    for &backend in backends {
         c.install(backend, TEST_TAG)?;
         let on = |what: &str| format!("backend={backend}: {what}");
         check_both_ways(&c, &vm1, v4.lb(0), "vm1").with_context(|| on("vm1 IPv4"))?;
@@ -129,6 +133,19 @@ fn the_chart_serves_workloads_on_real_nodes_with_each_backend() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// On routed nodes (`ptp`), every backend value.
+#[test]
+fn the_chart_serves_workloads_on_routed_nodes() -> Result<()> {
+    chart_serves_workloads(Cni::Ptp, &["nft", "ebpf", "auto"])
+}
+
+/// On bridged nodes (`bridge`, the node's `cni0` with br_netfilter on),
+/// each datapath.
+#[test]
+fn the_chart_serves_workloads_on_bridged_nodes() -> Result<()> {
+    chart_serves_workloads(Cni::Bridge, &["ebpf", "nft"])
 }
 
 /// A step of the lifecycle, done to a running cluster.
@@ -411,7 +428,7 @@ fn the_kubelets_probes_decide_which_endpoint_backs_the_lb_ip() -> Result<()> {
 /// endpoints), B's LB IP is, and B's egress leaves as B's LB IP.
 #[test]
 fn a_pod_ip_reused_after_deletion_serves_only_its_own_lb_ip() -> Result<()> {
-    let c = RealCluster::start_with(1)?;
+    let c = RealCluster::start_with(Cni::Ptp, 1)?;
     c.install("ebpf", TEST_TAG)?;
     let net = ClusterNet { fam: Fam::V4 };
     let (lb_a, lb_b) = (net.lb(0), net.lb(1));

@@ -85,8 +85,20 @@ const BOUND: &[(&str, &str)] = &[
     ("pod-logs", "/var/log/pods"),
 ];
 
+/// The CNI plugin that wires the node's pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cni {
+    /// `ptp`: a routed veth per pod, the node side the gateway (Calico's
+    /// and Cilium's native routing shape).
+    Ptp,
+    /// `bridge`: the pods' veths on bridge `cni0`, the gateway on the
+    /// bridge (Flannel's and kindnet's shape).
+    Bridge,
+}
+
 /// What a node is given: its name, namespace, addresses and pod networks.
 pub struct NodeSpec {
+    pub cni: Cni,
     pub name: String,
     pub ns: String,
     /// Its InternalIPs (the kubelet's `--node-ip`).
@@ -105,8 +117,8 @@ pub struct KubeletNode {
     kubeconfig: PathBuf,
 }
 
-/// The CNI configuration: `ptp` (a routed veth per pod, the node side the
-/// gateway), addresses from `host-local` in the node's ranges.
+/// The CNI configuration: the node's plugin ([`Cni`]), addresses from
+/// `host-local` in the node's ranges.
 fn cni_conflist(spec: &NodeSpec) -> String {
     let ranges: Vec<serde_json::Value> = (spec.pod_ranges.iter())
         .map(|(subnet, first, last, gateway)| {
@@ -120,14 +132,16 @@ fn cni_conflist(spec: &NodeSpec) -> String {
             IpAddr::V6(_) => serde_json::json!({"dst": "::/0"}),
         })
         .collect();
+    let ipam = serde_json::json!({"type": "host-local", "ranges": ranges, "routes": routes});
+    let plugin = match spec.cni {
+        Cni::Ptp => serde_json::json!({"type": "ptp", "ipMasq": false, "mtu": 1500, "ipam": ipam}),
+        Cni::Bridge => serde_json::json!({"type": "bridge", "bridge": "cni0", "isGateway": true,
+            "ipMasq": false, "mtu": 1500, "ipam": ipam}),
+    };
     serde_json::json!({
         "cniVersion": "1.0.0",
         "name": "pods",
-        "plugins": [
-            {"type": "ptp", "ipMasq": false, "mtu": 1500,
-             "ipam": {"type": "host-local", "ranges": ranges, "routes": routes}},
-            {"type": "loopback"}
-        ]
+        "plugins": [plugin, {"type": "loopback"}]
     })
     .to_string()
 }

@@ -1,6 +1,7 @@
 //! Two real nodes (nodes/kubelet.rs) on the two-node cluster's LAN
-//! (nodes/cluster.rs, routed shape, no pods wired by the tests: the
-//! kubelets' pods get theirs from the `ptp` CNI plugin), joined to a real
+//! (nodes/cluster.rs, routed or bridged, no pods wired by the tests: the
+//! kubelets' pods get theirs from the `ptp` or `bridge` CNI plugin),
+//! joined to a real
 //! control plane in `ext` served on the LAN (kube-apiserver with the Node
 //! authorizer, kube-controller-manager with the workload controllers,
 //! kube-scheduler), the real kube-proxy in nftables mode on every node,
@@ -23,7 +24,7 @@ use crate::nodes::cluster::{
     API_ADDRESS,
 };
 use crate::nodes::images::{COZY_PROXY_REPOSITORY, WORKLOAD};
-use crate::nodes::kubelet::{KubeletNode, NodeSpec};
+use crate::nodes::kubelet::{Cni, KubeletNode, NodeSpec};
 use crate::nodes::net::Fam;
 use crate::nodes::topology::cmd;
 use crate::traffic::eventually;
@@ -34,7 +35,7 @@ use std::{net::IpAddr, time::Duration};
 pub const NODES: usize = 2;
 
 /// The addresses per family a node's CNI range holds.
-const POD_ADDRESSES: usize = 31;
+pub const POD_ADDRESSES: usize = 31;
 
 /// The namespace the tenants' workloads and Services live in.
 pub const TENANT_NAMESPACE: &str = "default";
@@ -67,14 +68,19 @@ fn pod_ranges(k: usize, size: usize) -> Vec<(String, IpAddr, IpAddr, IpAddr)> {
 
 impl RealCluster {
     pub fn start() -> Result<RealCluster> {
-        RealCluster::start_with(POD_ADDRESSES)
+        RealCluster::start_with(Cni::Ptp, POD_ADDRESSES)
     }
 
-    /// The same, node2's CNI range holding `node2_addresses` addresses
-    /// per family (one: each pod there gets the address the one before
-    /// it had).
-    pub fn start_with(node2_addresses: usize) -> Result<RealCluster> {
-        let topo = ClusterTopology::with_pods(ClusterShape::Routed, 0)?;
+    /// The same with `cni` wiring the pods (the LAN's shape follows it:
+    /// routed nodes for `ptp`, a bridge per node for `bridge`), node2's
+    /// CNI range holding `node2_addresses` addresses per family (one: each
+    /// pod there gets the address the one before it had).
+    pub fn start_with(cni: Cni, node2_addresses: usize) -> Result<RealCluster> {
+        let shape = match cni {
+            Cni::Ptp => ClusterShape::Routed,
+            Cni::Bridge => ClusterShape::Bridge,
+        };
+        let topo = ClusterTopology::with_pods(shape, 0)?;
         let cp = ControlPlane::start_for(
             &topo.ext(),
             std::env::temp_dir().join(format!("{}-k8s", topo.prefix)),
@@ -92,6 +98,7 @@ impl RealCluster {
                 .map(|fam| ClusterNet { fam }.node(k))
                 .collect();
             let spec = NodeSpec {
+                cni,
                 name: name.clone(),
                 ns: topo.node(k),
                 addresses,
