@@ -57,20 +57,7 @@ fn the_probes_server_answers_while_the_metrics_server_is_held() -> Result<()> {
     let env = Env::new(Backend::Nft, Fam::V4)?;
     let node = env.topo.node();
     let probe = || -> Result<()> {
-        let out = harness::sh::ok_in(
-            &node,
-            &[
-                "curl",
-                "-sS",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "--max-time",
-                "1",
-                "http://127.0.0.1:9403/healthz",
-            ],
-        )?;
+        let out = harness::traffic::http_status(&node, "http://127.0.0.1:9403/healthz")?;
         ensure!(out.trim() == "200", "healthz on the probes' server: {out}");
         Ok(())
     };

@@ -20,7 +20,7 @@ use cozy_proxy_testkit::{
         net::Fam,
         real_cluster::{RealCluster, POD_ADDRESSES},
     },
-    traffic::{across::Streams, exchange, tcp_request, Server, SETTLE},
+    traffic::{across::Streams, exchange, http_status, tcp_request, Server, SETTLE},
 };
 use std::net::IpAddr;
 
@@ -268,22 +268,7 @@ fn upgrades_switches_and_restarts_lose_nothing_nft() -> Result<()> {
 
 /// Does the workload's own httpd answer at `lb:8081` from `ns`?
 fn httpd_answers(ns: &str, lb: IpAddr) -> bool {
-    let url = format!("http://{lb}:8081/");
-    cozy_proxy_testkit::sh::ok_in(
-        ns,
-        &[
-            "curl",
-            "-s",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--max-time",
-            "1",
-            &url,
-        ],
-    )
-    .is_ok_and(|code| code.trim() == "404")
+    http_status(ns, &format!("http://{lb}:8081/")).is_ok_and(|code| code == "404")
 }
 
 /// `kubectl drain` of the node that runs a tenant's workload (a
@@ -379,7 +364,8 @@ fn the_kubelets_probes_decide_which_endpoint_backs_the_lb_ip() -> Result<()> {
     let lb = ClusterNet { fam: Fam::V4 }.lb(0);
     c.put_probed_workload("vm3", 1, 60)?;
     put_service(&c, "vm3", lb, false)?;
-    let ip = c.eventually(SETTLE, || c.pod_ip("vm3", Fam::V4))?;
+    // The sandbox and its address come first (a loaded node: seconds).
+    let ip = c.eventually(Duration::from_secs(60), || c.pod_ip("vm3", Fam::V4))?;
     let conditions = |want: &str| {
         let want = format!("{ip} {want}");
         c.eventually(Duration::from_secs(30), || {

@@ -7,22 +7,18 @@
 //! than the 2 cores: measured with the tools built, the scenarios took
 //! 555 s at 4 threads and 419 s at 6, the cluster scenarios 272 s and
 //! 255 s, the real API's tests 216 s at 2 and 156 s at 4 (each starts an
-//! API server, the CPU's busiest moment). The real nodes' tests wait on
-//! rollouts and probes: 3 clusters at a time. Every other binary keeps
-//! libtest's default (one per core), the migration above all, whose loss
-//! limits assume a machine not loaded beyond that.
+//! API server, the CPU's busiest moment). Every other binary keeps
+//! libtest's default (one per core): the migration and the real nodes'
+//! lifecycle above all, whose loss limits assume a machine not loaded
+//! beyond that (three real clusters at a time under two busy loops lost
+//! datagrams in a backend switch).
 use crate::{cargo, root, run};
 use anyhow::{bail, Context, Result};
 use std::process::{Command, Stdio};
 
 /// Integration tests of `cozy-proxy` that run more tests at a time than
 /// the cores, and how many.
-const WAITING: &[(&str, &str)] = &[
-    ("scenarios", "6"),
-    ("cluster", "6"),
-    ("real_api", "4"),
-    ("real_nodes", "3"),
-];
+const WAITING: &[(&str, &str)] = &[("scenarios", "6"), ("cluster", "6"), ("real_api", "4")];
 
 pub fn test(extra: &[String]) -> Result<()> {
     run(cargo().args(["fmt", "--all", "--check"]))?;

@@ -163,6 +163,19 @@ fn certificates(dir: &Path, listen: &str) -> Result<()> {
     Ok(())
 }
 
+/// A control-plane component's API client flags: the admin's kubeconfig,
+/// also for authenticating and authorizing its own callers.
+fn client_args(admin: &str) -> [&str; 6] {
+    [
+        "--kubeconfig",
+        admin,
+        "--authentication-kubeconfig",
+        admin,
+        "--authorization-kubeconfig",
+        admin,
+    ]
+}
+
 /// A kubeconfig for `url` with this token, trusting the tests' CA.
 pub fn kubeconfig(dir: &Path, url: &str, token: &str, name: &str) -> Result<PathBuf> {
     use base64::Engine as _;
@@ -361,20 +374,17 @@ impl ControlPlane {
             .display()
             .to_string();
         let admin = self.admin.display().to_string();
+        let sa_key = self.dir.join("sa.key").display().to_string();
+        let root_ca = self.dir.join("ca.crt").display().to_string();
         let mut controllers = String::from("endpointslice-controller,serviceaccount-controller,serviceaccount-token-controller,namespace-controller,garbage-collector-controller");
         if self.workloads == Workloads::Kubelets {
             controllers += ",daemonset-controller,deployment-controller,replicaset-controller,\
                 root-ca-certificate-publisher-controller,pod-garbage-collector-controller,disruption-controller,\
                 node-lifecycle-controller";
         }
-        let args = [
-            bin.as_str(),
-            "--kubeconfig",
-            &admin,
-            "--authentication-kubeconfig",
-            &admin,
-            "--authorization-kubeconfig",
-            &admin,
+        let mut args = vec![bin.as_str()];
+        args.extend(client_args(&admin));
+        args.extend([
             "--controllers",
             &controllers,
             "--bind-address",
@@ -384,10 +394,10 @@ impl ControlPlane {
             "--leader-elect=false",
             "--use-service-account-credentials=false",
             "--service-account-private-key-file",
-            &self.dir.join("sa.key").display().to_string(),
+            &sa_key,
             "--root-ca-file",
-            &self.dir.join("ca.crt").display().to_string(),
-        ];
+            &root_ca,
+        ]);
         // Ready when the default ServiceAccount exists (its controller ran).
         let kcm = self.launch(
             "kube-controller-manager",
@@ -405,20 +415,15 @@ impl ControlPlane {
     fn start_scheduler(&mut self) -> Result<()> {
         let bin = bin_dir().join("kube-scheduler").display().to_string();
         let admin = self.admin.display().to_string();
-        let args = [
-            bin.as_str(),
-            "--kubeconfig",
-            &admin,
-            "--authentication-kubeconfig",
-            &admin,
-            "--authorization-kubeconfig",
-            &admin,
+        let mut args = vec![bin.as_str()];
+        args.extend(client_args(&admin));
+        args.extend([
             "--leader-elect=false",
             "--bind-address",
             "127.0.0.1",
             "--secure-port",
             "10259",
-        ];
+        ]);
         let scheduler = self.launch("kube-scheduler", &args, Duration::from_secs(60), || {
             ok_in(
                 &self.ns,
@@ -719,17 +724,20 @@ impl ControlPlane {
     /// uninstall), as release [`RELEASE`]. Again: an upgrade, which puts
     /// back what was changed by hand.
     pub fn install_chart(&self, backend: &str) -> Result<()> {
+        self.install_chart_with(backend, &[])
+    }
+
+    /// The same with more values (`--set` each of `values`).
+    pub fn install_chart_with(&self, backend: &str, values: &[String]) -> Result<()> {
         let chart = chart_dir().display().to_string();
-        self.helm(&[
-            "upgrade",
-            "--install",
-            RELEASE,
-            &chart,
-            "--set",
-            &format!("backend={backend}"),
-        ])
-        .map(|_| ())
-        .context("helm upgrade --install (cargo xtask setup installs helm)")
+        let backend = format!("backend={backend}");
+        let mut args = vec!["upgrade", "--install", RELEASE, &chart, "--set", &backend];
+        for v in values {
+            args.extend(["--set", v.as_str()]);
+        }
+        self.helm(&args)
+            .map(|_| ())
+            .context("helm upgrade --install (cargo xtask setup installs helm)")
     }
 
     /// `helm ARGS` as the admin, in the release's namespace.

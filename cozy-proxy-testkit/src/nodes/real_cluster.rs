@@ -66,6 +66,39 @@ fn pod_ranges(k: usize, size: usize) -> Vec<(String, IpAddr, IpAddr, IpAddr)> {
     ]
 }
 
+/// The workload's container: busybox's httpd on port 8081 (in the
+/// foreground), Ready once it listens.
+fn workload_container() -> serde_json::Value {
+    serde_json::json!({
+        "name": "vm",
+        "image": WORKLOAD,
+        "imagePullPolicy": "Never",
+        "args": ["httpd", "-f", "-p", "8081", "-h", "/tmp"],
+        "readinessProbe": {"tcpSocket": {"port": 8081}, "periodSeconds": 1},
+    })
+}
+
+/// Tenant workload `name`'s Pod on node `k`, labelled for its Service's
+/// selector, running `container`.
+fn workload_pod(
+    name: &str,
+    k: usize,
+    grace_s: u32,
+    container: serde_json::Value,
+) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": TENANT_NAMESPACE,
+                     "labels": {k8s::SELECTOR_LABEL: name}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": format!("node{k}")},
+            "terminationGracePeriodSeconds": grace_s,
+            "containers": [container],
+        },
+    })
+}
+
 impl RealCluster {
     pub fn start() -> Result<RealCluster> {
         RealCluster::start_with(Cni::Ptp, POD_ADDRESSES)
@@ -142,23 +175,14 @@ impl RealCluster {
     /// of the binary under test (tag `tag`, imported on every node), then
     /// waits for the DaemonSet's rollout: a pod Ready on every node.
     pub fn install(&self, backend: &str, tag: &str) -> Result<()> {
-        let chart = k8s::chart_dir().display().to_string();
-        self.cp
-            .helm(&[
-                "upgrade",
-                "--install",
-                RELEASE,
-                &chart,
-                "--set",
-                &format!("backend={backend}"),
-                "--set",
-                &format!("image.repository={COZY_PROXY_REPOSITORY}"),
-                "--set",
-                &format!("image.tag={tag}"),
-                "--set",
-                "image.pullPolicy=Never",
-            ])
-            .context("helm upgrade --install")?;
+        self.cp.install_chart_with(
+            backend,
+            &[
+                format!("image.repository={COZY_PROXY_REPOSITORY}"),
+                format!("image.tag={tag}"),
+                "image.pullPolicy=Never".into(),
+            ],
+        )?;
         self.rollout()
     }
 
@@ -208,24 +232,8 @@ impl RealCluster {
     /// Service `name`'s selector; returns once it is Ready, its sandbox's
     /// network namespace attached on the host as `<prefix>-w-<name>`.
     pub fn put_workload(&self, name: &str, k: usize) -> Result<String> {
-        let pod = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": TENANT_NAMESPACE,
-                         "labels": {k8s::SELECTOR_LABEL: name}},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": format!("node{k}")},
-                "terminationGracePeriodSeconds": 2,
-                "containers": [{
-                    "name": "vm",
-                    "image": WORKLOAD,
-                    "imagePullPolicy": "Never",
-                    "args": ["httpd", "-f", "-p", "8081", "-h", "/tmp"],
-                    "readinessProbe": {"tcpSocket": {"port": 8081}, "periodSeconds": 1},
-                }],
-            },
-        });
-        self.cp.apply(&pod.to_string())?;
+        self.cp
+            .apply(&workload_pod(name, k, 2, workload_container()).to_string())?;
         let ready = self.cp.kubectl(&[
             "wait",
             "--for=condition=Ready",
@@ -249,27 +257,18 @@ impl RealCluster {
     /// 1, ignores SIGTERM) and its readiness probe goes on. Returns at
     /// once (the pod is not Ready yet).
     pub fn put_probed_workload(&self, name: &str, k: usize, grace_s: u32) -> Result<()> {
-        let pod = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": TENANT_NAMESPACE,
-                         "labels": {k8s::SELECTOR_LABEL: name}},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": format!("node{k}")},
-                "terminationGracePeriodSeconds": grace_s,
-                "containers": [{
-                    "name": "vm",
-                    "image": WORKLOAD,
-                    "imagePullPolicy": "Never",
-                    "args": ["sh", "-c", "httpd -p 8081 -h /tmp; exec sleep 2147483647"],
-                    "readinessProbe": {
-                        "exec": {"command": ["cat", "/tmp/ready"]},
-                        "periodSeconds": 1,
-                        "failureThreshold": 1,
-                    },
-                }],
+        let container = serde_json::json!({
+            "name": "vm",
+            "image": WORKLOAD,
+            "imagePullPolicy": "Never",
+            "args": ["sh", "-c", "httpd -p 8081 -h /tmp; exec sleep 2147483647"],
+            "readinessProbe": {
+                "exec": {"command": ["cat", "/tmp/ready"]},
+                "periodSeconds": 1,
+                "failureThreshold": 1,
             },
         });
+        let pod = workload_pod(name, k, grace_s, container);
         self.cp.apply(&pod.to_string())
     }
 
@@ -335,13 +334,7 @@ impl RealCluster {
                     "metadata": {"labels": {k8s::SELECTOR_LABEL: name}},
                     "spec": {
                         "terminationGracePeriodSeconds": 2,
-                        "containers": [{
-                            "name": "vm",
-                            "image": WORKLOAD,
-                            "imagePullPolicy": "Never",
-                            "args": ["httpd", "-f", "-p", "8081", "-h", "/tmp"],
-                            "readinessProbe": {"tcpSocket": {"port": 8081}, "periodSeconds": 1},
-                        }],
+                        "containers": [workload_container()],
                     },
                 },
             },
@@ -354,16 +347,11 @@ impl RealCluster {
     /// if given): its name and node; waits up to 90 s.
     pub fn ready_pod_of(&self, name: &str, not_on: Option<&str>) -> Result<(String, String)> {
         self.eventually(Duration::from_secs(90), || {
-            let out = self.cp.kubectl(&[
-                "get",
-                "pods",
-                "-n",
+            let out = self.pods(
                 TENANT_NAMESPACE,
-                "-l",
                 &format!("{}={name}", k8s::SELECTOR_LABEL),
-                "-o",
                 "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.conditions[?(@.type==\"Ready\")].status} {.metadata.deletionTimestamp}{\"\\n\"}{end}",
-            ])?;
+            )?;
             for line in out.lines() {
                 let f: Vec<&str> = line.split_whitespace().collect();
                 if let [pod, node, "True"] = f.as_slice() {
@@ -448,6 +436,13 @@ impl RealCluster {
             .with_context(|| format!("pod {name} has no {fam:?} address: {out:?}"))
     }
 
+    /// `kubectl get pods` in `namespace` with label selector `selector`,
+    /// output `output`.
+    fn pods(&self, namespace: &str, selector: &str, output: &str) -> Result<String> {
+        self.cp
+            .kubectl(&["get", "pods", "-n", namespace, "-l", selector, "-o", output])
+    }
+
     /// Node `k`'s cozy-proxy pod.
     pub fn cozy_proxy_pod(&self, k: usize) -> Result<String> {
         let out = self.cp.kubectl(&[
@@ -505,16 +500,11 @@ impl RealCluster {
         self.cp
             .helm(&["uninstall", RELEASE, "--wait", "--timeout", "120s"])?;
         self.eventually(Duration::from_secs(60), || {
-            let left = self.cp.kubectl(&[
-                "get",
-                "pods",
-                "-n",
+            let left = self.pods(
                 RELEASE_NAMESPACE,
-                "-l",
                 "app.kubernetes.io/name=cozy-proxy",
-                "-o",
                 "name",
-            ])?;
+            )?;
             anyhow::ensure!(left.trim().is_empty(), "still there: {left}");
             Ok(())
         })

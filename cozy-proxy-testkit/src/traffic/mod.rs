@@ -269,6 +269,22 @@ pub fn exchange(from: &str, to: IpAddr, port: u16, ident: &str, seen: IpAddr) ->
     Ok(())
 }
 
+/// The HTTP status `url` answers from namespace `ns` within a second.
+pub fn http_status(ns: &str, url: &str) -> Result<String> {
+    let args = [
+        "curl",
+        "-sS",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--max-time",
+        "1",
+        url,
+    ];
+    crate::sh::ok_in(ns, &args).map(|code| code.trim().to_string())
+}
+
 pub fn answer(ident: &str, peer: IpAddr) -> String {
     format!("{ident} {peer}")
 }
