@@ -432,6 +432,23 @@ impl KubeletNode {
         ok(&["ip", "netns", "attach", as_name, &pid]).map(|_| ())
     }
 
+    /// Every container's task on the node, as containerd lists them.
+    fn task_pids(&self) -> Vec<Task> {
+        let ctr = containerd_bin("ctr");
+        let listed = self
+            .ok(&[&ctr, "-n", "k8s.io", "tasks", "ls"])
+            .unwrap_or_default();
+        // "TASK PID STATUS", a line each.
+        (listed.lines().skip(1))
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let id = f.next()?.to_string();
+                let pid = f.next()?.parse().ok()?;
+                (pid > 0).then_some(Task { id, pid })
+            })
+            .collect()
+    }
+
     /// Every process in the node's mount namespace but the holder: the
     /// kubelet, containerd, the shims and the pods' processes.
     fn processes(&self) -> Vec<i32> {
@@ -456,6 +473,20 @@ impl KubeletNode {
             }
         }
         pids
+    }
+}
+
+/// A container's task: its id and its process on the host.
+struct Task {
+    id: String,
+    pid: i32,
+}
+
+impl Task {
+    /// Is its process still there (the same one: in its container's
+    /// cgroup, named by the task's id)?
+    fn still_runs(&self) -> bool {
+        fs::read_to_string(format!("/proc/{}/cgroup", self.pid)).is_ok_and(|c| c.contains(&self.id))
     }
 }
 
@@ -506,13 +537,17 @@ fn hold_mounts(ns: &str, dir: &Path) -> Result<Proc> {
 impl Drop for KubeletNode {
     fn drop(&mut self) {
         self.stop_kubelet();
+        // The containers' own processes, which live in mount namespaces of
+        // their own: killed below if the CRI leaves one running.
+        let tasks = self.task_pids();
         // The pods stopped and removed through the CRI: runc deletes their
         // cgroups, the CNI plugin their veths and addresses.
         let _ = self.ok(&[&crictl_bin(), "rmp", "--all", "--force"]);
         self.stop_containerd();
-        // The shims and the pods' processes are nobody's children here.
+        // The shims, the containers' processes: nobody's children here.
         for _ in 0..3 {
-            let pids = self.processes();
+            let mut pids = self.processes();
+            pids.extend(tasks.iter().filter(|t| t.still_runs()).map(|t| t.pid));
             if pids.is_empty() {
                 break;
             }
