@@ -42,11 +42,13 @@ fn cache(name: &str) -> PathBuf {
     PathBuf::from(home).join(".cache/cozy-proxy").join(name)
 }
 
-fn containerd_bin(name: &str) -> String {
+/// containerd's binaries' directory (the shim is found there on PATH).
+fn containerd_dir() -> PathBuf {
     cache("containerd-v2.4.2/bin")
-        .join(name)
-        .display()
-        .to_string()
+}
+
+fn containerd_bin(name: &str) -> String {
+    containerd_dir().join(name).display().to_string()
 }
 
 /// crictl, built by setup.
@@ -277,7 +279,7 @@ impl KubeletNode {
         let config = self.dir.join("containerd.toml").display().to_string();
         let path = format!(
             "{}:{}",
-            cache("containerd-v2.4.2/bin").display(),
+            containerd_dir().display(),
             std::env::var("PATH").unwrap_or_default()
         );
         // The shim is found on PATH.
