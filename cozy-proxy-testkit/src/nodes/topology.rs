@@ -71,7 +71,14 @@ pub struct Topology {
     /// Pod `i`'s port where [`Topology::move_pod`] renamed it (else
     /// `pod{i}`).
     port_names: Vec<Option<String>>,
+    /// [`Topology::add_far_client`] made `far`.
+    far: bool,
 }
+
+/// The client beyond ext that [`Topology::add_far_client`] makes, and
+/// ext's address on the narrow link (the router that reports it).
+pub const FAR_V4: (&str, &str) = ("203.0.113.200", "203.0.113.201");
+pub const FAR_V6: (&str, &str) = ("2001:db8:f0::2", "2001:db8:f0::1");
 
 /// Runs a command given as one line (words split on spaces) in `ns`.
 pub fn cmd(ns: &str, line: &str) -> Result<()> {
@@ -169,6 +176,11 @@ impl Topology {
         self.ns(&format!("pod{i}"))
     }
 
+    /// The client [`Topology::add_far_client`] makes.
+    pub fn far(&self) -> String {
+        self.ns("far")
+    }
+
     /// The router's namespace of the Gateway shape.
     pub fn ovn(&self) -> String {
         self.ns("ovn")
@@ -205,6 +217,7 @@ impl Topology {
             pods: 0,
             shape,
             port_names: Vec::new(),
+            far: false,
         };
         if let Err(e) = t.build() {
             drop(t);
@@ -299,6 +312,38 @@ impl Topology {
         join_node(&ovn, &node, "n1", "192.0.2.194/26", "2001:db8:64::2/64")?;
         cmd(&ovn, "ip route add default via 192.0.2.194")?;
         cmd(&ovn, "ip -6 route add default via 2001:db8:64::2")
+    }
+
+    /// A client `far` beyond ext, on a link whose MTU on ext's side is
+    /// `mtu` (far's side keeps 1500, so its TCP handshakes announce the
+    /// full segment size): ext becomes the router on the path, answering
+    /// larger packets toward far with "fragmentation needed" / "packet too
+    /// big" from its own address (`FAR_V4.1`, `FAR_V6.1`), as a narrower
+    /// link of a real path does.
+    pub fn add_far_client(&mut self, mtu: u32) -> Result<String> {
+        let (ext, far) = (self.ext(), self.far());
+        new_ns(&far)?;
+        self.far = true;
+        veth("narrow", &ext, "narrow", &far)?;
+        let ((far4, ext4), (far6, ext6)) = (FAR_V4, FAR_V6);
+        cmd(&ext, &format!("ip link set narrow mtu {mtu} up"))?;
+        cmd(&ext, &format!("ip addr add {ext4}/32 dev narrow"))?;
+        cmd(&ext, &format!("ip route add {far4}/32 dev narrow"))?;
+        cmd(&ext, &format!("ip addr add {ext6}/64 dev narrow nodad"))?;
+        cmd(
+            &ext,
+            "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
+        )?;
+        cmd(&far, "ip link set narrow up")?;
+        cmd(&far, &format!("ip addr add {far4}/32 dev narrow"))?;
+        cmd(&far, &format!("ip route add {ext4}/32 dev narrow"))?;
+        cmd(&far, &format!("ip route add default via {ext4} dev narrow"))?;
+        cmd(&far, &format!("ip addr add {far6}/64 dev narrow nodad"))?;
+        cmd(
+            &far,
+            &format!("ip -6 route add default via {ext6} dev narrow"),
+        )?;
+        Ok(far)
     }
 
     /// A new pod (pod{N+1}) as the node's shape wires it; addresses
@@ -505,6 +550,9 @@ impl Drop for Topology {
         all.extend((1..=self.pods).map(|i| self.pod(i)));
         if self.shape.behind_router() {
             all.push(self.ovn());
+        }
+        if self.far {
+            all.push(self.far());
         }
         remove_namespaces(&all);
     }

@@ -494,3 +494,93 @@ pub fn conntrack(ns: &str, fam: Fam, args: &[&str]) -> Result<Vec<String>> {
         .map(str::to_string)
         .collect())
 }
+
+/// A TCP server in `ns` on `port` that writes `bytes` zero bytes to each
+/// connection and closes it: an answer larger than one packet, which a
+/// narrower link on the path makes the sender's path MTU discovery
+/// lower its segments for. Served from a thread until dropped.
+pub struct LargeAnswer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl LargeAnswer {
+    pub fn serve(ns: &str, fam: Fam, port: u16, bytes: usize) -> Result<LargeAnswer> {
+        let any: IpAddr = match fam {
+            Fam::V4 => Ipv4Addr::UNSPECIFIED.into(),
+            Fam::V6 => Ipv6Addr::UNSPECIFIED.into(),
+        };
+        let listener = in_netns(ns, move || {
+            let l = std::net::TcpListener::bind(SocketAddr::new(any, port))?;
+            l.set_nonblocking(true)?;
+            Ok(l)
+        })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let answer = Arc::new(vec![0u8; bytes]);
+            while !stopped.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((mut conn, _)) => {
+                        use std::io::Write;
+                        let _ = conn.set_nonblocking(false);
+                        let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
+                        let answer = answer.clone();
+                        std::thread::spawn(move || {
+                            let _ = conn.write_all(&answer);
+                        });
+                        continue;
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => sleep(Duration::from_millis(5)),
+                    Err(_) => return,
+                }
+            }
+        });
+        Ok(LargeAnswer {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for LargeAnswer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Connects from `ns` to `dst:port` and reads until the server closes or
+/// `within` passes; the bytes read. A path that loses the answer's large
+/// packets (an ICMP error about them dropped) leaves the count short.
+pub fn fetch(ns: &str, dst: IpAddr, port: u16, within: Duration) -> Result<usize> {
+    let conn = in_netns(ns, move || {
+        Ok(std::net::TcpStream::connect_timeout(
+            &SocketAddr::new(dst, port),
+            Duration::from_secs(2),
+        )?)
+    })
+    .with_context(|| format!("TCP {dst}:{port} from {ns}"))?;
+    let deadline = Instant::now() + within;
+    let mut conn = conn;
+    let mut got = 0;
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(got);
+        }
+        conn.set_read_timeout(Some(left))?;
+        use std::io::Read;
+        match conn.read(&mut buf) {
+            Ok(0) => return Ok(got),
+            Ok(n) => got += n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Ok(got)
+            }
+            Err(e) => return Err(e).with_context(|| format!("reading {dst}:{port} from {ns}")),
+        }
+    }
+}
