@@ -177,37 +177,88 @@ fn known_flow(k: &FlowKey, slot: u16) -> bool {
     true
 }
 
-/// Is an ICMP error about a flow `pod` started? The quoted header is the
-/// packet as the pod sent it (its source already translated back).
+/// The flow an ICMP error quotes, as the pod sent it (its source already
+/// translated back to the pod): the protocol, the peer (the quoted
+/// destination), the pod's port and the peer's. Only flows with ports.
+struct Quoted {
+    proto: u8,
+    peer: IpKey,
+    pod_port: u16,
+    peer_port: u16,
+}
+
 #[inline(always)]
-fn error_about_own_flow(ctx: &TcContext, p: &Packet, slot: u16) -> bool {
+fn quoted_flow(ctx: &TcContext, p: &Packet) -> Option<Quoted> {
     let inner = p.l4 + ICMP_HLEN;
     let (proto, peer, ports_at) = if p.v6 {
-        let Some(peer) = load::<[u8; 16]>(ctx, inner + IP6_DADDR) else {
-            return false;
-        };
-        (byte(ctx, inner + IP6_NEXT), IpKey::v6(peer), inner + IP6_HLEN)
+        let peer = load::<[u8; 16]>(ctx, inner + IP6_DADDR)?;
+        (byte(ctx, inner + IP6_NEXT)?, IpKey::v6(peer), inner + IP6_HLEN)
     } else {
-        let Some(ver_ihl) = byte(ctx, inner + IP4_VER_IHL) else {
-            return false;
-        };
-        let Some(peer) = load::<[u8; 4]>(ctx, inner + IP4_DADDR) else {
-            return false;
-        };
+        let ver_ihl = byte(ctx, inner + IP4_VER_IHL)?;
+        let peer = load::<[u8; 4]>(ctx, inner + IP4_DADDR)?;
         (
-            byte(ctx, inner + IP4_PROTO),
+            byte(ctx, inner + IP4_PROTO)?,
             IpKey::v4(peer),
             inner + ((ver_ihl & 0x0f) as usize) * 4,
         )
     };
-    let Some(proto) = proto else { return false };
     if !has_ports(proto) {
+        return None;
+    }
+    Some(Quoted {
+        proto,
+        peer,
+        pod_port: be16(ctx, ports_at + L4_SPORT)?,
+        peer_port: be16(ctx, ports_at + L4_DPORT)?,
+    })
+}
+
+/// Is the quoted flow one the pod started, still alive?
+#[inline(always)]
+fn quoted_own_flow(p: &Packet, q: &Quoted, slot: u16) -> bool {
+    known_flow(&key(p.dst, q.peer, q.proto, q.pod_port, q.peer_port), slot)
+}
+
+/// Is an ICMP error (toward a filtered pod) about a flow the pod has: one
+/// it started, or one a peer opened to a listed port (the pod answers
+/// from that port). A "fragmentation needed" or "packet too big" about a
+/// large answer from a listed port is what path MTU discovery needs, and
+/// nftables admits it as related to its connection. An error quoting a
+/// listed port admits no more than the port itself does, and the pod's
+/// own stack acts on it only if a socket holds the quoted flow. A
+/// function of its own: its keys on the callers' stack frame would take
+/// those past the verifier's 512 bytes.
+#[inline(never)]
+fn error_about_pods_flow(ctx: &TcContext, p: &Packet, slot: u16) -> bool {
+    let Some(q) = quoted_flow(ctx, p) else {
+        return false;
+    };
+    let listed = PortKey {
+        pod: p.dst,
+        proto: q.proto,
+        _pad: 0,
+        port: q.pod_port,
+    };
+    ALLOWED_PORTS.get_ptr(&listed).is_some() || quoted_own_flow(p, &q, slot)
+}
+
+/// Is `p` (toward the pod `p.dst`, translated, from a source outside its
+/// LB IP's source ranges) an ICMP error about a flow the pod may have:
+/// with a peer inside the ranges (`in_ranges`: a router on the path to an
+/// allowed client, which is rarely inside the ranges itself), or one the
+/// pod started. A function of its own, as [`error_about_pods_flow`] is.
+#[inline(never)]
+pub fn error_within_ranges(ctx: &TcContext, p: &Packet, slot: u16, in_ranges: impl Fn(&IpKey) -> bool) -> bool {
+    if !is_icmp(p) {
         return false;
     }
-    match (be16(ctx, ports_at + L4_SPORT), be16(ctx, ports_at + L4_DPORT)) {
-        (Some(sport), Some(dport)) => known_flow(&key(p.dst, peer, proto, sport, dport), slot),
-        _ => false,
+    if !byte(ctx, p.l4 + ICMP_TYPE).is_some_and(|t| is_icmp_error(p, t)) {
+        return false;
     }
+    let Some(q) = quoted_flow(ctx, p) else {
+        return false;
+    };
+    in_ranges(&q.peer) || quoted_own_flow(p, &q, slot)
 }
 
 /// Is `p` (toward the pod `p.dst`) a reply within a flow the pod started?
@@ -296,7 +347,7 @@ fn admit_first(ctx: &TcContext, p: &Packet, allow_icmp: bool, slot: u16, routed:
                     return Ok(());
                 }
             }
-        } else if is_icmp_error(p, icmp_type) && error_about_own_flow(ctx, p, slot) {
+        } else if is_icmp_error(p, icmp_type) && error_about_pods_flow(ctx, p, slot) {
             return Ok(());
         }
         return Err(DropReason::FilteredIcmp);

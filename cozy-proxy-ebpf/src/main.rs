@@ -527,7 +527,10 @@ fn fast_to_pod(ctx: &mut TcContext, p: &mut Packet, d: &AddrInfo) -> i32 {
     if let Err(verdict) = translate(ctx, p, Field::Dst, &lb, &d.peer) {
         return verdict;
     }
-    if !listed && !filter::reply_to_own_flow(ctx, p, d.slot) {
+    if !listed
+        && !filter::reply_to_own_flow(ctx, p, d.slot)
+        && !filter::error_within_ranges(ctx, p, d.slot, |peer| source_allowed(&lb, peer))
+    {
         return drop(ctx, DropReason::SourceRange);
     }
     if d.flags & addr::FILTERED != 0 {
@@ -614,14 +617,19 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
             if !local && forwarded {
                 return PASS;
             }
-            // Only the listed sources reach the pod through its LB IP; the
-            // replies to the pod's own flows are not restricted.
+            // Only the listed sources reach the pod through its LB IP.
             let listed = d.flags & addr::RANGED == 0 || source_allowed(&p.dst, &p.src);
             let lb = p.dst;
             if let Err(verdict) = translate(&mut ctx, &mut p, Field::Dst, &lb, &d.peer) {
                 return verdict;
             }
-            if !listed && !(local && filter::reply_to_own_flow(&ctx, &p, d.slot)) {
+            // Replies to the pod's own flows, and errors about its flows
+            // with allowed peers, pass from anywhere.
+            if !listed
+                && !(local
+                    && (filter::reply_to_own_flow(&ctx, &p, d.slot)
+                        || filter::error_within_ranges(&ctx, &p, d.slot, |peer| source_allowed(&lb, peer))))
+            {
                 return drop(&ctx, DropReason::SourceRange);
             }
             if local {

@@ -1,4 +1,4 @@
-//! The datapath scenario suite (tests/cases/README.md, 1-20, 38-40 and
+//! The datapath scenario suite (tests/cases/README.md, 1-20, 38-41 and
 //! 29-31, and 32: fuzzed frames; 21-28 are in cluster.rs): real
 //! packets through the real kernel in network namespaces, with the real
 //! `cozy-proxy` binary as controller. One list of scenarios; each backend
@@ -30,12 +30,15 @@ fn run(
 }
 
 /// The scenarios whose packets take a path the node's shape changes: all
-/// but 15, 17, 19 and 20 (given as `extra` where a cell runs them). Those
-/// four end with an LB IP left unmapped or kept by one Service, a decision
-/// of the model: their packets are dropped (or translated as in the first
-/// scenario) where they enter the node, at its uplink, before any
-/// pod-side interface, on every shape, and a warning is said; what the
-/// shape changes (the pod's port, the bridge, the router) they never reach.
+/// but 15, 17, 19, 20 and 41 (given as `extra` where a cell runs them).
+/// The first four end with an LB IP left unmapped or kept by one Service,
+/// a decision of the model: their packets are dropped (or translated as
+/// in the first scenario) where they enter the node, at its uplink,
+/// before any pod-side interface, on every shape, and a warning is said;
+/// what the shape changes (the pod's port, the bridge, the router) they
+/// never reach. 41's errors take the path of 11's, which every shape
+/// runs; what it adds is the filter's and the ranges' decision about
+/// them, which no shape changes.
 macro_rules! shaped_scenarios {
     (@with [$($extra:tt)*] $($head:tt)*) => {
         harness::datapath_suite!($($head)*;
@@ -64,7 +67,8 @@ macro_rules! every_scenario {
     ($($head:tt)*) => {
         shaped_scenarios!(@with [
             , changes::s15_no_ready_endpoint, bad_input::s17_invalid_annotation,
-            bad_input::s19_conflicts, bad_input::s20_hostname_and_invalid_ip
+            bad_input::s19_conflicts, bad_input::s20_hostname_and_invalid_ip,
+            filter::s41_path_mtu_errors_reach_pod
         ] $($head)*);
     };
 }

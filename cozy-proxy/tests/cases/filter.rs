@@ -1,13 +1,16 @@
-//! Scenarios 7-11: port filter (wholeIP "false").
+//! Scenarios 7-11: port filter (wholeIP "false"); 41: the ICMP errors
+//! path MTU discovery needs, through the filter and source ranges.
 use anyhow::{bail, ensure, Result};
 use cozy_proxy_testkit::scenario::WEB;
 use cozy_proxy_testkit::{
     controller::manifests::Svc,
     nodes::net::Fam,
-    nodes::topology::{cmd, Shape},
-    traffic::{tcp_request, udp_request, Capture},
+    nodes::topology::{cmd, Shape, FAR_V4, FAR_V6},
+    sh::ok_in,
+    traffic::{eventually, fetch, tcp_request, udp_request, Capture, LargeAnswer, SETTLE},
     Backend, Env,
 };
+use std::{net::IpAddr, time::Duration};
 
 fn filtered(env: &Env, allow_icmp: Option<&str>) -> Svc {
     let mut svc = Svc::new("vm1", env.lb(0)).filter(&[("TCP", 22), ("UDP", 53)]);
@@ -165,6 +168,75 @@ pub fn s11_icmp_errors_reach_pod(env: &mut Env) -> Result<()> {
     ensure!(
         refused,
         "the ICMP error reached pod1 but not its socket (quoted header not translated)"
+    );
+    Ok(())
+}
+
+/// Scenario 41: path MTU discovery through a narrower link. A client
+/// beyond ext fetches a large answer from a listed port of a filtered pod
+/// (pod1, LB 0), and from a pod whose LB IP admits only that client's
+/// address (pod2, LB 1: the router ext is outside the ranges). ext, the
+/// router before the narrow link, answers the first full-size segment
+/// with "fragmentation needed" / "packet too big" to the LB IP: the error
+/// reaches the pod, its route to the client learns the smaller MTU, and
+/// the whole answer arrives. Dropped, the answer would stall for good.
+pub fn s41_path_mtu_errors_reach_pod(env: &mut Env) -> Result<()> {
+    const MTU: u32 = 1280;
+    const ANSWER: usize = 200_000;
+    let far = env.topo.add_far_client(MTU)?;
+    let far_ip: IpAddr = match env.fam() {
+        Fam::V4 => FAR_V4.0,
+        Fam::V6 => FAR_V6.0,
+    }
+    .parse()?;
+    let filtered = Svc::new("vm1", env.lb(0)).filter(&[("TCP", WEB)]);
+    let mut ranged = Svc::new("vm2", env.lb(1));
+    let host_bits = if far_ip.is_ipv4() { 32 } else { 128 };
+    ranged.source_ranges = vec![format!("{far_ip}/{host_bits}")];
+    env.put_service(&filtered, &[env.pod_ip(1)])?;
+    env.put_service(&ranged, &[env.pod_ip(2)])?;
+    env.settle()?;
+    let _answers = [
+        LargeAnswer::serve(&env.pod_ns(1), env.fam(), WEB, ANSWER)?,
+        LargeAnswer::serve(&env.pod_ns(2), env.fam(), WEB, ANSWER)?,
+    ];
+    let mut failures = Vec::new();
+    for (i, what) in [
+        (1, "a listed port of a filtered pod"),
+        (2, "an LB IP with source ranges"),
+    ] {
+        if let Err(e) = large_answer_arrives(env, &far, far_ip, i, ANSWER, MTU) {
+            failures.push(format!("{what}: {e:#}"));
+        }
+    }
+    ensure!(failures.is_empty(), "{}", failures.join("\n"));
+    Ok(())
+}
+
+/// Pod `i`'s large answer through its LB IP (`i - 1`) reaches `far` whole,
+/// and pod `i`'s route to `far` learned the narrow link's `mtu`.
+fn large_answer_arrives(
+    env: &Env,
+    far: &str,
+    far_ip: IpAddr,
+    i: usize,
+    answer: usize,
+    mtu: u32,
+) -> Result<()> {
+    let lb = env.lb(i - 1);
+    let got = eventually(SETTLE, || {
+        let got = fetch(far, lb, WEB, Duration::from_secs(5))?;
+        ensure!(got > 0, "nothing of the answer arrived");
+        Ok(got)
+    })?;
+    let route = ok_in(&env.pod_ns(i), &["ip", "route", "get", &far_ip.to_string()])?;
+    ensure!(
+        got == answer,
+        "{got} of {answer} bytes through the {mtu}-byte link; pod{i}'s route: {route}"
+    );
+    ensure!(
+        route.contains(&format!("mtu {mtu}")),
+        "the answer arrived but pod{i} learned no smaller MTU (no error on the path?): {route}"
     );
     Ok(())
 }
