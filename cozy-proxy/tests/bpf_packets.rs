@@ -1147,6 +1147,42 @@ fn icmp_errors_about_the_pods_flows_quote_the_pod_on_arrival() {
     }
 }
 
+/// What path MTU discovery needs through the filter and the ranges: an
+/// error about the pod's answer from a listed port, and an error from a
+/// router outside the ranges about a flow with an allowed peer. The
+/// negative controls: the same errors about an unlisted port, and about a
+/// peer outside the ranges, stay dropped.
+#[test]
+fn icmp_errors_about_answers_from_listed_ports_and_to_allowed_peers_pass() {
+    let i = ifs();
+    for n in nets() {
+        let answer_from_listed = icmp_error(n.ext, n.flb, n.flb, n.ext, 53, 42002, None);
+        let (verdict, out) = to_pod(&answer_from_listed, i.fpod);
+        assert_eq!(verdict, PASS, "error about the answer from listed UDP 53");
+        assert_eq!(inspect(&out).quoted.map(|q| q.src), Some(n.fpod));
+        let from_unlisted = icmp_error(n.ext, n.flb, n.flb, n.ext, 54, 42003, None);
+        assert_eq!(to_pod(&from_unlisted, i.fpod).0, DROP, "unlisted UDP 54");
+
+        // ext is outside the ranges, `allowed` inside.
+        let to_allowed = icmp_error(n.ext, n.slb, n.slb, n.allowed, 53, 45001, None);
+        let (verdict, out) = to_pod(&to_allowed, i.pod);
+        assert_eq!(
+            verdict, PASS,
+            "error from a router about an allowed peer's flow"
+        );
+        assert_eq!(
+            inspect(&out).quoted.map(|q| (q.src, q.dst)),
+            Some((n.spod, n.allowed))
+        );
+        let to_outside = icmp_error(n.ext, n.slb, n.slb, n.ext, 53, 45002, None);
+        assert_eq!(
+            to_pod(&to_outside, i.pod).0,
+            DROP,
+            "peer outside the ranges"
+        );
+    }
+}
+
 #[test]
 fn icmp_errors_the_pod_sends_quote_its_lb_ip() {
     let i = ifs();
