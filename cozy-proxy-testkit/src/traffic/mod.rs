@@ -123,12 +123,41 @@ impl Server {
     }
 }
 
+/// A loop on a thread of its own, run until its holder is dropped: the
+/// drop asks it to stop and waits for it (a server's port is free again
+/// after). The loop body returns `false` to end early.
+struct Looping {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Looping {
+    fn spawn(mut turn: impl FnMut() -> bool + Send + 'static) -> Looping {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread =
+            std::thread::spawn(move || while !stopped.load(Ordering::Relaxed) && turn() {});
+        Looping {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Looping {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// A UDP socket answered from a thread, each datagram at once: no process
 /// is forked per datagram, so a loaded machine delays an answer by a
 /// scheduling slice, not by a fork and exec.
 struct UdpAnswerer {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    _looping: Looping,
 }
 
 impl UdpAnswerer {
@@ -137,33 +166,18 @@ impl UdpAnswerer {
 
     fn start(socket: UdpSocket, ident: &str) -> Result<UdpAnswerer> {
         socket.set_read_timeout(Some(Self::POLL))?;
-        let stop = Arc::new(AtomicBool::new(false));
         let ident = ident.to_string();
-        let stopped = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut buf = [0u8; 2048];
-            while !stopped.load(Ordering::Relaxed) {
+        let mut buf = [0u8; 2048];
+        Ok(UdpAnswerer {
+            _looping: Looping::spawn(move || {
                 if let Ok((_, peer)) = socket.recv_from(&mut buf) {
                     let text = format!("{}\n", answer(&ident, peer.ip()));
                     // An answer the network refuses is the test's to see.
                     let _ = socket.send_to(text.as_bytes(), peer);
                 }
-            }
-        });
-        Ok(UdpAnswerer {
-            stop,
-            thread: Some(thread),
+                true
+            }),
         })
-    }
-}
-
-impl Drop for UdpAnswerer {
-    /// The port is free again when the server is dropped.
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 
@@ -500,8 +514,7 @@ pub fn conntrack(ns: &str, fam: Fam, args: &[&str]) -> Result<Vec<String>> {
 /// narrower link on the path makes the sender's path MTU discovery
 /// lower its segments for. Served from a thread until dropped.
 pub struct LargeAnswer {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    _looping: Looping,
 }
 
 impl LargeAnswer {
@@ -515,40 +528,25 @@ impl LargeAnswer {
             l.set_nonblocking(true)?;
             Ok(l)
         })?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let answer = Arc::new(vec![0u8; bytes]);
-            while !stopped.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((mut conn, _)) => {
-                        use std::io::Write;
-                        let _ = conn.set_nonblocking(false);
-                        let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
-                        let answer = answer.clone();
-                        std::thread::spawn(move || {
-                            let _ = conn.write_all(&answer);
-                        });
-                        continue;
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => sleep(Duration::from_millis(5)),
-                    Err(_) => return,
-                }
+        let answer = Arc::new(vec![0u8; bytes]);
+        let looping = Looping::spawn(move || match listener.accept() {
+            Ok((mut conn, _)) => {
+                use std::io::Write;
+                let _ = conn.set_nonblocking(false);
+                let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
+                let answer = answer.clone();
+                std::thread::spawn(move || {
+                    let _ = conn.write_all(&answer);
+                });
+                true
             }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                sleep(Duration::from_millis(5));
+                true
+            }
+            Err(_) => false,
         });
-        Ok(LargeAnswer {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for LargeAnswer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        Ok(LargeAnswer { _looping: looping })
     }
 }
 
