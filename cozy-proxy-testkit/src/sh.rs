@@ -1,7 +1,18 @@
 //! Running real tools (ip, nft, socat, ping, tcpdump, conntrack) inside
 //! network namespaces.
 use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
+
+/// Where `cargo xtask setup` puts a tool it builds: `$var` if set, else
+/// `~/.cache/cozy-proxy/<name>` (the rule of xtask's `gotool::cache_dir`).
+pub fn setup_cache(var: &str, name: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os(var) {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    PathBuf::from(home).join(".cache/cozy-proxy").join(name)
+}
 
 /// `ip netns exec NS ARGS...`, waiting for it; returns the output whatever
 /// the exit status.

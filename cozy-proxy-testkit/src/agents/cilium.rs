@@ -42,11 +42,7 @@ pub const NAMESPACE: &str = "kube-system";
 
 /// The cache `cargo xtask setup` builds Cilium into (xtask/src/cilium.rs).
 pub fn cache() -> PathBuf {
-    match std::env::var_os("COZY_PROXY_CILIUM_CACHE") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
-            .join(".cache/cozy-proxy/cilium-v1.20.2"),
-    }
+    crate::sh::setup_cache("COZY_PROXY_CILIUM_CACHE", "cilium-v1.20.2")
 }
 
 pub fn available() -> bool {

@@ -25,11 +25,7 @@ pub fn bin_dir() -> PathBuf {
     if let Ok(dir) = std::env::var("COZY_PROXY_K8S_BIN") {
         return PathBuf::from(dir);
     }
-    if let Ok(dir) = std::env::var("COZY_PROXY_K8S_CACHE") {
-        return PathBuf::from(dir).join("bin");
-    }
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    PathBuf::from(home).join(format!(".cache/cozy-proxy/k8s-{KUBERNETES}/bin"))
+    crate::sh::setup_cache("COZY_PROXY_K8S_CACHE", &format!("k8s-{KUBERNETES}")).join("bin")
 }
 
 /// Are the binaries there? (`cargo xtask setup` builds them.)

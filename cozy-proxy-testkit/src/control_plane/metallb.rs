@@ -17,11 +17,7 @@ pub const NAMESPACE: &str = "metallb-system";
 
 /// Setup's cache: `bin/` and `crds/`.
 pub fn cache_dir() -> PathBuf {
-    if let Ok(dir) = std::env::var("COZY_PROXY_METALLB_CACHE") {
-        return PathBuf::from(dir);
-    }
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    PathBuf::from(home).join(format!(".cache/cozy-proxy/metallb-{METALLB}"))
+    crate::sh::setup_cache("COZY_PROXY_METALLB_CACHE", &format!("metallb-{METALLB}"))
 }
 
 pub fn available() -> bool {

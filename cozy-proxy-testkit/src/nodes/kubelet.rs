@@ -25,7 +25,7 @@
 //! imported, nodes/images.rs), and cgroup limits per node.
 use crate::control_plane::k8s::ControlPlane;
 use crate::nodes::images::{archives, PAUSE};
-use crate::sh::{ok, tail, Proc};
+use crate::sh::{ok, setup_cache, tail, Proc};
 use crate::traffic::eventually;
 use anyhow::{bail, Context, Result};
 use std::{
@@ -36,15 +36,17 @@ use std::{
     time::Duration,
 };
 
-/// Where the binaries are (setup's caches).
-fn cache(name: &str) -> PathBuf {
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    PathBuf::from(home).join(".cache/cozy-proxy").join(name)
-}
+/// The versions `cargo xtask setup` builds (xtask/src/node_runtime.rs).
+pub const CONTAINERD: &str = "v2.4.2";
+pub const CRI_TOOLS: &str = "v1.37.0";
 
 /// containerd's binaries' directory (the shim is found there on PATH).
 fn containerd_dir() -> PathBuf {
-    cache("containerd-v2.4.2/bin")
+    setup_cache(
+        "COZY_PROXY_CONTAINERD_CACHE",
+        &format!("containerd-{CONTAINERD}"),
+    )
+    .join("bin")
 }
 
 fn containerd_bin(name: &str) -> String {
@@ -53,7 +55,10 @@ fn containerd_bin(name: &str) -> String {
 
 /// crictl, built by setup.
 pub fn crictl_bin() -> String {
-    cache("crictl-v1.37.0/bin/crictl").display().to_string()
+    setup_cache("COZY_PROXY_CRICTL_CACHE", &format!("crictl-{CRI_TOOLS}"))
+        .join("bin/crictl")
+        .display()
+        .to_string()
 }
 
 fn kubelet_bin() -> String {
