@@ -14,7 +14,7 @@ use crate::sh::{feed_in, ok_in, run_in, Proc};
 use anyhow::{bail, Context, Result};
 use std::{
     fs,
-    io::ErrorKind,
+    io::{ErrorKind, Read, Write},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
     path::PathBuf,
     process::Stdio,
@@ -519,10 +519,7 @@ pub struct LargeAnswer {
 
 impl LargeAnswer {
     pub fn serve(ns: &str, fam: Fam, port: u16, bytes: usize) -> Result<LargeAnswer> {
-        let any: IpAddr = match fam {
-            Fam::V4 => Ipv4Addr::UNSPECIFIED.into(),
-            Fam::V6 => Ipv6Addr::UNSPECIFIED.into(),
-        };
+        let any = unspecified(fam == Fam::V4);
         let listener = in_netns(ns, move || {
             let l = std::net::TcpListener::bind(SocketAddr::new(any, port))?;
             l.set_nonblocking(true)?;
@@ -531,7 +528,6 @@ impl LargeAnswer {
         let answer = Arc::new(vec![0u8; bytes]);
         let looping = Looping::spawn(move || match listener.accept() {
             Ok((mut conn, _)) => {
-                use std::io::Write;
                 let _ = conn.set_nonblocking(false);
                 let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
                 let answer = answer.clone();
@@ -554,7 +550,7 @@ impl LargeAnswer {
 /// `within` passes; the bytes read. A path that loses the answer's large
 /// packets (an ICMP error about them dropped) leaves the count short.
 pub fn fetch(ns: &str, dst: IpAddr, port: u16, within: Duration) -> Result<usize> {
-    let conn = in_netns(ns, move || {
+    let mut conn = in_netns(ns, move || {
         Ok(std::net::TcpStream::connect_timeout(
             &SocketAddr::new(dst, port),
             Duration::from_secs(2),
@@ -562,7 +558,6 @@ pub fn fetch(ns: &str, dst: IpAddr, port: u16, within: Duration) -> Result<usize
     })
     .with_context(|| format!("TCP {dst}:{port} from {ns}"))?;
     let deadline = Instant::now() + within;
-    let mut conn = conn;
     let mut got = 0;
     let mut buf = vec![0u8; 65536];
     loop {
@@ -571,7 +566,6 @@ pub fn fetch(ns: &str, dst: IpAddr, port: u16, within: Duration) -> Result<usize
             return Ok(got);
         }
         conn.set_read_timeout(Some(left))?;
-        use std::io::Read;
         match conn.read(&mut buf) {
             Ok(0) => return Ok(got),
             Ok(n) => got += n,

@@ -181,8 +181,6 @@ pub fn s11_icmp_errors_reach_pod(env: &mut Env) -> Result<()> {
 /// reaches the pod, its route to the client learns the smaller MTU, and
 /// the whole answer arrives. Dropped, the answer would stall for good.
 pub fn s41_path_mtu_errors_reach_pod(env: &mut Env) -> Result<()> {
-    const MTU: u32 = 1280;
-    const ANSWER: usize = 200_000;
     let far = env.topo.add_far_client(MTU)?;
     let far_ip: IpAddr = match env.fam() {
         Fam::V4 => FAR_V4.0,
@@ -205,7 +203,7 @@ pub fn s41_path_mtu_errors_reach_pod(env: &mut Env) -> Result<()> {
         (1, "a listed port of a filtered pod"),
         (2, "an LB IP with source ranges"),
     ] {
-        if let Err(e) = large_answer_arrives(env, &far, far_ip, i, ANSWER, MTU) {
+        if let Err(e) = large_answer_arrives(env, &far, far_ip, i) {
             failures.push(format!("{what}: {e:#}"));
         }
     }
@@ -213,16 +211,13 @@ pub fn s41_path_mtu_errors_reach_pod(env: &mut Env) -> Result<()> {
     Ok(())
 }
 
+/// Scenario 41's narrow link, and the answer each pod sends through it.
+const MTU: u32 = 1280;
+const ANSWER: usize = 200_000;
+
 /// Pod `i`'s large answer through its LB IP (`i - 1`) reaches `far` whole,
-/// and pod `i`'s route to `far` learned the narrow link's `mtu`.
-fn large_answer_arrives(
-    env: &Env,
-    far: &str,
-    far_ip: IpAddr,
-    i: usize,
-    answer: usize,
-    mtu: u32,
-) -> Result<()> {
+/// and pod `i`'s route to `far` learned the narrow link's [`MTU`].
+fn large_answer_arrives(env: &Env, far: &str, far_ip: IpAddr, i: usize) -> Result<()> {
     let lb = env.lb(i - 1);
     let got = eventually(SETTLE, || {
         let got = fetch(far, lb, WEB, Duration::from_secs(5))?;
@@ -231,11 +226,11 @@ fn large_answer_arrives(
     })?;
     let route = ok_in(&env.pod_ns(i), &["ip", "route", "get", &far_ip.to_string()])?;
     ensure!(
-        got == answer,
-        "{got} of {answer} bytes through the {mtu}-byte link; pod{i}'s route: {route}"
+        got == ANSWER,
+        "{got} of {ANSWER} bytes through the {MTU}-byte link; pod{i}'s route: {route}"
     );
     ensure!(
-        route.contains(&format!("mtu {mtu}")),
+        route.contains(&format!("mtu {MTU}")),
         "the answer arrived but pod{i} learned no smaller MTU (no error on the path?): {route}"
     );
     Ok(())
