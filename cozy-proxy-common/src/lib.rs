@@ -441,9 +441,12 @@ pub enum DropReason {
     SourceRange = 6,
     /// A rewrite the kernel refused: dropped rather than passed untranslated.
     RewriteFailed = 7,
+    /// A new in-cluster client's flow from a source already holding
+    /// `limits::REV_PER_SOURCE` reverse translations.
+    ReverseQuota = 8,
 }
 
-pub const DROP_REASONS: u32 = 8;
+pub const DROP_REASONS: u32 = 9;
 
 impl DropReason {
     pub const ALL: [DropReason; DROP_REASONS as usize] = [
@@ -455,6 +458,7 @@ impl DropReason {
         DropReason::Spoofed,
         DropReason::SourceRange,
         DropReason::RewriteFailed,
+        DropReason::ReverseQuota,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -467,6 +471,7 @@ impl DropReason {
             DropReason::Spoofed => "spoofed_source",
             DropReason::SourceRange => "source_range",
             DropReason::RewriteFailed => "rewrite_failed",
+            DropReason::ReverseQuota => "reverse_quota",
         }
     }
 }
@@ -492,6 +497,11 @@ pub mod limits {
     pub const FRAGS: usize = 16_384;
     /// In-cluster clients' flows to LB IPs, translated on this node.
     pub const REV_NAT: usize = 262_144;
+    /// Reverse translations one client address may hold at once (its
+    /// quota in `rev_held`): one client cannot push out the others'.
+    pub const REV_PER_SOURCE: u64 = 16_384;
+    /// Client addresses whose reverse translations are counted.
+    pub const REV_SOURCES: usize = 16_384;
     /// Interfaces with a role in `ifaces` (bridges, their ports, ports of
     /// bonds and other masters).
     pub const IFACES: usize = 16_384;
@@ -545,12 +555,13 @@ pub mod maps {
     pub const FLOW_COUNTS: &str = "flow_counts";
     pub const FRAGS: &str = "frags";
     pub const REV_NAT: &str = "rev_nat";
+    pub const REV_HELD: &str = "rev_held";
     pub const STATS: &str = "stats";
     pub const DROP_STATS: &str = "drop_stats";
     pub const CONFIG: &str = "config";
     pub const PREFILTER: &str = "prefilter";
     pub const IFACES: &str = "ifaces";
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 14] = [
         ADDRS,
         ALLOWED_PORTS,
         CLUSTER,
@@ -559,6 +570,7 @@ pub mod maps {
         FLOW_COUNTS,
         FRAGS,
         REV_NAT,
+        REV_HELD,
         STATS,
         DROP_STATS,
         CONFIG,

@@ -12,8 +12,8 @@ use crate::maps::CONFIG;
 use crate::parse::{byte, load_words, put, put_words, Packet};
 use aya_ebpf::{
     bindings::{
-        bpf_fib_lookup as FibParams, BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH,
-        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_REDIRECT,
+        bpf_fib_lookup as FibParams, BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NOT_FWDED,
+        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_REDIRECT,
     },
     helpers::generated::{bpf_fib_lookup, bpf_redirect, bpf_redirect_peer},
     programs::TcContext,
@@ -37,11 +37,26 @@ pub struct Hop {
     pub dmac: [u8; 6],
 }
 
-/// Asks the kernel's FIB for a packet from `src` to `dst` arriving where
-/// this one did: the helper's answer, `params` filled. `tot_len` 0: no
-/// MTU check before the interface is known.
+/// The interface the packet is at (its arrival at TC ingress, its way out
+/// at TC egress).
 #[inline(always)]
-fn fib(ctx: &TcContext, p: &Packet, src: &IpKey, dst: &IpKey, tot_len: u16, params: &mut MaybeUninit<FibParams>) -> i64 {
+fn here(ctx: &TcContext) -> u32 {
+    // SAFETY: reading a field of the context the kernel passed us.
+    unsafe { (*ctx.skb.skb).ifindex }
+}
+
+/// Asks the kernel's FIB for a packet from `src` to `dst` arriving by
+/// `iif`: the helper's answer, `params` filled. `tot_len` 0: no MTU check
+/// before the interface is known.
+#[inline(always)]
+fn fib(
+    ctx: &TcContext,
+    p: &Packet,
+    (src, dst): (&IpKey, &IpKey),
+    iif: u32,
+    tot_len: u16,
+    params: &mut MaybeUninit<FibParams>,
+) -> i64 {
     // Zeroed with volatile word stores: a plain zeroing became a call of
     // a byte loop (`memset`).
     let raw = params.as_mut_ptr() as *mut u64;
@@ -53,8 +68,7 @@ fn fib(ctx: &TcContext, p: &Packet, src: &IpKey, dst: &IpKey, tot_len: u16, para
     }
     // SAFETY: every byte was written just above.
     let params = unsafe { &mut *params.as_mut_ptr() };
-    // SAFETY: the skb's fields, read through the context.
-    params.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    params.ifindex = iif;
     params.__bindgen_anon_1.tot_len = tot_len;
     if p.v6 {
         params.family = 10;
@@ -78,7 +92,7 @@ pub fn next_hop(ctx: &TcContext, p: &Packet, src: &IpKey, dst: &IpKey) -> Option
     let len = ctx.len().saturating_sub(p.l3 as u32);
     let tot_len = if len > u16::MAX as u32 { u16::MAX } else { len as u16 };
     let mut params = MaybeUninit::<FibParams>::uninit();
-    if fib(ctx, p, src, dst, tot_len, &mut params) != BPF_FIB_LKUP_RET_SUCCESS as i64 {
+    if fib(ctx, p, (src, dst), here(ctx), tot_len, &mut params) != BPF_FIB_LKUP_RET_SUCCESS as i64 {
         return None;
     }
     // SAFETY: filled by `fib`.
@@ -95,18 +109,43 @@ pub fn next_hop(ctx: &TcContext, p: &Packet, src: &IpKey, dst: &IpKey) -> Option
 /// yet: `None` without a route.
 #[inline(never)]
 pub fn route_oif(ctx: &TcContext, p: &Packet, src: &IpKey, dst: &IpKey) -> Option<u32> {
+    Some(routed_oif(ctx, p, (src, dst), here(ctx))).filter(|&oif| oif != 0 && oif != LOCAL)
+}
+
+/// [`way_back`]'s answer for an address of the node itself.
+pub const LOCAL: u32 = u32::MAX;
+
+/// The interface through which the node routes `peer`, for a packet from
+/// `peer` to `local` that arrived by `iif` (the reverse path); [`LOCAL`]
+/// for an address of the node's, 0 without a route. Not inlined, and
+/// apart from [`route_oif`]: each call keeps its parameter block off its
+/// caller's stack.
+#[inline(never)]
+pub fn way_back(ctx: &TcContext, p: &Packet, local: &IpKey, peer: &IpKey, iif: u32) -> u32 {
+    routed_oif(ctx, p, (local, peer), iif)
+}
+
+/// The interface out of which the node routes a packet from `src` to
+/// `dst` arriving by `iif`, whether or not its next hop is resolved yet;
+/// [`LOCAL`] for a destination of the node's own (or broadcast), 0 without
+/// a route.
+#[inline(always)]
+fn routed_oif(ctx: &TcContext, p: &Packet, route: (&IpKey, &IpKey), iif: u32) -> u32 {
     let mut params = MaybeUninit::<FibParams>::uninit();
-    let rc = fib(ctx, p, src, dst, 0, &mut params);
+    let rc = fib(ctx, p, route, iif, 0, &mut params);
     // The interface is known in these answers (the MTU and the neighbour
     // are looked at after it).
     let routed = rc == BPF_FIB_LKUP_RET_SUCCESS as i64
         || rc == BPF_FIB_LKUP_RET_NO_NEIGH as i64
         || rc == BPF_FIB_LKUP_RET_FRAG_NEEDED as i64;
+    if rc == BPF_FIB_LKUP_RET_NOT_FWDED as i64 {
+        return LOCAL;
+    }
     if !routed {
-        return None;
+        return 0;
     }
     // SAFETY: filled by `fib`.
-    Some(unsafe { params.assume_init_ref() }.ifindex)
+    unsafe { params.assume_init_ref() }.ifindex
 }
 
 /// Can the packet be forwarded here (a hop limit above 1, no VLAN tag)?
@@ -158,5 +197,9 @@ pub fn forward(ctx: &TcContext, p: &Packet, hop: &Hop, peer: bool) -> Option<i32
             bpf_redirect(hop.ifindex, 0)
         }
     };
-    Some(if rc == TC_ACT_REDIRECT as i64 { TC_ACT_REDIRECT as i32 } else { crate::DROP })
+    Some(if rc == TC_ACT_REDIRECT as i64 {
+        TC_ACT_REDIRECT as i32
+    } else {
+        crate::DROP
+    })
 }

@@ -33,10 +33,10 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cozy_proxy_common::{
-    addr, iface, prefilter, AddrInfo, Config, DropReason, IpKey, LbSource, Prefilter, RevKey,
+    addr, iface, limits, prefilter, AddrInfo, Config, DropReason, IpKey, LbSource, Prefilter, RevKey,
     RevValue, FAMILY_BITS, FAMILY_V4, HAIRPIN_MARK, HAIRPIN_SEVERAL, IP_KEY_BITS,
 };
-use maps::{ADDRS, CLUSTER, CONFIG, DROP_STATS, IFACES, PREFILTER, REV_NAT, SRC_RANGES, STATS};
+use maps::{ADDRS, CLUSTER, CONFIG, DROP_STATS, IFACES, PREFILTER, REV_HELD, REV_NAT, SRC_RANGES, STATS};
 use nat::{rewrite, rewrite_quoted, Field};
 use hdr::{TCP_ACK, TCP_FLAGS, TCP_SYN};
 use parse::{byte, flow_ports, is_neighbour_discovery, parse, Packet};
@@ -244,12 +244,12 @@ fn rev_of_reply(ctx: &TcContext, p: &Packet) -> Option<RevValue> {
     REV_NAT.get_ptr(&k).map(|v| unsafe { *v })
 }
 
-/// Records that `p` (from a client to `lb`, now addressed to the pod) was
-/// translated on this node.
+/// The reverse-translation key of `p`, from a client to `pod` (or to its
+/// LB IP: the ports are the same).
 #[inline(always)]
-fn record_rev(ctx: &TcContext, p: &Packet, pod: &IpKey, lb: &IpKey, before_conntrack: bool, ifindex: u32) {
+fn rev_key(ctx: &TcContext, p: &Packet, pod: &IpKey) -> RevKey {
     let (client_port, backend_port) = flow_ports(ctx, p, true).unwrap_or((0, 0));
-    let k = RevKey {
+    RevKey {
         client: p.src,
         backend: *pod,
         proto: p.proto,
@@ -257,18 +257,62 @@ fn record_rev(ctx: &TcContext, p: &Packet, pod: &IpKey, lb: &IpKey, before_connt
         client_port,
         backend_port,
         _pad2: 0,
-    };
+    }
+}
+
+/// Was the flow of `p`, from a client to `pod` through `lb`, recorded
+/// already? Its client was judged at the flow's first packet; the later
+/// ones skip the reverse-path lookup.
+#[inline(always)]
+fn rev_recorded(ctx: &TcContext, p: &Packet, pod: &IpKey, lb: &IpKey) -> bool {
+    // SAFETY: a value of the map, one field read.
+    REV_NAT
+        .get_ptr(&rev_key(ctx, p, pod))
+        .is_some_and(|v| unsafe { (*v).lb } == *lb)
+}
+
+/// [`rev_recorded`] for `p` to an LB IP mapped to `pod`, not yet
+/// rewritten. Not inlined (nor [`recorded_after_rewrite`]): the verifier
+/// walks it once, not once per path that reaches it; apart, as each has
+/// at most five arguments once the compiler passes a key by value.
+#[inline(never)]
+fn recorded_before_rewrite(ctx: &TcContext, p: &Packet, pod: &IpKey) -> bool {
+    rev_recorded(ctx, p, pod, &p.dst)
+}
+
+/// [`rev_recorded`] for `p` rewritten from `lb` to the pod.
+#[inline(never)]
+fn recorded_after_rewrite(ctx: &TcContext, p: &Packet, lb: &IpKey) -> bool {
+    rev_recorded(ctx, p, &p.dst, lb)
+}
+
+/// Records that `p` (from a client to `lb`, now addressed to the pod) was
+/// translated on this node; `Err` (the verdict: dropped, counted) for a
+/// new flow of a client at its quota of entries ([`rev_room`]).
+#[inline(always)]
+fn record_rev(
+    ctx: &TcContext,
+    p: &Packet,
+    pod: &IpKey,
+    lb: &IpKey,
+    before_conntrack: bool,
+    ifindex: u32,
+) -> Result<(), i32> {
+    let k = rev_key(ctx, p, pod);
     let seen_s = RevValue::seconds(filter::now());
     // The flow's entry as it stands: only its time is written (an update
     // of an LRU map allocates a new element; a store in place does not).
-    if let Some(cur) = REV_NAT.get_ptr_mut(&k) {
+    let cur = REV_NAT.get_ptr_mut(&k);
+    if let Some(cur) = cur {
         // SAFETY: a value of the map, written in place; a racing update
         // of the same flow writes the same fields.
         let cur = unsafe { &mut *cur };
         if cur.lb == *lb && cur.before_conntrack == before_conntrack as u8 && cur.ifindex == ifindex {
             cur.seen_s = seen_s;
-            return;
+            return Ok(());
         }
+    } else if !rev_room(&p.src) {
+        return Err(drop(ctx, DropReason::ReverseQuota));
     }
     let v = RevValue {
         lb: *lb,
@@ -279,6 +323,28 @@ fn record_rev(ctx: &TcContext, p: &Packet, pod: &IpKey, lb: &IpKey, before_connt
         seen_s,
     };
     let _ = REV_NAT.insert(&k, &v, 0);
+    Ok(())
+}
+
+/// Room for one more reverse translation of `client`'s (taken if so):
+/// below its quota, so that one client (a tenant's pod opening flows from
+/// every port to every LB IP) cannot push the others' out of `rev_nat`.
+#[inline(never)]
+fn rev_room(client: &IpKey) -> bool {
+    let Some(held) = REV_HELD.get_ptr_mut(client) else {
+        let _ = REV_HELD.insert(client, &1, 0);
+        return true;
+    };
+    // SAFETY: a value of the map; a racing increment may be lost, which
+    // the sweep's recount corrects.
+    unsafe {
+        let n = core::ptr::read_volatile(held);
+        if n >= limits::REV_PER_SOURCE {
+            return false;
+        }
+        core::ptr::write_volatile(held, n + 1);
+    }
+    true
 }
 
 /// Does `p` open a flow: a TCP SYN (without ACK), or any UDP datagram?
@@ -434,7 +500,13 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
     if d.flags & addr::UNMAPPED != 0 {
         return drop(&ctx, DropReason::UnmappedLb);
     }
-    let client = in_cluster(&p.src);
+    let client = in_cluster(&p.src)
+        && (recorded_before_rewrite(&ctx, &p, &d.peer)
+            || match side_of(&ctx, &p, iif) {
+                Side::Cluster => true,
+                Side::Outside => false,
+                Side::Master => return PASS,
+            });
     // A mapping here: translated at TC egress, after routing via the LB
     // IP's route; from outside straight to the pod, if the fast path is on.
     if d.flags & addr::LOCAL != 0 {
@@ -456,10 +528,44 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
         if let Err(verdict) = translate(&mut ctx, &mut p, Field::Dst, &lb, &d.peer) {
             return verdict;
         }
-        record_rev(&ctx, &p, &d.peer, &lb, false, iif);
+        if let Err(verdict) = record_rev(&ctx, &p, &d.peer, &lb, false, iif) {
+            return verdict;
+        }
         mark_hairpin(&ctx, &p, &p.dst, iif);
     }
     PASS
+}
+
+/// Where a source of the in-cluster ranges stands, as it arrives by `iif`
+/// at TC ingress.
+enum Side {
+    /// A client in the cluster: it arrived by the interface through which
+    /// the node routes it back (strict reverse path, as `rp_filter=1`), or
+    /// by a port of the bridge the node routes it through.
+    Cluster,
+    /// Anywhere else (a pod network's address forged at the uplink): an
+    /// outside client, for which nothing is recorded.
+    Outside,
+    /// A port of a bond, team or Open vSwitch datapath: the master's
+    /// interface, where the frame arrives next, decides.
+    Master,
+}
+
+#[inline(always)]
+fn side_of(ctx: &TcContext, p: &Packet, iif: u32) -> Side {
+    let back = fast::way_back(ctx, p, &p.dst, &p.src, iif);
+    if back == iif {
+        return Side::Cluster;
+    }
+    // SAFETY: a map value, copied whole.
+    let role = IFACES.get_ptr(&iif).map(|r| unsafe { *r }).unwrap_or_default();
+    if role.flags & iface::DEFER != 0 && role.flags & iface::BRIDGE == 0 {
+        Side::Master
+    } else if back != 0 && back != fast::LOCAL && role.bridge == back {
+        Side::Cluster
+    } else {
+        Side::Outside
+    }
 }
 
 /// An in-cluster client's packet to an LB IP that the node routes back out
@@ -601,7 +707,8 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
         return PASS;
     }
     // SAFETY: reading a field of the context the kernel passed us.
-    let forwarded = unsafe { (*ctx.skb.skb).ingress_ifindex } != 0;
+    let arrived = unsafe { (*ctx.skb.skb).ingress_ifindex };
+    let forwarded = arrived != 0;
     // SAFETY: as above. Read once, here: the verifier refuses a read
     // through a context pointer the compiler has offset.
     let here = unsafe { (*ctx.skb.skb).ifindex };
@@ -638,9 +745,19 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
             // The node's own socket, or an in-cluster client of a mapping
             // here (routed to the pod without translation at TC ingress):
             // conntrack saw the LB IP; its reply is translated back before
-            // conntrack.
-            if !forwarded || in_cluster(&p.src) {
-                record_rev(&ctx, &p, &d.peer, &lb, true, here);
+            // conntrack. A client in the cluster only from where the node
+            // routes it (as at TC ingress), or masqueraded by the node
+            // itself (a hairpin: the stack drops any other packet arriving
+            // with the node's own address as source).
+            let client = || {
+                in_cluster(&p.src)
+                    && (recorded_after_rewrite(&ctx, &p, &lb)
+                        || matches!(fast::way_back(&ctx, &p, &lb, &p.src, arrived), w if w == arrived || w == fast::LOCAL))
+            };
+            if !forwarded || client() {
+                if let Err(verdict) = record_rev(&ctx, &p, &d.peer, &lb, true, here) {
+                    return verdict;
+                }
             }
             if !local || !forwarded || d.flags & addr::FILTERED == 0 {
                 return PASS;

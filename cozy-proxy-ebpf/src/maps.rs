@@ -47,6 +47,14 @@ pub static FRAGS: LruHashMap<FragKey, u64, { limits::FRAGS }> = LruHashMap::new(
 #[btf_map(name = "rev_nat")]
 pub static REV_NAT: LruHashMap<RevKey, RevValue, { limits::REV_NAT }> = LruHashMap::new();
 
+/// Reverse translations each client address holds in `rev_nat`: its
+/// quota of `limits::REV_PER_SOURCE`. The programs count up as they
+/// record; userspace recounts at each sweep (an LRU eviction is not seen
+/// here). An LRU map itself: more clients than it holds weaken the quota
+/// of the quietest, never refuse a client.
+#[btf_map(name = "rev_held")]
+pub static REV_HELD: LruHashMap<IpKey, u64, { limits::REV_SOURCES }> = LruHashMap::new();
+
 /// Per-mapping counters, by slot.
 #[btf_map(name = "stats")]
 pub static STATS: PerCpuArray<ServiceCounters, { limits::MAPPINGS }> = PerCpuArray::new();

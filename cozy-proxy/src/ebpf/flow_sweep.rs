@@ -113,7 +113,46 @@ impl Maps {
         for k in &gone {
             absent_ok(self.rev_nat.remove(k)).map_err(named(names::REV_NAT))?;
         }
+        self.count_rev()
+    }
+
+    /// Recounts the reverse translations each client holds into
+    /// `rev_held` (the programs count up as they record; this corrects
+    /// what entries swept, evicted or lost to races left): a count is
+    /// written only where it changed, and a client holding none is
+    /// forgotten.
+    fn count_rev(&mut self) -> Result<(), EbpfError> {
+        let mut held: BTreeMap<IpKey, u64> = BTreeMap::new();
+        for k in self.rev_nat.keys().filter_map(Result::ok) {
+            *held.entry(k.client).or_default() += 1;
+        }
+        let counted: Vec<(IpKey, u64)> = self.rev_held.iter().filter_map(Result::ok).collect();
+        for (client, n) in counted {
+            match held.remove(&client) {
+                Some(now) if now == n => {}
+                Some(now) => self
+                    .rev_held
+                    .insert(client, now, 0)
+                    .map_err(named(names::REV_HELD))?,
+                None => absent_ok(self.rev_held.remove(&client)).map_err(named(names::REV_HELD))?,
+            }
+        }
+        // Clients the programs' own count lost (evicted from `rev_held`).
+        for (client, n) in held {
+            self.rev_held
+                .insert(client, n, 0)
+                .map_err(named(names::REV_HELD))?;
+        }
         Ok(())
+    }
+
+    /// The reverse translations each client holds, as `rev_held` counts
+    /// them.
+    pub fn rev_held(&self) -> Result<BTreeMap<IpKey, u64>, EbpfError> {
+        self.rev_held
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(named(names::REV_HELD))
     }
 
     /// Takes the reverse translations an older layout of `rev_nat` held

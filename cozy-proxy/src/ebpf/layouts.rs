@@ -30,7 +30,7 @@ use std::{
 use tracing::warn;
 
 /// The layout version of each map this build uses.
-pub const LAYOUTS: [(&str, u32); 13] = [
+pub const LAYOUTS: [(&str, u32); 14] = [
     (names::ADDRS, 1),
     (names::ALLOWED_PORTS, 1),
     (names::CLUSTER, 1),
@@ -39,8 +39,9 @@ pub const LAYOUTS: [(&str, u32); 13] = [
     (names::FLOW_COUNTS, 1),
     (names::FRAGS, 1),
     (names::REV_NAT, 2),
+    (names::REV_HELD, 1),
     (names::STATS, 1),
-    (names::DROP_STATS, 1),
+    (names::DROP_STATS, 2),
     (names::CONFIG, 3),
     (names::PREFILTER, 1),
     (names::IFACES, 1),
@@ -130,6 +131,7 @@ fn expected_sizes(name: &str) -> Option<(usize, usize)> {
         names::FLOW_COUNTS => (4, 8),
         names::FRAGS => (size_of::<FragKey>(), 8),
         names::REV_NAT => (size_of::<RevKey>(), size_of::<RevValue>()),
+        names::REV_HELD => (size_of::<IpKey>(), 8),
         names::STATS => (4, size_of::<ServiceCounters>()),
         names::DROP_STATS => (4, size_of::<Counter>()),
         names::CONFIG => (4, size_of::<Config>()),
@@ -248,7 +250,7 @@ mod tests {
     /// write the loss into CHANGELOG.md, and update this table.
     #[test]
     fn a_size_change_names_a_new_layout() {
-        let known: [(&str, u32, usize, usize); 13] = [
+        let known: [(&str, u32, usize, usize); 14] = [
             ("addrs", 1, 20, 32),
             ("allowed_ports", 1, 24, 1),
             ("cluster", 1, 24, 1),
@@ -257,8 +259,9 @@ mod tests {
             ("flow_counts", 1, 4, 8),
             ("frags", 1, 48, 8),
             ("rev_nat", 2, 48, 32),
+            ("rev_held", 1, 20, 8),
             ("stats", 1, 4, 32),
-            ("drop_stats", 1, 4, 16),
+            ("drop_stats", 2, 4, 16),
             ("config", 3, 4, 16),
             ("prefilter", 1, 4, 409_608),
             ("ifaces", 1, 4, 8),

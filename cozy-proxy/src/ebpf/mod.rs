@@ -25,6 +25,7 @@ use crate::datapath::{
 };
 use crate::netlink::{route, NlSocket};
 use crate::steer::Steering;
+use apply_plan::ip;
 use aya::{programs::SchedClassifier, EbpfLoader};
 pub use config::{EbpfConfig, Interfaces, TcAttach};
 use cozy_proxy_common::{maps as names, RevValue};
@@ -708,6 +709,10 @@ impl Kernel for EbpfKernel {
             .map(|(index, path)| json!({ "ifindex": index, "interface": name_of(index), "pin": path }))
             .collect();
         let chains = self.chains(&links_by_index)?;
+        // Per client address, as counted (recounted at each sweep).
+        let reverse_held: BTreeMap<String, u64> = (maps.rev_held()?.into_iter())
+            .map(|(client, n)| (ip(&client).to_string(), n))
+            .collect();
         let state = maps.read_state(self.steering.routes()?)?;
         let routes: Vec<String> = state
             .routes
@@ -731,6 +736,7 @@ impl Kernel for EbpfKernel {
                 "chains": chains,
                 "routes": routes,
                 "hairpin_masquerade": hairpin::present(),
+                "reverse_translations_held": reverse_held,
             }),
             placement: Vec::new(),
         })
