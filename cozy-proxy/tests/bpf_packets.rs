@@ -13,7 +13,7 @@ use cozy_proxy::{
 };
 use cozy_proxy_common::{maps as names, FlowKey, FlowState, IpKey, RevKey, RevValue};
 use cozy_proxy_testkit::{
-    packets::bpf::{apply_state, Ifaces, World, DROP, PASS, REDIRECT},
+    packets::bpf::{apply_state, Ifaces, World, CLIENTS, DROP, PASS, REDIRECT},
     packets::frames::{inspect, Spec, GRE, ICMP, ICMPV6, TCP, UDP},
 };
 use std::{net::IpAddr, sync::Mutex};
@@ -64,7 +64,7 @@ fn nets() -> [Net; 2] {
             slb: ip("203.0.113.40"),
             spod: ip("192.0.2.14"),
             allowed: ip("198.51.100.100"),
-            client: ip("192.0.2.50"),
+            client: ip(CLIENTS[0]),
             pods: "192.0.2.0/24",
             sources: "198.51.100.0/25",
         },
@@ -81,7 +81,7 @@ fn nets() -> [Net; 2] {
             slb: ip("2001:db8:203::40"),
             spod: ip("2001:db8:2::14"),
             allowed: ip("2001:db8:100::80"),
-            client: ip("2001:db8:2::50"),
+            client: ip(CLIENTS[1]),
             pods: "2001:db8:2::/64",
             sources: "2001:db8:100::/120",
         },
@@ -1219,6 +1219,16 @@ fn in_cluster_clients_are_translated_where_they_are() {
         let (verdict, out) = run_prog("cozy_egress", &reply, i.peer, i.client);
         assert_eq!(verdict, PASS);
         assert_rewritten(&out, n.rlb, n.client, "reply from the LB IP");
+        // The same source forged at the uplink (the node routes it to
+        // `client`): an outside client, passed on to the LB IP's node
+        // untranslated, and nothing recorded for its ports.
+        let forged = Spec::new(n.client, n.rlb, TCP).ports(33001, 80).build();
+        assert_eq!(arriving(&forged, i.up), (PASS, forged.clone()));
+        let reply = Spec::new(n.rpod, n.client, TCP).ports(80, 33001).build();
+        assert_eq!(
+            run_prog("cozy_egress", &reply, i.peer, i.client),
+            (PASS, reply.clone())
+        );
         // The node's own socket to a local LB IP: translated at TC egress
         // (conntrack saw the LB IP), the reply before conntrack.
         let own = Spec::new(n.node, n.lb, TCP).ports(34000, 80).build();

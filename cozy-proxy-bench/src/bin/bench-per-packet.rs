@@ -19,7 +19,7 @@ use cozy_proxy::datapath::{AllowedPort, DatapathState};
 use cozy_proxy::model::IpRange;
 use cozy_proxy_common::{addr, maps as names, AddrInfo, Config, IpKey, PortKey};
 use cozy_proxy_testkit::{
-    packets::bpf::{World, DROP, PASS, REDIRECT},
+    packets::bpf::{World, CLIENTS, DROP, PASS, PEER_CLIENTS, REDIRECT},
     packets::frames::{Spec, TCP, UDP},
 };
 use serde_json::{json, Value};
@@ -41,6 +41,8 @@ struct Addrs {
     remote: (IpAddr, IpAddr),
     /// An in-cluster client (an unmapped pod of this node).
     client: IpAddr,
+    /// An in-cluster client behind the hairpin interface.
+    peer_client: IpAddr,
 }
 
 fn families() -> [(&'static str, Addrs); 2] {
@@ -56,7 +58,8 @@ fn families() -> [(&'static str, Addrs); 2] {
                 pair: (ip("203.0.113.10"), ip("192.0.2.11")),
                 filtered: (ip("203.0.113.20"), ip("192.0.2.12")),
                 remote: (ip("203.0.113.30"), ip("192.0.2.75")),
-                client: ip("192.0.2.50"),
+                client: ip(CLIENTS[0]),
+                peer_client: ip(PEER_CLIENTS[0]),
             },
         ),
         (
@@ -67,7 +70,8 @@ fn families() -> [(&'static str, Addrs); 2] {
                 pair: (ip("2001:db8:203::10"), ip("2001:db8:2::11")),
                 filtered: (ip("2001:db8:203::20"), ip("2001:db8:2::12")),
                 remote: (ip("2001:db8:203::30"), ip("2001:db8:2::75")),
-                client: ip("2001:db8:2::50"),
+                client: ip(CLIENTS[1]),
+                peer_client: ip(PEER_CLIENTS[1]),
             },
         ),
     ]
@@ -86,10 +90,12 @@ fn state() -> DatapathState {
         // translates (as the local pairs do).
         s.remote.insert(a.remote.0, a.remote.1);
         s.remote.insert(a.remote.1, a.remote.0);
-        s.cluster.insert(IpRange {
-            first: a.client,
-            last: a.client,
-        });
+        for client in [a.client, a.peer_client] {
+            s.cluster.insert(IpRange {
+                first: client,
+                last: client,
+            });
+        }
         s.filtered_pods.insert(a.filtered.1);
         s.allowed_ports.insert(AllowedPort {
             pod: a.filtered.1,
@@ -255,7 +261,7 @@ fn cases(w: &World, a: &Addrs) -> Vec<Case> {
         case(
             "in-cluster client to another node's LB IP, on the hairpin interface",
             "cozy_ingress",
-            tcp(a.client, a.remote.0, 80),
+            tcp(a.peer_client, a.remote.0, 80),
             i.peer,
             i.peer,
             PASS,

@@ -85,6 +85,14 @@ fn io_error(e: ProgramError) -> std::io::Error {
     }
 }
 
+/// The in-cluster client of the packet tests and the per-packet
+/// benchmark (an unmapped pod of the node, on `v-client`), each family's.
+pub const CLIENTS: [&str; 2] = ["192.0.2.50", "2001:db8:2::50"];
+
+/// An in-cluster client behind `v-peer` (as behind Kube-OVN's `ovn0`,
+/// where hairpins may leave), each family's.
+pub const PEER_CLIENTS: [&str; 2] = ["192.0.2.51", "2001:db8:2::51"];
+
 impl World {
     /// Moves this thread into a new network namespace, creates the
     /// interfaces, fills the maps with `state(interfaces)` through the
@@ -119,6 +127,15 @@ impl World {
         ])?;
         sh(&["ip", "route", "add", "default", "dev", "uplink"])?;
         sh(&["ip", "-6", "route", "add", "default", "dev", "uplink"])?;
+        // The unmapped pod on `v-client`, routed there as a CNI routes its
+        // pod: the programs take it for a client in the cluster only where
+        // the node routes it back.
+        for client in CLIENTS {
+            sh(&["ip", "route", "add", client, "dev", "v-client"])?;
+        }
+        for client in PEER_CLIENTS {
+            sh(&["ip", "route", "add", client, "dev", "v-peer"])?;
+        }
         sh(&[
             "sysctl",
             "-qw",
