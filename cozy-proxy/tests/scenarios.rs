@@ -1,4 +1,4 @@
-//! The datapath scenario suite (tests/cases/README.md, 1-20, 38-41 and
+//! The datapath scenario suite (tests/cases/README.md, 1-20, 38-42 and
 //! 29-31, and 32: fuzzed frames; 21-28 are in cluster.rs): real
 //! packets through the real kernel in network namespaces, with the real
 //! `cozy-proxy` binary as controller. One list of scenarios; each backend
@@ -30,7 +30,7 @@ fn run(
 }
 
 /// The scenarios whose packets take a path the node's shape changes: all
-/// but 15, 17, 19, 20 and 41 (given as `extra` where a cell runs them).
+/// but 15, 17, 19, 20, 41 and 42 (given as `extra` where a cell runs them).
 /// The first four end with an LB IP left unmapped or kept by one Service,
 /// a decision of the model: their packets are dropped (or translated as
 /// in the first scenario) where they enter the node, at its uplink,
@@ -38,7 +38,9 @@ fn run(
 /// what the shape changes (the pod's port, the bridge, the router) they
 /// never reach. 41's errors take the path of 11's, which every shape
 /// runs; what it adds is the filter's and the ranges' decision about
-/// them, which no shape changes.
+/// them, which no shape changes. 42's forged sources are decided at the
+/// uplink's hook, its quota where a translation is recorded; the in-cluster
+/// clients' path on each shape is the cluster scenarios' (23, 25).
 macro_rules! shaped_scenarios {
     (@with [$($extra:tt)*] $($head:tt)*) => {
         harness::datapath_suite!($($head)*;
@@ -68,7 +70,7 @@ macro_rules! every_scenario {
         shaped_scenarios!(@with [
             , changes::s15_no_ready_endpoint, bad_input::s17_invalid_annotation,
             bad_input::s19_conflicts, bad_input::s20_hostname_and_invalid_ip,
-            filter::s41_path_mtu_errors_reach_pod
+            filter::s41_path_mtu_errors_reach_pod, security::s42_forged_cluster_clients_plant_nothing
         ] $($head)*);
     };
 }

@@ -1,19 +1,23 @@
-//! Scenarios 29-31, 38 and 39: edge security. Forged sources open
+//! Scenarios 29-31, 38, 39 and 42: edge security. Forged sources open
 //! nothing, loadBalancerSourceRanges, a port filter that fails closed,
 //! neighbour discovery exempt only as neighbour discovery, the node's own
-//! ICMP errors naming the LB IP, a node VIP no Service can take.
+//! ICMP errors naming the LB IP, a node VIP no Service can take, reverse
+//! translations no forger plants and no client hoards.
 use anyhow::{bail, ensure, Context, Result};
+use cozy_proxy_common::limits::REV_PER_SOURCE;
 use cozy_proxy_testkit::{
     controller::manifests::Svc,
     nodes::net::Fam,
     nodes::topology::{cmd, Shape},
-    packets::frames::{mac, parse, send, send_paged, Spec, ICMPV6, TCP, UDP},
+    packets::frames::{mac, parse, send, send_all, send_paged, Spec, ICMPV6, TCP, UDP},
     scenario::WEB,
     sh::ok_in,
-    traffic::{answer, conntrack, eventually, tcp_request, tcp_request_from, Capture, Server},
+    traffic::{
+        answer, conntrack, eventually, tcp_request, tcp_request_from, udp_request, Capture, Server,
+    },
     Backend, Env,
 };
-use std::{net::IpAddr, time::Duration};
+use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
 /// A frame from `ns`'s `dev` to its peer `peer_ns`'s `peer_dev`.
 fn on_link(ns: &str, dev: &str, peer_ns: &str, peer_dev: &str, mut spec: Spec) -> Result<Vec<u8>> {
@@ -526,6 +530,125 @@ pub fn s39_reserved_addresses_stay_the_nodes(env: &mut Env) -> Result<()> {
         ensure!(
             got == answer("node", peer),
             "the VIP from {from} answered {got:?}, not the node"
+        );
+    }
+    Ok(())
+}
+
+/// The reverse translations `dump` says each client address holds (eBPF;
+/// none on nft, whose translations are conntrack's).
+fn reverse_held(env: &Env) -> Result<BTreeMap<IpAddr, u64>> {
+    if env.backend == Backend::Nft {
+        return Ok(BTreeMap::new());
+    }
+    let dump = env.dump_json()?;
+    let held = dump["details"]["reverse_translations_held"]
+        .as_object()
+        .with_context(|| format!("no reverse_translations_held in the dump: {dump}"))?;
+    held.iter()
+        .map(|(ip, n)| Ok((ip.parse()?, n.as_u64().context("a count")?)))
+        .collect()
+}
+
+/// Addresses of the pod network no pod has: sources a forger outside
+/// takes to pass for a client in the cluster.
+fn unused_pod_addresses(fam: Fam, n: usize) -> Vec<IpAddr> {
+    (0..n)
+        .map(|j| match fam {
+            Fam::V4 => IpAddr::from([192, 0, 2, 100 + j as u8]),
+            Fam::V6 => format!("2001:db8:2::1:{j:x}").parse().expect("v6"),
+        })
+        .collect()
+}
+
+/// Scenario 42: reverse translations (an in-cluster client's flow to an
+/// LB IP, translated on the node) are recorded only for clients that
+/// really are in the cluster, and one client cannot hold more than its
+/// quota. Sources of the pod network forged behind the uplink (the node
+/// routes that network elsewhere: the IPAM block's blackhole route, as
+/// Calico keeps one) are outside clients: passed through as such, nothing
+/// recorded for them. A pod opening flows from more ports than its quota
+/// gets the excess dropped and counted, and the node's own client still
+/// gets its flow. nft keeps no table of its own: conntrack records what
+/// the node translated, as for every outside client.
+pub fn s42_forged_cluster_clients_plant_nothing(env: &mut Env) -> Result<()> {
+    const PORT: u16 = 5353;
+    let (node, ext, pod2) = (env.topo.node(), env.topo.ext(), env.pod_ns(2));
+    let (lb, pod2_ip) = (env.lb(0), env.pod_ip(2));
+    // The pod network in the cluster (as a Node's podCIDRs would say),
+    // its block routed nowhere but to its pods.
+    let block = match env.fam() {
+        Fam::V4 => "192.0.2.0/24",
+        Fam::V6 => "2001:db8:2::/64",
+    };
+    cmd(&node, &format!("ip route add blackhole {block}"))?;
+    env.ctl
+        .extra_args
+        .extend(["--cluster-cidrs".to_string(), block.to_string()]);
+    env.ctl.restart()?;
+    env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
+    let _udp = env.serve_udp(1, PORT)?;
+    // (Not `settle`: its expected state knows no `--cluster-cidrs`.)
+    env.udp_reaches(lb, PORT, 1)?;
+    // A client in the cluster: pod2's flow is translated, and recorded.
+    let got = eventually(Duration::from_secs(5), || udp_request(&pod2, lb, PORT))?;
+    ensure!(got == answer("pod1", pod2_ip), "pod2 -> LB: {got}");
+    let is_ebpf = env.backend != Backend::Nft;
+    if is_ebpf {
+        let held = reverse_held(env)?;
+        ensure!(
+            held.get(&pod2_ip).is_some_and(|&n| n >= 1),
+            "pod2's flow not recorded: {held:?}"
+        );
+    }
+    // Forged from behind the uplink: 40 addresses x 100 ports.
+    let forgers = unused_pod_addresses(env.fam(), 40);
+    let macs = (mac(&node, "uplink")?, mac(&ext, "uplink")?);
+    let frames: Vec<_> = (forgers.iter())
+        .flat_map(|src| (0..100u16).map(move |port| (*src, port)))
+        .map(|(src, port)| {
+            let mut spec = Spec::new(src, lb, UDP).ports(20_000 + port, PORT + 2);
+            spec.macs = macs;
+            spec.build()
+        })
+        .collect();
+    send_all(&ext, "uplink", &frames)?;
+    // One client's quota and more, from pod2's own path.
+    const OVER: u64 = 500;
+    let (gw_ns, gw_dev) = env.topo.pod_gateway(2);
+    let macs = (mac(&gw_ns, &gw_dev)?, mac(&pod2, "eth0")?);
+    let frames: Vec<_> = (0..REV_PER_SOURCE + OVER)
+        .map(|j| {
+            let mut spec = Spec::new(pod2_ip, lb, UDP).ports(10_000 + j as u16, PORT + 1);
+            spec.macs = macs;
+            spec.build()
+        })
+        .collect();
+    send_all(&pod2, "eth0", &frames)?;
+    // Another client (the node itself) still gets its flow.
+    let got = eventually(Duration::from_secs(5), || udp_request(&node, lb, PORT))?;
+    ensure!(
+        got.starts_with("pod1 "),
+        "node -> LB after the floods: {got}"
+    );
+    if is_ebpf {
+        let held = reverse_held(env)?;
+        let planted: Vec<_> = forgers.iter().filter(|a| held.contains_key(a)).collect();
+        ensure!(
+            planted.is_empty(),
+            "forged sources hold reverse translations: {planted:?} of {held:?}"
+        );
+        let pod2_held = held.get(&pod2_ip).copied().unwrap_or(0);
+        ensure!(
+            pod2_held <= REV_PER_SOURCE,
+            "pod2 holds {pod2_held}, over its quota of {REV_PER_SOURCE}"
+        );
+        let refused = env.dump_json()?["counters"]["drops"]["reverse_quota"]["packets"]
+            .as_u64()
+            .unwrap_or(0);
+        ensure!(
+            refused >= OVER,
+            "{refused} of pod2's flows over its quota dropped, expected {OVER} or more"
         );
     }
     Ok(())
