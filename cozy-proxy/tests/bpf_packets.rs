@@ -11,7 +11,9 @@ use cozy_proxy::{
     datapath::{AllowedPort, DatapathState, Kernel},
     model::{merge_ranges, Cidr},
 };
-use cozy_proxy_common::{maps as names, FlowKey, FlowState, IpKey, RevKey, RevValue};
+use cozy_proxy_common::{
+    limits::REV_PER_SOURCE, maps as names, FlowKey, FlowState, IpKey, RevKey, RevValue,
+};
 use cozy_proxy_testkit::{
     packets::bpf::{apply_state, Ifaces, World, CLIENTS, DROP, PASS, REDIRECT},
     packets::frames::{inspect, Spec, GRE, ICMP, ICMPV6, TCP, UDP},
@@ -919,6 +921,55 @@ fn quiet_reverse_translations_age_out() {
             assert_ne!(out, busy, "the busy flow's reply is translated");
         }
     })
+}
+
+/// Each client's reverse translations are counted (`rev_held`): at its
+/// quota a new flow is dropped, a recorded one goes on; the sweep recounts
+/// what the programs' counts got wrong and forgets clients holding none.
+#[test]
+fn each_client_holds_its_quota_of_reverse_translations_and_the_sweep_recounts() {
+    const RECORDED: u16 = 38001;
+    const NEW: u16 = 38002;
+    with_world(|w| {
+        let i = w.ifs;
+        let mut held = rev_held(w);
+        for n in nets() {
+            let own = Spec::new(n.node, n.lb, UDP).ports(RECORDED, 80).build();
+            assert_eq!(run_in(w, "cozy_egress", &own, 0, i.pod).0, PASS);
+            let node = IpKey::from(n.node);
+            assert!(held.get(&node, 0).expect("counted") >= 1);
+            // At its quota: the recorded flow goes on, a new one is dropped.
+            held.insert(node, REV_PER_SOURCE, 0).expect("at the quota");
+            assert_eq!(run_in(w, "cozy_egress", &own, 0, i.pod).0, PASS);
+            let new = Spec::new(n.node, n.lb, UDP).ports(NEW, 80).build();
+            assert_eq!(run_in(w, "cozy_egress", &new, 0, i.pod).0, DROP);
+        }
+        // A client the count lost, and one holding nothing.
+        let stranger = IpKey::from(ip("203.0.113.250"));
+        held.insert(stranger, 7, 0).expect("a stale count");
+        w.kernel.expire_flows().expect("sweep");
+        let entries: Vec<RevKey> = rev_nat(w).keys().filter_map(Result::ok).collect();
+        for n in nets() {
+            let node = IpKey::from(n.node);
+            let actual = entries.iter().filter(|k| k.client == node).count() as u64;
+            assert_eq!(held.get(&node, 0).expect("recounted"), actual, "{}", n.node);
+            assert!(
+                !entries
+                    .iter()
+                    .any(|k| k.client == node && k.client_port == NEW),
+                "the flow past the quota was recorded"
+            );
+        }
+        assert!(
+            held.get(&stranger, 0).is_err(),
+            "a client holding none is forgotten"
+        );
+    })
+}
+
+/// The `rev_held` map, as the programs see it (a handle of its own).
+fn rev_held(w: &World) -> AyaHashMap<MapData, IpKey, u64> {
+    AyaHashMap::try_from(Map::LruHashMap(own_handle(w, names::REV_HELD))).expect("rev_held map")
 }
 
 /// The `rev_nat` map, as the programs see it (a handle of its own).
