@@ -9,6 +9,7 @@
 use anyhow::{bail, ensure, Context, Result};
 use cozy_proxy::datapath::{Change, NextHop, Routes};
 use cozy_proxy::netlink::{
+    addr::{addresses_in, IfAddr},
     route::{delete_host_routes, host_routes, links, set_host_routes, Via},
     NetlinkError, NlSocket,
 };
@@ -202,5 +203,64 @@ fn routes_changed_on_another_thread_report_their_failure() -> Result<()> {
         steering.settle()?;
         ensure!(host_routes(&sock, PROTO)?.len() == 1_499 + 99 + 100);
         Ok(())
+    })
+}
+
+/// A pod's own addresses, read through the node's id of its namespace:
+/// the veth's peer is found (namespace id and index), and the address
+/// dump of that namespace names the address on that very interface.
+#[test]
+fn a_veths_peer_namespace_lists_the_pods_own_addresses() -> Result<()> {
+    in_own_namespace(|| {
+        let pod = format!("addr-pod-{}", std::process::id());
+        ok(&["ip", "netns", "add", &pod])?;
+        let checked = (|| -> Result<()> {
+            ok(&[
+                "ip", "link", "add", "hostside", "type", "veth", "peer", "name", "eth0", "netns",
+                &pod,
+            ])?;
+            ok(&[
+                "ip",
+                "-n",
+                &pod,
+                "addr",
+                "add",
+                "192.0.2.11/24",
+                "dev",
+                "eth0",
+            ])?;
+            ok(&[
+                "ip",
+                "-n",
+                &pod,
+                "addr",
+                "add",
+                "2001:db8:2::11/64",
+                "dev",
+                "eth0",
+                "nodad",
+            ])?;
+            ok(&["ip", "-n", &pod, "link", "set", "eth0", "up"])?;
+            let sock = NlSocket::open(libc::NETLINK_ROUTE)?;
+            let host = links(&sock)?
+                .into_iter()
+                .find(|l| l.name == "hostside")
+                .context("the veth")?;
+            let (netnsid, peer) = host.peer_ns.context("the peer's namespace")?;
+            let strict = NlSocket::open(libc::NETLINK_ROUTE)?;
+            let found = addresses_in(&strict, netnsid)?;
+            for ip in ["192.0.2.11", "2001:db8:2::11"] {
+                let ip: IpAddr = ip.parse()?;
+                ensure!(
+                    found.contains(&IfAddr { ifindex: peer, ip }),
+                    "{ip} on {peer} not in {found:?}"
+                );
+            }
+            // Only the pod's: its one interface up (its loopback is down).
+            ensure!(found.iter().all(|a| a.ifindex == peer), "{found:?}");
+            Ok(())
+        })();
+        ok(&["ip", "netns", "del", &pod])?;
+        checked
     })
 }

@@ -244,6 +244,7 @@ mod tests {
             name: format!("if{index}"),
             kind: crate::netlink::route::ARPHRD_ETHER,
             peer_elsewhere: false,
+            peer_ns: None,
             master,
             info_kind: kind.into(),
             slave_kind: slave_kind.into(),

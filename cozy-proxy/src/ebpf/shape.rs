@@ -48,6 +48,7 @@ mod tests {
             name: name.into(),
             kind: ARPHRD_ETHER,
             peer_elsewhere: false,
+            peer_ns: None,
             master: None,
             info_kind: kind.into(),
             slave_kind: String::new(),

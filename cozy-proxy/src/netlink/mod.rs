@@ -1,5 +1,6 @@
 //! Netlink, spoken directly: a small codec shared by the nf_tables datapath
 //! and the eBPF datapath's routes.
+pub mod addr;
 pub mod conntrack;
 pub mod neigh;
 pub mod route;

@@ -46,6 +46,9 @@ pub struct Link {
     /// (a pod's interface): BPF can hand a packet to that peer directly
     /// (`bpf_redirect_peer`).
     pub peer_elsewhere: bool,
+    /// Where that peer is: the node's id of its namespace
+    /// (IFLA_LINK_NETNSID) and its index there (IFLA_LINK).
+    pub peer_ns: Option<(i32, u32)>,
     /// The device it is enslaved to (IFLA_MASTER): a bridge, a bond, an
     /// Open vSwitch datapath, a VRF.
     pub master: Option<u32>,
@@ -91,7 +94,13 @@ pub fn links(sock: &NlSocket) -> Result<Vec<Link>, NetlinkError> {
         let info_kind = info_str(libc::IFLA_INFO_KIND);
         let slave_kind = info_str(libc::IFLA_INFO_SLAVE_KIND);
         let pair_kind = info_kind == "veth" || info_kind == "netkit";
-        let peer_elsewhere = pair_kind && attr(body, libc::IFLA_LINK_NETNSID).is_some();
+        let netnsid = attr(body, libc::IFLA_LINK_NETNSID)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(i32::from_ne_bytes);
+        let peer_elsewhere = pair_kind && netnsid.is_some();
+        let peer_ns = netnsid
+            .filter(|_| pair_kind)
+            .zip(u32_attr(body, libc::IFLA_LINK));
         let master = u32_attr(body, libc::IFLA_MASTER).filter(|m| *m != 0);
         let lower = u32_attr(body, libc::IFLA_LINK)
             .filter(|l| *l != 0 && attr(body, libc::IFLA_LINK_NETNSID).is_none());
@@ -101,6 +110,7 @@ pub fn links(sock: &NlSocket) -> Result<Vec<Link>, NetlinkError> {
                 name,
                 kind,
                 peer_elsewhere,
+                peer_ns,
                 master,
                 info_kind,
                 slave_kind,

@@ -240,6 +240,15 @@ impl NlSocket {
         Ok(sock)
     }
 
+    /// Asks the kernel to check this socket's requests strictly
+    /// (`NETLINK_GET_STRICT_CHK`): only then does it read a dump's
+    /// filters, such as another namespace's id.
+    pub fn check_strictly(&self) -> Result<(), NetlinkError> {
+        const NETLINK_GET_STRICT_CHK: libc::c_int = 12;
+        self.setsockopt(libc::SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
+            .map_err(NetlinkError::Io)
+    }
+
     fn setsockopt(&self, level: i32, opt: i32, value: libc::c_int) -> io::Result<()> {
         // SAFETY: valid pointer and length for an int option.
         unsafe {
