@@ -1,11 +1,17 @@
 //! Where a next hop's frames enter the node when the route toward it goes
-//! out of a Linux bridge: the bridge port behind which its link-layer
-//! address lives. A pod on a bridge (the bridge plugin, Flannel, kindnet)
-//! and a neighbour pod forging its address both arrive "on the bridge" as
-//! the routes see it; only the port tells them apart. The kernel knows the
-//! pod's MAC (the neighbour table of the bridge, filled when the pod ARPs
-//! for its gateway) and the port it was learned on (the bridge's forwarding
-//! database).
+//! out of a Linux bridge: the bridge port it is behind. A pod on a bridge
+//! (the bridge plugin, Flannel, kindnet) and a neighbour pod forging its
+//! address both arrive "on the bridge" as the routes see it; only the port
+//! tells them apart.
+//!
+//! The port is first the one whose veth peer holds the address as its own,
+//! read in the peer's network namespace: a neighbour cannot write another
+//! pod's namespace, while one forged ARP request or neighbour advertisement
+//! writes the node's neighbour table and the bridge's forwarding database.
+//! Only for an address no peer holds (a VM that took its pod's address,
+//! KubeVirt's bridge binding; a gateway that is no pod) or several do are
+//! those tables read: the neighbour entry gives the MAC, the forwarding
+//! database the port it was learned on.
 //!
 //! A port learned is kept while that port exists, also once the bridge's
 //! entry ages out (300 s without a frame from the pod): a quiet pod keeps
@@ -14,6 +20,7 @@
 //! forwarding entry) enters "by the bridge": any of its ports is taken as
 //! its own until the kernel learns which.
 use crate::netlink::{
+    addr::{addresses_in, IfAddr},
     neigh::{self, Mac, NeighNews},
     route::{self, Link},
     NetlinkError, NlSocket,
@@ -33,6 +40,9 @@ pub struct BridgePorts {
     /// The MAC each next hop resolved to on its bridge (`None`: none yet):
     /// the neighbour notifications that concern these are news.
     resolved: BTreeMap<(u32, IpAddr), Option<Mac>>,
+    /// A socket that checks strictly, for other namespaces' addresses
+    /// (opened when first needed).
+    strict: Option<NlSocket>,
 }
 
 #[derive(Default)]
@@ -40,6 +50,9 @@ struct Links {
     bridges: BTreeSet<u32>,
     /// port -> its bridge
     ports: BTreeMap<u32, u32>,
+    /// port -> its veth peer's namespace (the node's id of it) and index
+    /// there: a pod's own interface.
+    peers: BTreeMap<u32, (i32, u32)>,
 }
 
 impl Links {
@@ -54,8 +67,17 @@ impl Links {
             .filter(|l| l.is_bridge_port())
             .filter_map(|l| Some((l.index, l.master?)))
             .filter(|(_, b)| bridges.contains(b))
+            .collect::<BTreeMap<u32, u32>>();
+        let peers = all
+            .iter()
+            .filter(|l| ports.contains_key(&l.index))
+            .filter_map(|l| Some((l.index, l.peer_ns?)))
             .collect();
-        Links { bridges, ports }
+        Links {
+            bridges,
+            ports,
+            peers,
+        }
     }
 }
 
@@ -91,7 +113,53 @@ impl BridgePorts {
         self.links = None;
     }
 
-    /// The port each of `hops` (bridge, next hop) enters by, where known.
+    /// The ports of `hops` (bridge, next hop) whose address is the pod's
+    /// own: on the peer of exactly one of the bridge's veths, as that
+    /// peer's namespace lists it. What a neighbour writes (the node's
+    /// neighbour table, the bridge's forwarding database) cannot move
+    /// these. An address no port's peer holds (a VM that took its pod's
+    /// address, KubeVirt's bridge binding) or several do (a pod with
+    /// NET_ADMIN claiming another's) is left to the forwarding database.
+    fn owners(
+        &mut self,
+        hops: &BTreeSet<(u32, IpAddr)>,
+    ) -> Result<BTreeMap<(u32, IpAddr), u32>, NetlinkError> {
+        let Some(links) = self.links.as_ref() else {
+            return Ok(BTreeMap::new());
+        };
+        let bridges: BTreeSet<u32> = hops.iter().map(|(b, _)| *b).collect();
+        let mut claims: BTreeMap<(u32, IpAddr), Vec<u32>> = BTreeMap::new();
+        let mut read: BTreeMap<i32, Vec<IfAddr>> = BTreeMap::new();
+        for (port, (netnsid, peer)) in &links.peers {
+            let Some(bridge) = links.ports.get(port).filter(|b| bridges.contains(b)) else {
+                continue;
+            };
+            let addrs = match read.get(netnsid) {
+                Some(a) => a,
+                None => {
+                    let strict = match &self.strict {
+                        Some(s) => s,
+                        None => self.strict.insert(NlSocket::open(libc::NETLINK_ROUTE)?),
+                    };
+                    read.entry(*netnsid)
+                        .or_insert(addresses_in(strict, *netnsid)?)
+                }
+            };
+            for a in addrs.iter().filter(|a| a.ifindex == *peer) {
+                if hops.contains(&(*bridge, a.ip)) {
+                    claims.entry((*bridge, a.ip)).or_default().push(*port);
+                }
+            }
+        }
+        Ok(claims
+            .into_iter()
+            .filter_map(|(hop, ports)| (ports.len() == 1).then(|| (hop, ports[0])))
+            .collect())
+    }
+
+    /// The port each of `hops` (bridge, next hop) enters by, where known:
+    /// the pod's own interface ([`BridgePorts::owners`]), else where the
+    /// bridge learned the next hop's MAC.
     pub fn ports(
         &mut self,
         sock: &NlSocket,
@@ -101,6 +169,7 @@ impl BridgePorts {
             return Ok(BTreeMap::new());
         }
         self.links(sock)?;
+        let owners = self.owners(hops)?;
         let macs: BTreeMap<(u32, IpAddr), Mac> = neigh::neighbours(sock)?
             .into_iter()
             .map(|n| ((n.ifindex, n.ip), n.mac))
@@ -114,6 +183,10 @@ impl BridgePorts {
         for hop in hops {
             let mac = macs.get(hop).copied();
             self.resolved.insert(*hop, mac);
+            if let Some(port) = owners.get(hop) {
+                out.insert(*hop, *port);
+                continue;
+            }
             let port = mac.and_then(|m| self.learned.get(&(hop.0, m)).copied());
             // Only a port the bridge still has.
             if let Some(port) =

@@ -1,4 +1,4 @@
-//! The datapath scenario suite (tests/cases/README.md, 1-20, 38-42 and
+//! The datapath scenario suite (tests/cases/README.md, 1-20, 38-43 and
 //! 29-31, and 32: fuzzed frames; 21-28 are in cluster.rs): real
 //! packets through the real kernel in network namespaces, with the real
 //! `cozy-proxy` binary as controller. One list of scenarios; each backend
@@ -118,7 +118,8 @@ mod kube_nft {
 /// on (the bridge plugin, Flannel, kindnet).
 mod bridge {
     use super::*;
-    shaped_scenarios!(@datapaths run(SourceKind::Manifests, Shape::Bridge));
+    shaped_scenarios!(@with [, security::s43_forged_neighbour_claims_move_no_guard]
+        @datapaths run(SourceKind::Manifests, Shape::Bridge));
 }
 
 /// Kube-OVN's shape: the pods behind a router the node reaches through

@@ -442,6 +442,9 @@ fn bridge_port(ns: &str, dev: &str, hop: &std::net::IpAddr) -> Result<Option<Str
     if details[0]["linkinfo"]["info_kind"] != "bridge" {
         return Ok(None);
     }
+    if let Some(port) = owning_port(ns, dev, hop)? {
+        return Ok(Some(port));
+    }
     let neigh: serde_json::Value = serde_json::from_str(&crate::sh::ok_in(
         ns,
         &[
@@ -472,6 +475,49 @@ fn bridge_port(ns: &str, dev: &str, hop: &std::net::IpAddr) -> Result<Option<Str
             })
             .and_then(|e| e["ifname"].as_str().map(str::to_string))
     }))
+}
+
+/// The one port of bridge `dev` whose veth peer holds `hop` as its own
+/// address, as `ip link` (the peer's namespace id and index), `ip netns`
+/// (that namespace's name) and `ip addr` inside it show it.
+fn owning_port(ns: &str, dev: &str, hop: &std::net::IpAddr) -> Result<Option<String>> {
+    let json = |args: &[&str]| -> Result<serde_json::Value> {
+        Ok(serde_json::from_str(&crate::sh::ok_in(ns, args)?).unwrap_or_default())
+    };
+    let names: std::collections::BTreeMap<i64, String> = json(&["ip", "-j", "netns", "list"])?
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| Some((n["id"].as_i64()?, n["name"].as_str()?.to_string())))
+        .collect();
+    let ports = json(&["ip", "-j", "-d", "link", "show", "master", dev])?;
+    let mut owners = Vec::new();
+    for port in ports.as_array().into_iter().flatten() {
+        let (Some(name), Some(id), Some(peer)) = (
+            port["ifname"].as_str(),
+            port["link_netnsid"].as_i64(),
+            port["link_index"].as_u64(),
+        ) else {
+            continue;
+        };
+        let Some(peer_ns) = names.get(&id) else {
+            continue;
+        };
+        let addrs: serde_json::Value =
+            serde_json::from_str(&crate::sh::ok_in(peer_ns, &["ip", "-j", "addr", "show"])?)?;
+        let holds = addrs.as_array().into_iter().flatten().any(|l| {
+            l["ifindex"].as_u64() == Some(peer)
+                && l["addr_info"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|a| a["local"].as_str().and_then(|x| x.parse().ok()) == Some(*hop))
+        });
+        if holds {
+            owners.push(name.to_string());
+        }
+    }
+    Ok((owners.len() == 1).then(|| owners.remove(0)))
 }
 
 fn check_root() -> Result<()> {

@@ -653,3 +653,124 @@ pub fn s42_forged_cluster_clients_plant_nothing(env: &mut Env) -> Result<()> {
     }
     Ok(())
 }
+
+/// A forged neighbour claim from pod2's port: an ARP request (IPv4) or an
+/// unsolicited neighbour advertisement with the override flag (IPv6)
+/// naming pod1's address with pod2's MAC.
+fn forged_claim(env: &Env, pod1: IpAddr, gateway: IpAddr) -> Result<Vec<u8>> {
+    let pod2 = env.pod_ns(2);
+    let own = mac(&pod2, "eth0")?;
+    Ok(match (pod1, gateway) {
+        (IpAddr::V4(p), IpAddr::V4(g)) => {
+            let mut f = vec![0xff; 6];
+            f.extend(own);
+            f.extend([0x08, 0x06, 0, 1, 0x08, 0x00, 6, 4, 0, 1]);
+            f.extend(own);
+            f.extend(p.octets());
+            f.extend([0; 6]);
+            f.extend(g.octets());
+            f
+        }
+        _ => {
+            let all_nodes: IpAddr = "ff02::1".parse()?;
+            let mut spec = Spec::new(pod1, all_nodes, ICMPV6);
+            spec.icmp_type = Some(136);
+            // Flags (override) where the builder puts its identifier.
+            spec.sport = 0x2000;
+            spec.hop_limit = 255;
+            let mut body = match pod1 {
+                IpAddr::V6(p) => p.octets().to_vec(),
+                IpAddr::V4(_) => bail!("mixed families"),
+            };
+            body.extend([2, 1]);
+            body.extend(own);
+            spec.payload = body;
+            spec.macs = ([0x33, 0x33, 0, 0, 0, 1], own);
+            spec.build()
+        }
+    })
+}
+
+/// Scenario 43 (bridge): the mapped pod's entry is its own port from the
+/// start (read from its namespace, which a neighbour cannot write), and a
+/// neighbour pod claiming its address by ARP or neighbour advertisement
+/// does not move it: the neighbour's packets with that address are
+/// dropped and counted, and the mapped pod's own still leave translated.
+pub fn s43_forged_neighbour_claims_move_no_guard(env: &mut Env) -> Result<()> {
+    let (pod1_ip, lb) = (env.pod_ip(1), env.lb(0));
+    let node = env.topo.node();
+    let (_, port) = env.topo.pod_port(1);
+    let own_port = ok_in(&node, &["cat", &format!("/sys/class/net/{port}/ifindex")])?
+        .trim()
+        .parse::<u64>()?;
+    let guard = |env: &Env| -> Result<Option<u64>> {
+        Ok(env.dump_json()?["state"]["guard"][pod1_ip.to_string()].as_u64())
+    };
+    // Before pod1 has sent anything through the node: its own port at
+    // once, not "any port of the bridge" until the bridge learns it.
+    env.put_service(&Svc::new("vm1", lb), &[pod1_ip])?;
+    eventually(Duration::from_secs(4), || {
+        let g = guard(env)?;
+        ensure!(
+            g == Some(own_port),
+            "pod1's entry {g:?}, its port {own_port}"
+        );
+        Ok(())
+    })?;
+    let _web = env.serve_tcp(1, WEB)?;
+    env.tcp_reaches(lb, WEB, 1)?;
+    let gateway: IpAddr = match env.fam() {
+        Fam::V4 => "192.0.2.1".parse()?,
+        Fam::V6 => "2001:db8:2::1".parse()?,
+    };
+    let claim = forged_claim(env, pod1_ip, gateway)?;
+    send(&env.pod_ns(2), "eth0", &claim)?;
+    // The node's neighbour entry now names pod2's MAC: the controller
+    // hears of it and resolves pod1's path again.
+    std::thread::sleep(Duration::from_secs(2));
+    ensure!(
+        guard(env)? == Some(own_port),
+        "pod1's entry moved off its own port {own_port}: {:?}",
+        guard(env)?
+    );
+    let before = spoof_drops(env)?;
+    let (gw_ns, gw_dev) = env.topo.pod_gateway(2);
+    let forged = on_link(
+        &env.pod_ns(2),
+        "eth0",
+        &gw_ns,
+        &gw_dev,
+        Spec::new(pod1_ip, env.net.ext, UDP).ports(WEB, 4447),
+    )?;
+    send(&env.pod_ns(2), "eth0", &forged)?;
+    std::thread::sleep(Duration::from_millis(300));
+    ensure!(
+        spoof_drops(env)? > before,
+        "pod2 sending as pod1 was not dropped"
+    );
+    // pod1's own packets leave translated (one way: the node's neighbour
+    // entry still names pod2's MAC, so the answers go there).
+    let ext = env.topo.ext();
+    let capture = Capture::start(
+        &ext,
+        "uplink",
+        "udp and dst port 4448",
+        env.scratch("s43.txt"),
+    )?;
+    std::thread::sleep(Duration::from_millis(500));
+    let from_pod1 = on_link(
+        &env.pod_ns(1),
+        "eth0",
+        &gw_ns,
+        &gw_dev,
+        Spec::new(pod1_ip, env.net.ext, UDP).ports(WEB, 4448),
+    )?;
+    send(&env.pod_ns(1), "eth0", &from_pod1)?;
+    std::thread::sleep(Duration::from_millis(500));
+    let seen = capture.stop();
+    ensure!(
+        seen.iter().any(|l| l.contains(&lb.to_string())),
+        "pod1's packet did not leave as its LB IP: {seen:?} (node {node})"
+    );
+    Ok(())
+}
