@@ -153,6 +153,10 @@ fn cni_conflist(spec: &NodeSpec) -> String {
     .to_string()
 }
 
+/// containerd's configuration. NRI is off: its socket
+/// (`/var/run/nri/nri.sock`) is not among the node's own directories, and
+/// two nodes' containerds started at once both bind it (the second one
+/// then fails to start).
 fn containerd_config() -> String {
     format!(
         r#"version = 3
@@ -173,6 +177,8 @@ fn containerd_config() -> String {
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = '127.0.0.1'
   stream_server_port = '0'
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
 "#
     )
 }
