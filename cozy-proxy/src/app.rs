@@ -6,7 +6,7 @@ use crate::controller::{self, LoopSettings, RunContext, WarningSink};
 use crate::datapath::{worker::Worker, BackendKind, Datapath};
 use crate::ebpf::{EbpfConfig, Interfaces};
 use crate::events::EventPublisher;
-use crate::model::{cluster::ClusterConfig, Cidr};
+use crate::model::{cluster::ClusterConfig, Cidr, SliceTrust};
 use crate::node;
 use crate::reconcile::{NodeConfig, Reconciler};
 use crate::source::{kube::KubeSource, ManifestSource, Source};
@@ -91,6 +91,20 @@ pub struct RunArgs {
     /// otherwise the nodes' own traffic to that address would reach its pod.
     #[arg(long, env = "COZY_PROXY_RESERVED_CIDRS", value_delimiter = ',')]
     pub reserved_cidrs: Vec<Cidr>,
+    /// Namespaces (comma-separated; `*`: every one) whose EndpointSlices
+    /// count whoever wrote them. Elsewhere a Service's pod is read only
+    /// from the EndpointSlice controller's own slices of a Service with a
+    /// selector, so that a slice someone writes by hand cannot map an LB
+    /// IP to another tenant's pod. For selector-less Services whose slices
+    /// an administrator writes (or mirrors from Endpoints). Manifests
+    /// (`--manifests`) are trusted whole.
+    #[arg(
+        long,
+        env = "COZY_PROXY_TRUST_UNMANAGED_SLICES",
+        value_delimiter = ',',
+        value_name = "NAMESPACES"
+    )]
+    pub trust_unmanaged_slices: Vec<String>,
     /// The percentage of each datapath table of a node one namespace's
     /// Services may take (1-100): beyond it a namespace's newer Services
     /// are not translated on that node (a NamespaceShare warning), so one
@@ -272,9 +286,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
         },
         reserved: args.reserved_cidrs.clone(),
         namespace_share: Some(args.namespace_share),
+        slices: SliceTrust::with_unmanaged_in(&args.trust_unmanaged_slices),
     };
     if let Some(dir) = &args.manifests {
         let source = ManifestSource::new(dir.clone(), args.poll_interval);
+        let node = NodeConfig {
+            slices: SliceTrust::Any,
+            ..node
+        };
         let datapath = start_datapath(args.backend, true, cfg, node)?;
         run_loop(
             datapath,

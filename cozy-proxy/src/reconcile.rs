@@ -10,7 +10,9 @@ use crate::datapath::{
 use crate::model::cluster::{
     cluster_ranges, internal_addresses, ClusterConfig, ClusterRanges, NodeAddresses,
 };
-use crate::model::{Cidr, Forbidden, LbResult, PlanState, PlanSummary, Warning, WarningKind};
+use crate::model::{
+    Cidr, Forbidden, LbResult, PlanState, PlanSummary, SliceTrust, Warning, WarningKind,
+};
 use crate::shares::Shares;
 use crate::source::{Snapshot, Update};
 use std::collections::BTreeSet;
@@ -28,6 +30,9 @@ pub struct NodeConfig {
     /// `--namespace-share`: the percentage of each datapath table one
     /// namespace may take on this node (`None`: no bound).
     pub namespace_share: Option<u8>,
+    /// Which EndpointSlices a Service's pod is read from
+    /// (`--trust-unmanaged-slices`; manifests: all).
+    pub slices: SliceTrust,
 }
 
 pub struct Reconciler<D: Datapath> {
@@ -200,7 +205,9 @@ impl<D: Datapath> Reconciler<D> {
             &snapshot.services,
             &snapshot.endpoint_slices,
             &snapshot.read,
-            Forbidden::new(&snapshot.nodes, &self.node.reserved),
+            Forbidden::new(&snapshot.nodes, &self.node.reserved)
+                .with_service_cidrs(&snapshot.service_cidrs)
+                .trusting(self.node.slices.clone()),
         );
         let _ = self.plan.take_changes();
         let _ = self.plan.take_warning_changes();

@@ -226,6 +226,7 @@ fn cluster_cidrs_and_fast_path_reach_the_arguments() {
         "fastPath=true",
         "reservedCIDRs={192.0.2.250/32}",
         "namespaceShare=30",
+        "trustUnmanagedSlices={infra,platform}",
     ]);
     let args =
         strings(&find(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"]);
@@ -246,13 +247,17 @@ fn cluster_cidrs_and_fast_path_reach_the_arguments() {
         args.contains(&"--namespace-share=30".to_string()),
         "{args:?}"
     );
+    assert!(
+        args.contains(&"--trust-unmanaged-slices=infra,platform".to_string()),
+        "{args:?}"
+    );
     let defaults = render(&[]);
     let args =
         strings(&find(&defaults, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["args"]);
     assert!(
-        !args
-            .iter()
-            .any(|a| a.starts_with("--cluster-cidrs") || a.starts_with("--reserved-cidrs")),
+        !args.iter().any(|a| a.starts_with("--cluster-cidrs")
+            || a.starts_with("--reserved-cidrs")
+            || a.starts_with("--trust-unmanaged-slices")),
         "{args:?}"
     );
     assert!(
@@ -279,6 +284,7 @@ fn bad_values_are_refused_by_the_schema() {
         "backnd=nft",
         "clusterCIDRs={10.0.0.0/8;reboot}",
         "reservedCIDRs={10.0.0.1;reboot}",
+        "trustUnmanagedSlices={ns;reboot}",
         "namespaceShare=0",
         "namespaceShare=101",
         "deriveClusterCIDRs=maybe",

@@ -768,3 +768,136 @@ fn helm_uninstall_leaves_nothing_nft() -> Result<()> {
 fn helm_uninstall_leaves_nothing_ebpf() -> Result<()> {
     helm_uninstall_leaves_nothing(Backend::Ebpf)
 }
+
+/// Tenant A, who may write EndpointSlices in its namespace, writes slices
+/// for its selector-less Services naming tenant B's pods: one by hand, one
+/// with the EndpointSlice controller's label, the Service as its owner and
+/// a `targetRef` into its own namespace (the controller leaves a
+/// selector-less Service's slices alone, so both stay). A's Services are
+/// older, so that where the slices are trusted (the positive control at the
+/// end: `--trust-unmanaged-slices=tenant-a`, as every slice was before)
+/// they win B's pods, B's LB IPs go dark and B's pods leave as A's LB IPs.
+/// By default neither slice counts: B keeps its pods both ways, A's LB IPs
+/// stay unmapped, and each of A's Services gets an UntrustedEndpointSlice
+/// Event and the warning metric.
+fn slices_naming_another_tenants_pods(backend: Backend) -> Result<()> {
+    const TENANT: &str = "tenant-a";
+    let mut env = env(backend, Fam::V4)?;
+    let _p1 = env.serve_tcp(1, WEB)?;
+    let _p2 = env.serve_tcp(2, WEB)?;
+    let cp = api(&env)?;
+    cp.kubectl(&["create", "namespace", TENANT])?;
+    let mut tenant_a = Vec::new();
+    for (name, lb, pod, forged_label) in [
+        ("a1", env.lb(0), env.pod_ip(1), false),
+        ("a2", env.lb(3), env.pod_ip(2), true),
+    ] {
+        let svc = Svc::new(name, lb).in_namespace(TENANT);
+        let mut object = harness::control_plane::k8s::api_service(&svc, "IPv4");
+        if let Some(spec) = object["spec"].as_object_mut() {
+            spec.remove("selector");
+        }
+        cp.apply(&format!("{object:#}\n"))?;
+        let status = serde_json::json!({"status": svc.value()["status"]});
+        cp.patch_status("service", name, Some(TENANT), &status)?;
+        let meta = |path: &str| -> Result<String> {
+            let path = format!("jsonpath={{.metadata.{path}}}");
+            let out = cp.kubectl(&["get", "service", name, "-n", TENANT, "-o", &path])?;
+            Ok(out.trim().to_string())
+        };
+        let uid = meta("uid")?;
+        let mut slice = serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": format!("{name}-forged"),
+                "namespace": TENANT,
+                "labels": {"kubernetes.io/service-name": name},
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [pod.to_string()], "nodeName": env.ctl.node}],
+            "ports": [{"name": "p0", "port": 80, "protocol": "TCP"}],
+        });
+        if forged_label {
+            slice["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] =
+                "endpointslice-controller.k8s.io".into();
+            slice["metadata"]["ownerReferences"] = serde_json::json!([{
+                "apiVersion": "v1", "kind": "Service", "name": name, "uid": uid,
+                "controller": true, "blockOwnerDeletion": true,
+            }]);
+            slice["endpoints"][0]["targetRef"] =
+                serde_json::json!({"kind": "Pod", "namespace": TENANT, "name": "vm-a"});
+        }
+        cp.apply(&format!("{slice:#}\n"))?;
+        // The model's copy (for the expected datapath): the Service with
+        // its real creation time; its slice only once it is trusted.
+        let held = svc.created(&meta("creationTimestamp")?);
+        env.dir.put(&format!("{TENANT}-{name}"), &held.yaml())?;
+        tenant_a.push((held, slice));
+    }
+    // creationTimestamp has a resolution of one second: B is younger.
+    std::thread::sleep(Duration::from_millis(1100));
+    env.put_service(&Svc::new("b1", env.lb(1)), &[env.pod_ip(1)])?;
+    env.put_service(&Svc::new("b2", env.lb(2)), &[env.pod_ip(2)])?;
+    env.settle()?;
+    env.tcp_reaches(env.lb(1), WEB, 1)?;
+    env.tcp_reaches(env.lb(2), WEB, 2)?;
+    env.egress_seen_as(1, env.lb(1))?;
+    env.egress_seen_as(2, env.lb(2))?;
+    env.ping_unanswered(env.lb(0))?;
+    env.ping_unanswered(env.lb(3))?;
+    let cp = api(&env)?;
+    for (name, why) in [
+        ("a1", "a1-forged (no managed-by label)"),
+        ("a2", "a2-forged (the Service has no selector)"),
+    ] {
+        eventually(SETTLE, || {
+            let events = cp.events_in(TENANT, name)?;
+            ensure!(
+                events
+                    .iter()
+                    .any(|e| e.starts_with("UntrustedEndpointSlice") && e.contains(why)),
+                "no UntrustedEndpointSlice Event on {TENANT}/{name} naming {why:?}: {events:?}"
+            );
+            Ok(())
+        })?;
+    }
+    let (_, metrics) = env.controller_http("/metrics")?;
+    ensure!(
+        metrics.contains("cozy_proxy_warnings{reason=\"UntrustedEndpointSlice\"} 2"),
+        "warning metric: {}",
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("cozy_proxy_warnings"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+
+    // The positive control: the operator trusts tenant-a's slices, and
+    // the older Services take B's pods, as any slice did before.
+    for (held, slice) in &tenant_a {
+        env.dir.put(
+            &format!("{TENANT}-{}-slice", held.name),
+            &format!("{slice:#}\n"),
+        )?;
+    }
+    env.ctl
+        .extra_args
+        .push(format!("--trust-unmanaged-slices={TENANT}"));
+    env.ctl.restart()?;
+    env.settle()?;
+    env.tcp_reaches(env.lb(0), WEB, 1)?;
+    env.tcp_reaches(env.lb(3), WEB, 2)?;
+    env.egress_seen_as(1, env.lb(0))?;
+    env.ping_unanswered(env.lb(1))
+}
+
+#[test]
+fn slices_naming_another_tenants_pods_count_for_nothing_nft() -> Result<()> {
+    slices_naming_another_tenants_pods(Backend::Nft)
+}
+
+#[test]
+fn slices_naming_another_tenants_pods_count_for_nothing_ebpf() -> Result<()> {
+    slices_naming_another_tenants_pods(Backend::Ebpf)
+}

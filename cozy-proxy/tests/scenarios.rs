@@ -30,11 +30,12 @@ fn run(
 }
 
 /// The scenarios whose packets take a path the node's shape changes: all
-/// but 15, 17, 19, 20, 41 and 42 (given as `extra` where a cell runs them).
-/// The first four end with an LB IP left unmapped or kept by one Service,
-/// a decision of the model: their packets are dropped (or translated as
-/// in the first scenario) where they enter the node, at its uplink,
-/// before any pod-side interface, on every shape, and a warning is said;
+/// but 15, 17, 19, 20, 41, 42 and 44 (given as `extra` where a cell runs
+/// them). The first four and 44 end with an LB IP left unmapped or kept
+/// by one Service, a decision of the model: their packets are dropped (or
+/// translated as in the first scenario) where they enter the node, at its
+/// uplink, before any pod-side interface, on every shape, and a warning is
+/// said;
 /// what the shape changes (the pod's port, the bridge, the router) they
 /// never reach. 41's errors take the path of 11's, which every shape
 /// runs; what it adds is the filter's and the ranges' decision about
@@ -70,7 +71,8 @@ macro_rules! every_scenario {
         shaped_scenarios!(@with [
             , changes::s15_no_ready_endpoint, bad_input::s17_invalid_annotation,
             bad_input::s19_conflicts, bad_input::s20_hostname_and_invalid_ip,
-            filter::s41_path_mtu_errors_reach_pod, security::s42_forged_cluster_clients_plant_nothing
+            filter::s41_path_mtu_errors_reach_pod, security::s42_forged_cluster_clients_plant_nothing,
+            bad_input::s44_endpoints_on_lb_ips
         ] $($head)*);
     };
 }

@@ -922,11 +922,17 @@ impl ControlPlane {
     /// The Events cozy-proxy wrote on `default/<service>`, as `reason: note`
     /// lines.
     pub fn events_of(&self, service: &str) -> Result<Vec<String>> {
+        self.events_in("default", service)
+    }
+
+    /// The Events cozy-proxy wrote on `namespace/<service>`, as
+    /// `reason: note` lines.
+    pub fn events_in(&self, namespace: &str, service: &str) -> Result<Vec<String>> {
         let out = self.kubectl(&[
             "get",
             "events",
             "-n",
-            "default",
+            namespace,
             "--field-selector",
             &format!("involvedObject.name={service},involvedObject.kind=Service"),
             "-o",

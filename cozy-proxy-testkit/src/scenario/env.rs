@@ -114,9 +114,12 @@ impl Env {
                     dir.path.clone(),
                     std::env::temp_dir().join(&topo.prefix),
                 )?;
+                // The stand-in serves the fixtures' hand-written slices,
+                // as a cluster whose operator trusts every namespace's.
                 let args = vec![
                     "--kubeconfig".to_string(),
                     s.kubeconfig.display().to_string(),
+                    "--trust-unmanaged-slices=*".to_string(),
                 ];
                 (Some(s), None, args)
             }

@@ -4,7 +4,7 @@
 //! `terminating` unset as false); and on which nodes that address lives:
 //! those of its serving endpoints and of its endpoints still starting (a
 //! live migration's target pod holds the VM's IP before it is ready).
-use super::types::{Family, ServiceRef};
+use super::types::{Family, ServiceRef, Uid};
 use super::warning::{WarningKind, Warnings};
 use super::FastMap;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -16,6 +16,26 @@ use std::{
 };
 
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Who wrote a slice, as the writer labels it.
+pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+/// The EndpointSlice controller's value of [`MANAGED_BY_LABEL`]: it writes
+/// the slices of a Service with a selector, from the Pods the selector
+/// picks in the Service's namespace.
+pub const SLICE_CONTROLLER: &str = "endpointslice-controller.k8s.io";
+
+/// Who wrote an EndpointSlice, as far as the slice tells (see
+/// `model/trust.rs` for what is trusted).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Writer {
+    /// Labelled as the EndpointSlice controller's, every endpoint naming a
+    /// Pod of the slice's namespace (`targetRef`), with the Service it
+    /// names as its owner (name, uid; none when it has no such owner).
+    Controller { owner: Option<(Box<str>, Uid)> },
+    /// Anything else: its `managed-by` label as written (none: unset), or
+    /// the controller's label on a slice with an endpoint that names no
+    /// Pod of its namespace.
+    Other { manager: Option<Box<str>> },
+}
 
 /// An EndpointSlice as the model reads it: the addresses of its ready
 /// endpoints, each with its endpoint's node. Every node keeps one per
@@ -24,6 +44,7 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReadSlice {
     pub name: Box<str>,
+    pub writer: Writer,
     /// Ready endpoints' addresses, with the endpoint's `nodeName`.
     ready: Box<[(IpAddr, Option<Arc<str>>)]>,
     /// Not ready, but serving and terminating: used while a family of
@@ -64,6 +85,7 @@ impl ReadSlice {
         }
         Some(ReadSlice {
             name: slice.metadata.name.as_deref().unwrap_or_default().into(),
+            writer: Writer::of(slice),
             ready: ready.into(),
             draining: draining.into(),
             starting: starting.into(),
@@ -71,9 +93,42 @@ impl ReadSlice {
         })
     }
 
+    /// Its name as a warning shows it.
+    pub fn shown_name(&self) -> &str {
+        if self.name.is_empty() {
+            "?"
+        } else {
+            &self.name
+        }
+    }
+
     /// As [`ReadSlice::of`], each node name a copy of its own.
     pub fn of_alone(slice: &EndpointSlice) -> Option<Self> {
         Self::of(slice, &mut |n| n.into())
+    }
+}
+
+impl Writer {
+    fn of(slice: &EndpointSlice) -> Writer {
+        let manager = (slice.metadata.labels.as_ref()).and_then(|l| l.get(MANAGED_BY_LABEL));
+        let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
+        // The controller names each endpoint's Pod, in the slice's
+        // namespace: one that names anything else is not its work.
+        let names_own_pods = slice.endpoints.iter().all(|e| {
+            e.target_ref.as_ref().is_some_and(|r| {
+                r.kind.as_deref() == Some("Pod")
+                    && r.namespace.as_deref().unwrap_or(namespace) == namespace
+            })
+        });
+        if manager.map(String::as_str) != Some(SLICE_CONTROLLER) || !names_own_pods {
+            return Writer::Other {
+                manager: manager.map(|m| m.as_str().into()),
+            };
+        }
+        let owner = (slice.metadata.owner_references.iter().flatten())
+            .find(|o| o.kind == "Service" && o.api_version == "v1")
+            .map(|o| (o.name.as_str().into(), Uid::new(&o.uid)));
+        Writer::Controller { owner }
     }
 }
 
@@ -172,11 +227,7 @@ pub(crate) fn ready_addresses(slices: &[&ReadSlice], warnings: &mut Warnings<'_>
                 WarningKind::InvalidIp,
                 format!(
                     "endpoint address {text:?} in EndpointSlice {} is not an IP address; skipped",
-                    if slice.name.is_empty() {
-                        "?"
-                    } else {
-                        &slice.name
-                    }
+                    slice.shown_name()
                 ),
             );
         }

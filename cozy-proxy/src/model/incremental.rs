@@ -14,7 +14,8 @@
 //! [`compute_plan`]: super::compute_plan
 use super::endpoints::{ReadSlice, SliceIndex};
 use super::plan::{
-    lb_conflict, pod_conflict, read_chosen, wish_of, Forbidden, Outcome, Rank, Wish,
+    lb_conflict, pod_conflict, pod_is_an_lb_ip, read_chosen, wish_of, Forbidden, Outcome, Rank,
+    Wish,
 };
 use super::service::ReadService;
 use super::types::{LbResult, Mode, Plan, ServiceRef};
@@ -386,7 +387,15 @@ impl PlanState {
                 pods.insert(pod);
             }
         }
-        let mut affected = lbs;
+        // An LB IP claimed or given up changes the outcome of those whose
+        // pod it is (an LB IP is never a pod).
+        let mut affected = BTreeSet::new();
+        for lb in &lbs {
+            if let Some(claims) = self.pod_claims.get(lb) {
+                affected.extend(claims.iter().map(|(_, claimer)| *claimer));
+            }
+        }
+        affected.extend(lbs);
         for pod in &pods {
             if let Some(claims) = self.pod_claims.get(pod) {
                 affected.extend(claims.iter().map(|(_, lb)| *lb));
@@ -411,6 +420,10 @@ impl PlanState {
             let Some(pod) = c.pod_ip else {
                 return Some(Settled::Unmapped);
             };
+            if let Some(holder) = self.lbs.get(&pod).and_then(|s| s.claims.first()) {
+                warnings.push(pod_is_an_lb_ip(owner, &lb, &pod, holder.service()));
+                return Some(Settled::Unmapped);
+            }
             let pod_owner = self.pod_claims.get(&pod).and_then(|p| p.first());
             match pod_owner {
                 Some((_, winner)) if *winner == lb => Some(Settled::Mapped {

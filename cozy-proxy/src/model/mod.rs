@@ -7,11 +7,14 @@ pub mod incremental;
 mod plan;
 mod service;
 pub mod trim;
+mod trust;
 mod types;
 mod warning;
 
 pub use cidr::{merge as merge_ranges, Cidr, IpRange};
-pub use endpoints::{slice_owner, ReadSlice, SERVICE_NAME_LABEL};
+pub use endpoints::{
+    slice_owner, ReadSlice, Writer, MANAGED_BY_LABEL, SERVICE_NAME_LABEL, SLICE_CONTROLLER,
+};
 pub use incremental::{LbChange, PlanState, PlanSummary, ServiceObjects};
 pub(crate) use plan::Rank;
 pub use plan::{compute_plan, compute_plan_with, read_chosen, Forbidden, Outcome};
@@ -19,6 +22,7 @@ pub use service::{
     is_selected, read_service, service_ref, ReadService, ALLOW_ICMP_ANNOTATION, PROXY_NAME,
     PROXY_NAME_LABEL, WHOLE_IP_ANNOTATION,
 };
+pub use trust::SliceTrust;
 pub use types::{
     Family, Hosts, LbResult, Mapping, Mode, Plan, PortRule, Protocol, ServiceRef, Uid,
 };

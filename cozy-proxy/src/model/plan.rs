@@ -2,6 +2,7 @@
 use super::cluster::node_addresses;
 use super::endpoints::{ready_addresses, Backends, EndpointNodes, ReadSlice, SliceIndex};
 use super::service::{is_selected, read_service, service_ref, ReadService, ServiceIntent};
+use super::trust::SliceTrust;
 use super::types::{Family, Hosts, Mapping, Plan, ServiceRef};
 use super::warning::{Warning, WarningKind, Warnings};
 use super::Cidr;
@@ -9,6 +10,7 @@ use super::FastMap;
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
+    networking::v1::ServiceCIDR,
 };
 use std::{
     borrow::Borrow,
@@ -41,10 +43,16 @@ pub(crate) struct Candidate {
 /// node VIPs, which float between nodes and appear in no Node object). A
 /// Service on one of them would get the nodes' own traffic to that
 /// address translated to its pod. The same on every node, as the plan is.
+/// The ClusterIP ranges (`ServiceCIDR`s) are never a pod's either: a
+/// Service on one would take the traffic kube-proxy balances. Which
+/// EndpointSlices count goes with them ([`SliceTrust`]): what no Service
+/// may name as its pod.
 #[derive(Clone, Debug, Default)]
 pub struct Forbidden {
     node_ips: BTreeSet<IpAddr>,
     reserved: Vec<Cidr>,
+    service_cidrs: Vec<Cidr>,
+    slices: SliceTrust,
 }
 
 impl Forbidden {
@@ -52,7 +60,24 @@ impl Forbidden {
         Forbidden {
             node_ips: node_addresses(nodes),
             reserved: reserved.to_vec(),
+            ..Default::default()
         }
+    }
+
+    /// With the ClusterIP ranges of `cidrs` (unparsable ones are reported
+    /// where the in-cluster ranges are read).
+    pub fn with_service_cidrs(mut self, cidrs: &[ServiceCIDR]) -> Forbidden {
+        self.service_cidrs = (cidrs.iter())
+            .flat_map(|c| c.spec.iter().flat_map(|s| s.cidrs.iter().flatten()))
+            .filter_map(|text| text.parse().ok())
+            .collect();
+        self
+    }
+
+    /// Reading a Service's pod only from the slices `trust` counts.
+    pub fn trusting(mut self, trust: SliceTrust) -> Forbidden {
+        self.slices = trust;
+        self
     }
 
     /// Why `ip` must never be translated: `None` if it may be.
@@ -73,6 +98,8 @@ impl Forbidden {
             Some("a node's own address")
         } else if self.reserved.iter().any(|c| c.contains(ip)) {
             Some("reserved (--reserved-cidrs: a node VIP)")
+        } else if self.service_cidrs.iter().any(|c| c.contains(ip)) {
+            Some("in a ServiceCIDR (ClusterIPs)")
         } else {
             None
         }
@@ -193,6 +220,25 @@ pub(crate) fn pod_conflict(
     }
 }
 
+/// What the owner of `lb_ip` whose endpoint is `pod_ip`, the LB IP of
+/// `holder`, is told: an LB IP is never a pod (translated to it, the
+/// packets would meet the holder's translation, and egress from it would
+/// leave as `lb_ip`).
+pub(crate) fn pod_is_an_lb_ip(
+    service: &ServiceRef,
+    lb_ip: &IpAddr,
+    pod_ip: &IpAddr,
+    holder: &ServiceRef,
+) -> Warning {
+    Warning {
+        service: service.clone(),
+        kind: WarningKind::ForbiddenAddress,
+        message: format!(
+            "endpoint address {pod_ip} is the load-balancer IP of Service {holder}; {lb_ip} is not mapped"
+        ),
+    }
+}
+
 /// The wish of Service `read` (a selected one) with `slices`, the
 /// EndpointSlices labelled with its name.
 pub(crate) fn wish_of(
@@ -217,7 +263,8 @@ pub(crate) fn wish_of(
             false
         }
     });
-    let backends = ready_addresses(slices, &mut sink);
+    let slices = forbidden.slices.trusted(&read, slices, &mut sink);
+    let backends = ready_addresses(&slices, &mut sink);
     let candidates = candidates(&lb_ips, &backends, forbidden, &mut sink).into();
     Wish {
         read,
@@ -257,6 +304,13 @@ where
         .collect();
     wishes.sort_by_cached_key(Wish::rank);
 
+    // Every LB IP asked for, with its oldest claimant: none is a pod.
+    let mut lb_first: FastMap<IpAddr, usize> = FastMap::default();
+    for (i, wish) in wishes.iter().enumerate() {
+        for c in &wish.candidates {
+            lb_first.entry(c.lb_ip).or_insert(i);
+        }
+    }
     let mut plan = Plan::default();
     let mut lb_owner: FastMap<IpAddr, usize> = FastMap::default();
     let mut pod_owner: FastMap<IpAddr, usize> = FastMap::default();
@@ -277,6 +331,11 @@ where
             }
             lb_owner.insert(c.lb_ip, i);
             let pod_ip = match c.pod_ip {
+                Some(pod_ip) if lb_first.contains_key(&pod_ip) => {
+                    let holder = &wishes[lb_first[&pod_ip]].intent().service;
+                    warnings.push(pod_is_an_lb_ip(service, &c.lb_ip, &pod_ip, holder));
+                    None
+                }
                 Some(pod_ip) => match pod_owner.get(&pod_ip) {
                     Some(&owner) => {
                         warnings.push(pod_conflict(

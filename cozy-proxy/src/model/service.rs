@@ -45,6 +45,9 @@ pub struct ReadService {
     pub intent: ServiceIntent,
     pub warnings: Vec<Warning>,
     pub uid: Option<Uid>,
+    /// `spec.selector` names at least one label: the EndpointSlice
+    /// controller writes its slices (a Service without one gets none).
+    pub selects_pods: bool,
 }
 
 /// Reads a selected Service.
@@ -62,6 +65,9 @@ pub fn read_service(svc: &Service) -> ReadService {
         intent,
         warnings,
         uid: svc.metadata.uid.as_deref().map(Uid::new),
+        selects_pods: (svc.spec.as_ref())
+            .and_then(|s| s.selector.as_ref())
+            .is_some_and(|s| !s.is_empty()),
     }
 }
 

@@ -566,6 +566,34 @@ fn reserved_ranges_are_refused_as_node_addresses_are() {
     assert!(kinds(&o).contains(&WarningKind::ForbiddenAddress));
 }
 
+/// A ClusterIP (an address of a ServiceCIDR) is never a Service's pod: an
+/// endpoint on one is refused, an endpoint beside the range is mapped.
+#[test]
+fn an_endpoint_in_a_service_cidr_is_refused() {
+    use k8s_openapi::api::networking::v1::{ServiceCIDR, ServiceCIDRSpec};
+    let cidrs = [ServiceCIDR {
+        spec: Some(ServiceCIDRSpec {
+            cidrs: Some(vec!["198.51.100.0/28".into(), "not a range".into()]),
+        }),
+        ..Default::default()
+    }];
+    let forbidden = Forbidden::new(&[], &[]).with_service_cidrs(&cidrs);
+    for (pod, refused) in [("198.51.100.10", true), ("198.51.100.20", false)] {
+        let services = [vm().object()];
+        let slices = [slice("vm", "IPv4", &[(pod, None)])];
+        let o = compute_plan_with(&services, &slices, &forbidden);
+        assert_eq!(o.plan.mappings.is_empty(), refused, "{pod}: {:?}", o.plan);
+        if refused {
+            assert_eq!(kinds(&o), vec![WarningKind::ForbiddenAddress], "{pod}");
+            assert!(
+                o.warnings[0].message.contains("ServiceCIDR"),
+                "{:?}",
+                o.warnings
+            );
+        }
+    }
+}
+
 #[test]
 fn source_ranges_are_read_and_an_invalid_one_fails_closed() {
     let with_ranges = |ranges: &[&str]| {
@@ -695,11 +723,13 @@ fn a_broken_object_without_name_or_status_does_not_panic() {
 // ---- property tests ----
 
 const LBS: [&str; 4] = ["203.0.113.1", "203.0.113.2", "2001:db8:203::1", "bogus"];
-const PODS: [&str; 5] = [
+/// The last but one is an LB IP too: never a pod.
+const PODS: [&str; 6] = [
     "192.0.2.1",
     "192.0.2.2",
     "2001:db8:2::1",
     "2001:db8:2::2",
+    "203.0.113.2",
     "x",
 ];
 const WHOLE: [&str; 4] = ["", "true", "false", "garbage"];
@@ -715,13 +745,16 @@ const RANGES: [&[&str]; 4] = [
 
 pub(crate) fn arb_world() -> impl Strategy<Value = (Vec<Service>, Vec<EndpointSlice>)> {
     let spec = (
-        0usize..6,                                                                         // name
-        any::<bool>(),                                                                     // label
+        0usize..6,                                  // name
+        any::<bool>(),                              // label
         0usize..4,                                  // wholeIP
         proptest::collection::vec(0usize..4, 0..3), // LB IPs
         proptest::option::of(0i64..4),              // creation time
-        proptest::collection::vec((0usize..5, proptest::option::of(any::<bool>())), 0..3), // endpoints
-        (0usize..3, 0usize..4), // allowICMP, source ranges
+        proptest::collection::vec(
+            (0usize..PODS.len(), proptest::option::of(any::<bool>())),
+            0..3,
+        ), // endpoints
+        (0usize..3, 0usize..4),                     // allowICMP, source ranges
     );
     proptest::collection::vec(spec, 0..8).prop_map(|specs| {
         let mut services = Vec::new();

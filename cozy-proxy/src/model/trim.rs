@@ -4,12 +4,12 @@
 //! outcome the whole one gives (a property test checks it); anything else
 //! is dropped. A Service that becomes ours later arrives whole again with
 //! the update that selects it.
-use super::endpoints::SERVICE_NAME_LABEL;
+use super::endpoints::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
 use super::service::{is_selected, ALLOW_ICMP_ANNOTATION, PROXY_NAME_LABEL, WHOLE_IP_ANNOTATION};
 use k8s_openapi::api::{
     core::v1::{
-        LoadBalancerIngress, LoadBalancerStatus, Node, NodeSpec, NodeStatus, Service, ServicePort,
-        ServiceSpec, ServiceStatus,
+        LoadBalancerIngress, LoadBalancerStatus, Node, NodeSpec, NodeStatus, ObjectReference,
+        Service, ServicePort, ServiceSpec, ServiceStatus,
     },
     discovery::v1::{Endpoint, EndpointConditions, EndpointSlice},
 };
@@ -64,6 +64,12 @@ pub fn trim_service(s: &mut Service) {
                 .collect()
         }),
         load_balancer_source_ranges: spec.load_balancer_source_ranges,
+        // Whether it has one: the EndpointSlice controller writes its
+        // slices only then (model/trust.rs).
+        selector: spec
+            .selector
+            .filter(|s| !s.is_empty())
+            .map(|s| s.into_iter().take(1).collect()),
         ..Default::default()
     });
     let status = s.status.take().map(|status| ServiceStatus {
@@ -101,11 +107,26 @@ pub fn trim_slice(e: &mut EndpointSlice) {
                 terminating: c.terminating,
             }),
             node_name: ep.node_name,
+            // Whether it names a Pod of the slice's namespace (trust.rs).
+            target_ref: ep.target_ref.map(|r| ObjectReference {
+                kind: r.kind,
+                namespace: r.namespace,
+                ..Default::default()
+            }),
             ..Default::default()
         })
         .collect();
+    let owners = (e.metadata.owner_references.take().into_iter().flatten())
+        .filter(|o| o.kind == "Service" && o.api_version == "v1")
+        .collect::<Vec<_>>();
+    let mut metadata = meta(
+        &mut e.metadata,
+        &[SERVICE_NAME_LABEL, MANAGED_BY_LABEL],
+        &[],
+    );
+    metadata.owner_references = (!owners.is_empty()).then_some(owners);
     *e = EndpointSlice {
-        metadata: meta(&mut e.metadata, &[SERVICE_NAME_LABEL], &[]),
+        metadata,
         address_type: std::mem::take(&mut e.address_type),
         endpoints,
         ports: None,

@@ -29,6 +29,10 @@ pub enum WarningKind {
     /// An LB or endpoint address that must never be translated: unspecified,
     /// loopback, multicast, link-local, or a node's own address.
     ForbiddenAddress,
+    /// An EndpointSlice the Service's pod is not read from: not written by
+    /// the EndpointSlice controller for it, in a namespace whose
+    /// hand-written slices are not trusted (`model/trust.rs`).
+    UntrustedEndpointSlice,
     /// A `loadBalancerSourceRanges` entry that is not an IP prefix: the
     /// Service fails closed (nothing reaches the pod through its LB IP).
     InvalidSourceRange,
@@ -68,6 +72,7 @@ impl WarningKind {
             WarningKind::LoadBalancerIpConflict => "LoadBalancerIPConflict",
             WarningKind::PodIpConflict => "PodIPConflict",
             WarningKind::ForbiddenAddress => "ForbiddenAddress",
+            WarningKind::UntrustedEndpointSlice => "UntrustedEndpointSlice",
             WarningKind::InvalidSourceRange => "InvalidSourceRange",
             WarningKind::TooManyEntries => "TooManyEntries",
             WarningKind::DatapathFull => "DatapathFull",

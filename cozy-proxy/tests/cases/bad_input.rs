@@ -96,3 +96,32 @@ pub fn s20_hostname_and_invalid_ip(env: &mut Env) -> Result<()> {
     env.wait_log("\"not-an-ip\" in EndpointSlice")?;
     env.other_still_works()
 }
+
+/// Scenario 44: Endpoints no pod can hold: another Service's LB IP, the
+/// Service's own LB IP. Neither is mapped (a ForbiddenAddress warning
+/// each); the Service whose LB IP was named, and another, keep working,
+/// and every sync succeeds.
+pub fn s44_endpoints_on_lb_ips(env: &mut Env) -> Result<()> {
+    let _other = env.other_service()?;
+    let _p1 = env.serve_tcp(1, WEB)?;
+    env.put_service(&Svc::new("vm1", env.lb(0)), &[env.pod_ip(1)])?;
+    env.put_service(&Svc::new("onto-vm1", env.lb(1)), &[env.lb(0)])?;
+    env.put_service(&Svc::new("onto-itself", env.lb(3)), &[env.lb(3)])?;
+    let state = env.settle()?;
+    for lb in [env.lb(1), env.lb(3)] {
+        ensure!(
+            !state.svc_pod.contains_key(&lb),
+            "{lb} was mapped: {state:?}"
+        );
+        env.ping_unanswered(lb)?;
+    }
+    env.wait_log("ForbiddenAddress")?;
+    env.tcp_reaches(env.lb(0), WEB, 1)?;
+    env.egress_seen_as(1, env.lb(0))?;
+    ensure!(
+        !env.ctl.log_text().contains("sync failed"),
+        "a sync failed:\n{}",
+        env.ctl.log_text()
+    );
+    env.other_still_works()
+}
