@@ -20,7 +20,7 @@
 //! forwarding entry) enters "by the bridge": any of its ports is taken as
 //! its own until the kernel learns which.
 use crate::netlink::{
-    addr::{addresses_in, IfAddr},
+    addr::{addresses_in, IfAddr, StrictSocket},
     neigh::{self, Mac, NeighNews},
     route::{self, Link},
     NetlinkError, NlSocket,
@@ -42,7 +42,7 @@ pub struct BridgePorts {
     resolved: BTreeMap<(u32, IpAddr), Option<Mac>>,
     /// A socket that checks strictly, for other namespaces' addresses
     /// (opened when first needed).
-    strict: Option<NlSocket>,
+    strict: Option<StrictSocket>,
 }
 
 #[derive(Default)]
@@ -139,7 +139,7 @@ impl BridgePorts {
                 None => {
                     let strict = match &self.strict {
                         Some(s) => s,
-                        None => self.strict.insert(NlSocket::open(libc::NETLINK_ROUTE)?),
+                        None => self.strict.insert(StrictSocket::open()?),
                     };
                     read.entry(*netnsid)
                         .or_insert(addresses_in(strict, *netnsid)?)

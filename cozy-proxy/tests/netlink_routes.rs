@@ -9,7 +9,7 @@
 use anyhow::{bail, ensure, Context, Result};
 use cozy_proxy::datapath::{Change, NextHop, Routes};
 use cozy_proxy::netlink::{
-    addr::{addresses_in, IfAddr},
+    addr::{addresses_in, IfAddr, StrictSocket},
     route::{delete_host_routes, host_routes, links, set_host_routes, Via},
     NetlinkError, NlSocket,
 };
@@ -247,8 +247,7 @@ fn a_veths_peer_namespace_lists_the_pods_own_addresses() -> Result<()> {
                 .find(|l| l.name == "hostside")
                 .context("the veth")?;
             let (netnsid, peer) = host.peer_ns.context("the peer's namespace")?;
-            let strict = NlSocket::open(libc::NETLINK_ROUTE)?;
-            let found = addresses_in(&strict, netnsid)?;
+            let found = addresses_in(&StrictSocket::open()?, netnsid)?;
             for ip in ["192.0.2.11", "2001:db8:2::11"] {
                 let ip: IpAddr = ip.parse()?;
                 ensure!(

@@ -23,9 +23,24 @@ pub struct IfAddr {
     pub ip: IpAddr,
 }
 
+/// A routing socket that asked for strict checking when it was opened:
+/// the only kind [`addresses_in`] takes, since on another the kernel
+/// ignores the namespace's id and answers with the node's own addresses.
+pub struct StrictSocket(NlSocket);
+
+impl StrictSocket {
+    pub fn open() -> Result<StrictSocket, NetlinkError> {
+        let sock = NlSocket::open(libc::NETLINK_ROUTE)?;
+        sock.check_strictly()?;
+        Ok(StrictSocket(sock))
+    }
+}
+
 /// Every address of the namespace the node knows as `netnsid`.
-pub fn addresses_in(sock: &NlSocket, netnsid: i32) -> Result<Vec<IfAddr>, NetlinkError> {
-    sock.check_strictly()?;
+pub fn addresses_in(
+    StrictSocket(sock): &StrictSocket,
+    netnsid: i32,
+) -> Result<Vec<IfAddr>, NetlinkError> {
     let seq = next_seq();
     let mut w = Writer::new();
     let ifaddr = [0u8; IFADDRMSG_LEN];
