@@ -15,6 +15,7 @@ pub const VLAN_HLEN: usize = 4;
 pub const VLAN_INNER_TYPE: usize = ETH_TYPE + VLAN_HLEN;
 
 pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_ARP: u16 = 0x0806;
 pub const ETH_P_IPV6: u16 = 0x86dd;
 pub const ETH_P_8021Q: u16 = 0x8100;
 pub const ETH_P_8021AD: u16 = 0x88a8;
@@ -74,3 +75,12 @@ pub const ICMP_HLEN: usize = 8;
 /// ICMPv6 neighbour discovery: router solicitation .. redirect.
 pub const ND_FIRST: u8 = 133;
 pub const ND_LAST: u8 = 137;
+/// A neighbour advertisement, and the address it claims (its target).
+pub const ND_ADVERT: u8 = 136;
+pub const ND_TARGET: usize = 8;
+
+/// ARP (RFC 826) for IPv4 over Ethernet: hardware type 1, protocol type
+/// 0x0800, address lengths 6 and 4 (its first six bytes); the sender's
+/// IPv4 address, the one it claims, at 14.
+pub const ARP_ETHERNET_IPV4: [u8; 6] = [0, 1, 8, 0, 6, 4];
+pub const ARP_SENDER_ADDR: usize = 14;

@@ -34,12 +34,15 @@ use aya_ebpf::{
 };
 use cozy_proxy_common::{
     addr, iface, limits, prefilter, AddrInfo, Config, DropReason, IpKey, LbSource, Prefilter, RevKey,
-    RevValue, FAMILY_BITS, FAMILY_V4, HAIRPIN_MARK, HAIRPIN_SEVERAL, IP_KEY_BITS,
+    RevValue, FAMILY_BITS, FAMILY_V4, FAMILY_V6, HAIRPIN_MARK, HAIRPIN_SEVERAL, IP_KEY_BITS,
 };
 use maps::{ADDRS, CLUSTER, CONFIG, DROP_STATS, IFACES, PREFILTER, REV_HELD, REV_NAT, SRC_RANGES, STATS};
 use nat::{rewrite, rewrite_quoted, Field};
-use hdr::{TCP_ACK, TCP_FLAGS, TCP_SYN};
-use parse::{byte, flow_ports, is_neighbour_discovery, parse, Packet};
+use hdr::{
+    ARP_ETHERNET_IPV4, ARP_SENDER_ADDR, ETH_HLEN, ETH_P_ARP, ETH_TYPE, ND_ADVERT, ND_TARGET, TCP_ACK, TCP_FLAGS,
+    TCP_SYN,
+};
+use parse::{be16, byte, flow_ports, is_neighbour_discovery, load, load_words, parse, Packet, PROTO_ICMPV6};
 
 /// Let the packet continue (next TC program, or the stack).
 const PASS: i32 = TC_ACT_UNSPEC;
@@ -411,6 +414,10 @@ enum Elsewhere {
     /// not known yet.
     Here,
     Spoofed,
+    /// A neighbour on its bridge: another port of the bridge it arrived
+    /// at is the address's own (its neighbour discovery included, which
+    /// would move the node's neighbour entry to the neighbour).
+    Neighbour,
 }
 
 /// The bridge interface `ifindex` is a port of (0: none, or unknown).
@@ -447,7 +454,7 @@ fn arriving_elsewhere(ctx: &TcContext, iif: u32, entry: u32) -> Elsewhere {
         }
         // Another port of this bridge is its own.
         if bridge_of(entry) == role.bridge {
-            return Elsewhere::Spoofed;
+            return Elsewhere::Neighbour;
         }
         return Elsewhere::Pass;
     }
@@ -463,9 +470,12 @@ fn arriving_elsewhere(ctx: &TcContext, iif: u32, entry: u32) -> Elsewhere {
 
 #[classifier]
 pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
-    let Some(mut p) = parse(&ctx) else { return PASS };
     // SAFETY: reading a field of the context the kernel passed us.
     let iif = unsafe { (*ctx.skb.skb).ifindex };
+    let Some(mut p) = parse(&ctx) else { return arp_claim(&ctx, iif) };
+    if p.v6 && p.proto == PROTO_ICMPV6 && advert_claim(&ctx, &p, iif) {
+        return drop(&ctx, DropReason::Spoofed);
+    }
     let Some(ours) = ours_at_ingress(&p, iif) else { return PASS };
     if standing_by() {
         learn_while_standing_by(&ctx, &p, ours, iif);
@@ -482,7 +492,7 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
                 Elsewhere::Spoofed if is_neighbour_discovery(&ctx, &p) => return PASS,
                 // A guarded address from anywhere but its own path:
                 // nothing is translated, remembered or tracked for it.
-                Elsewhere::Spoofed => return drop(&ctx, DropReason::Spoofed),
+                Elsewhere::Spoofed | Elsewhere::Neighbour => return drop(&ctx, DropReason::Spoofed),
             }
         }
         if s.flags & addr::POD == 0 {
@@ -534,6 +544,49 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
         mark_hairpin(&ctx, &p, &p.dst, iif);
     }
     PASS
+}
+
+/// Is `claimed`, named by a neighbour's claim arriving by `iif`, a guarded
+/// address whose own port is another port of the bridge `iif` is a port
+/// of? A claim (ARP's sender address, a neighbour advertisement's target)
+/// moves the node's neighbour entry: the node's traffic to the pod would
+/// go to the neighbour until the pod spoke again. Only a bridge's ports
+/// share one neighbour table; a claim on a routed veth names its own link.
+#[inline(always)]
+fn a_neighbours_claim(claimed: &IpKey, iif: u32) -> bool {
+    if standing_by() {
+        return false;
+    }
+    let maybe = prefilter().is_none_or(|f| set_in(&f.words, slot(claimed)));
+    let Some(a) = addr_info(claimed, maybe) else { return false };
+    let bridge = bridge_of(iif);
+    bridge != 0 && a.src_ifindex != iif && bridge_of(a.src_ifindex) == bridge
+}
+
+/// An ARP packet (no IP header: `parse` left it) claiming a guarded
+/// address from a neighbour's port: dropped and counted as a spoofed
+/// source. Anything else passes.
+#[inline(never)]
+fn arp_claim(ctx: &TcContext, iif: u32) -> i32 {
+    if be16(ctx, ETH_TYPE) != Some(ETH_P_ARP) || load::<[u8; 6]>(ctx, ETH_HLEN) != Some(ARP_ETHERNET_IPV4) {
+        return PASS;
+    }
+    let Some(sender) = load_words::<u32>(ctx, ETH_HLEN + ARP_SENDER_ADDR) else { return PASS };
+    if a_neighbours_claim(&IpKey::from_words(FAMILY_V4, [sender, 0, 0, 0]), iif) {
+        return drop(ctx, DropReason::Spoofed);
+    }
+    PASS
+}
+
+/// A neighbour advertisement whose target is a guarded address, from a
+/// neighbour's port (its own source may be any address).
+#[inline(never)]
+fn advert_claim(ctx: &TcContext, p: &Packet, iif: u32) -> bool {
+    if p.later_fragment || byte(ctx, p.l4) != Some(ND_ADVERT) {
+        return false;
+    }
+    let Some(target) = load_words::<[u32; 4]>(ctx, p.l4 + ND_TARGET) else { return false };
+    a_neighbours_claim(&IpKey::from_words(FAMILY_V6, target), iif)
 }
 
 /// Where a source of the in-cluster ranges stands, as it arrives by `iif`

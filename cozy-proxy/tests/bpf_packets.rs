@@ -560,6 +560,115 @@ fn a_bridge_the_route_does_not_name_carries_and_judges_only_what_it_hands_up() {
     });
 }
 
+/// A neighbour's claim to a guarded address: an ARP request naming it as
+/// its sender (IPv4), a neighbour advertisement naming it as its target,
+/// or a neighbour solicitation sent from it (IPv6), each with the
+/// neighbour's own MAC. Linux takes any of them into its neighbour entry
+/// of the address.
+fn claims(claimed: IpAddr, own_ip: IpAddr) -> Vec<Vec<u8>> {
+    let own = [2, 0, 0, 0, 0, 0x99];
+    match (claimed, own_ip) {
+        (IpAddr::V4(c), IpAddr::V4(_)) => {
+            let mut f = vec![0xff; 6];
+            f.extend(own);
+            f.extend([0x08, 0x06, 0, 1, 0x08, 0x00, 6, 4, 0, 1]);
+            f.extend(own);
+            f.extend(c.octets());
+            f.extend([0; 6]);
+            f.extend([192, 0, 2, 1]);
+            vec![f]
+        }
+        (IpAddr::V6(c), _) => {
+            let nd = |src: IpAddr, icmp_type: u8, flags: u16, option: u8| {
+                let mut spec = Spec::new(src, ip("ff02::1"), ICMPV6);
+                spec.icmp_type = Some(icmp_type);
+                spec.sport = flags;
+                spec.hop_limit = 255;
+                spec.payload = c.octets().to_vec();
+                spec.payload.extend([option, 1]);
+                spec.payload.extend(own);
+                spec.macs = ([0x33, 0x33, 0, 0, 0, 1], own);
+                spec.build()
+            };
+            vec![nd(own_ip, 136, 0x2000, 2), nd(IpAddr::V6(c), 135, 0, 1)]
+        }
+        _ => panic!("mixed families"),
+    }
+}
+
+/// On a bridge, a neighbour pod's claim to a mapped pod's address would
+/// move the node's neighbour entry to the neighbour: at the bridge's
+/// ports it is dropped and counted, unless it comes by the address's own
+/// port. On routed veths (no bridge) each link has its own neighbour
+/// entries, and the claims pass. Here `pod` and `client` are made ports of
+/// the bridge `peer` for this test alone.
+#[test]
+fn a_neighbours_claims_to_a_guarded_address_are_dropped_at_the_bridges_ports() {
+    use cozy_proxy_common::{iface, IfRole};
+    fn roles(w: &mut World) -> AyaHashMap<&mut MapData, u32, IfRole> {
+        AyaHashMap::try_from(w.ebpf.map_mut(names::IFACES).expect("ifaces")).expect("ifaces")
+    }
+    with_world(|w| {
+        let i = w.ifs;
+        let spoofed =
+            |w: &World| w.kernel.counters().expect("counters").drops["spoofed_source"].packets;
+        let mut routed = Vec::new();
+        for n in nets() {
+            for claim in claims(n.pod, n.client) {
+                routed.push(run_in(w, "cozy_ingress", &claim, i.client, i.client).0);
+            }
+        }
+        let port = IfRole {
+            bridge: i.peer,
+            flags: iface::PORT_JUDGES,
+        };
+        let had: Vec<(u32, Option<IfRole>)> = [i.client, i.pod]
+            .into_iter()
+            .map(|dev| (dev, roles(w).get(&dev, 0).ok()))
+            .collect();
+        roles(w).insert(i.client, port, 0).expect("port role");
+        roles(w).insert(i.pod, port, 0).expect("port role");
+        let before = spoofed(w);
+        let mut bridged = Vec::new();
+        for n in nets() {
+            for claim in claims(n.pod, n.client) {
+                bridged.push((
+                    run_in(w, "cozy_ingress", &claim, i.client, i.client).0,
+                    run_in(w, "cozy_ingress", &claim, i.pod, i.pod).0,
+                ));
+            }
+            // A claim to an address nobody guards passes.
+            for claim in claims(n.client, n.client) {
+                bridged.push((
+                    run_in(w, "cozy_ingress", &claim, i.client, i.client).0,
+                    PASS,
+                ));
+            }
+        }
+        let counted = spoofed(w) - before;
+        for (dev, role) in had {
+            match role {
+                Some(r) => roles(w).insert(dev, r, 0).expect("role back"),
+                None => roles(w).remove(&dev).expect("port role gone"),
+            }
+        }
+        assert!(routed.iter().all(|v| *v == PASS), "routed: {routed:?}");
+        assert_eq!(
+            bridged,
+            [
+                (DROP, PASS),
+                (PASS, PASS),
+                (DROP, PASS),
+                (DROP, PASS),
+                (PASS, PASS),
+                (PASS, PASS),
+            ],
+            "from the neighbour's port, from the pod's own"
+        );
+        assert_eq!(counted, 3, "the dropped claims counted");
+    });
+}
+
 #[test]
 fn port_filter_lets_listed_ports_in_and_drops_the_rest() {
     let i = ifs();

@@ -26,7 +26,7 @@ use super::error::{DecodeError, NftError};
 use super::expr::Expr;
 use super::read::{element_addr, read_elements};
 use super::schema::{
-    addr_set, cmp, concat, load, neighbour_discovery, ChainDef, Layout, RuleDef, SetDef, Table, A,
+    addr_set, cmp, concat, l4proto_is, load, ChainDef, Layout, RuleDef, SetDef, Table, A,
     ADDR_SET_SIZE, IPV4, IPV6,
 };
 use super::sys::*;
@@ -40,7 +40,16 @@ use std::{
 pub const NFPROTO_BRIDGE: u8 = libc::NFPROTO_BRIDGE as u8;
 /// The bridge family's prerouting hook (NF_BR_PRE_ROUTING).
 const NF_BR_PRE_ROUTING: u32 = 0;
-pub const MARK: &[u8] = b"cozy-proxy nft bridge schema 2";
+pub const MARK: &[u8] = b"cozy-proxy nft bridge schema 3";
+/// ARP (RFC 826) for IPv4 over Ethernet: hardware type 1, protocol type
+/// 0x0800, address lengths 6 and 4 (its first six bytes); the sender's
+/// IPv4 address at 14.
+const ETH_P_ARP: u16 = 0x0806;
+const ARP_ETHERNET_IPV4: [u8; 6] = [0, 1, 8, 0, 6, 4];
+const ARP_SENDER_ADDR: u32 = 14;
+/// An ICMPv6 neighbour advertisement (RFC 4861) and its target address.
+const ND_ADVERTISEMENT: u8 = 136;
+const ND_TARGET: u32 = 8;
 
 /// Sets per address family: the addresses checked at bridge ports, and the
 /// ports they may enter by.
@@ -77,23 +86,11 @@ pub fn table() -> Table {
         });
         sets.push(guarded_set);
         let port_reg = A + l.addr_len / 4;
-        let protocol = [
-            Expr::Meta {
-                key: NFT_META_PROTOCOL,
-                dreg: A,
-            },
-            cmp(A, NFT_CMP_EQ, ethertype(l)),
-        ];
-        rules.extend(neighbour_discovery(l, &protocol));
-        rules.push(RuleDef {
-            comment: "anti-spoofing at a bridge port: a guarded source only from its own port",
-            exprs: vec![
-                Expr::Meta {
-                    key: NFT_META_PROTOCOL,
-                    dreg: A,
-                },
-                cmp(A, NFT_CMP_EQ, ethertype(l)),
-                load(NFT_PAYLOAD_NETWORK_HEADER, l.saddr_offset, l.addr_len, A),
+        // The address in register A, loaded by `first`: dropped when it is
+        // guarded here and this is not its port.
+        let from_another_port = |comment, first: Vec<Expr>| {
+            let mut exprs = first;
+            exprs.extend([
                 Expr::Lookup {
                     set: guarded,
                     set_id: id,
@@ -114,8 +111,60 @@ pub fn table() -> Table {
                 },
                 Expr::Counter,
                 Expr::Verdict(NF_DROP),
-            ],
-        });
+            ]);
+            RuleDef { comment, exprs }
+        };
+        let protocol = |ethertype: Vec<u8>| {
+            vec![
+                Expr::Meta {
+                    key: NFT_META_PROTOCOL,
+                    dreg: A,
+                },
+                cmp(A, NFT_CMP_EQ, ethertype),
+            ]
+        };
+        // Neighbour discovery is guarded here as any packet is: the port
+        // is read from the pod's own namespace, never learned late.
+        let mut source = protocol(ethertype(l));
+        source.push(load(
+            NFT_PAYLOAD_NETWORK_HEADER,
+            l.saddr_offset,
+            l.addr_len,
+            A,
+        ));
+        rules.push(from_another_port(
+            "anti-spoofing at a bridge port: a guarded source only from its own port",
+            source,
+        ));
+        // A neighbour's claim to a guarded address would move the node's
+        // neighbour entry (the node's traffic to the pod would go to the
+        // claimant): ARP's sender address, a neighbour advertisement's
+        // target, only from the address's own port.
+        let claim = if l.addr_len == 4 {
+            let mut e = protocol(ETH_P_ARP.to_be_bytes().to_vec());
+            e.extend([
+                load(NFT_PAYLOAD_NETWORK_HEADER, 0, 6, A),
+                cmp(A, NFT_CMP_EQ, ARP_ETHERNET_IPV4.to_vec()),
+                load(NFT_PAYLOAD_NETWORK_HEADER, ARP_SENDER_ADDR, 4, A),
+            ]);
+            from_another_port(
+                "anti-spoofing at a bridge port: a claim to a guarded address (ARP) only from its own port",
+                e,
+            )
+        } else {
+            let mut e = protocol(ethertype(l));
+            e.extend(l4proto_is(l.icmp_proto));
+            e.extend([
+                load(NFT_PAYLOAD_TRANSPORT_HEADER, 0, 1, A),
+                cmp(A, NFT_CMP_EQ, vec![ND_ADVERTISEMENT]),
+                load(NFT_PAYLOAD_TRANSPORT_HEADER, ND_TARGET, 16, A),
+            ]);
+            from_another_port(
+                "anti-spoofing at a bridge port: a claim to a guarded address (neighbour advertisement) only from its own port",
+                e,
+            )
+        };
+        rules.push(claim);
     }
     Table {
         nfproto: NFPROTO_BRIDGE,

@@ -388,7 +388,7 @@ pub(super) fn cmp(sreg: u32, op: u32, data: Vec<u8>) -> Expr {
     Expr::Cmp { sreg, op, data }
 }
 
-fn l4proto_is(proto: u8) -> [Expr; 2] {
+pub(super) fn l4proto_is(proto: u8) -> [Expr; 2] {
     [
         Expr::Meta {
             key: NFT_META_L4PROTO,

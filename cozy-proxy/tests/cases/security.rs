@@ -694,8 +694,11 @@ fn forged_claim(env: &Env, pod1: IpAddr, gateway: IpAddr) -> Result<Vec<u8>> {
 /// Scenario 43 (bridge): the mapped pod's entry is its own port from the
 /// start (read from its namespace, which a neighbour cannot write), and a
 /// neighbour pod claiming its address by ARP or neighbour advertisement
-/// does not move it: the neighbour's packets with that address are
-/// dropped and counted, and the mapped pod's own still leave translated.
+/// moves nothing: the claim is dropped at the neighbour's port and
+/// counted, the node's neighbour entry keeps the pod's MAC (the pod keeps
+/// its inbound traffic), the pod's entry stays its port, the neighbour's
+/// packets with that address are dropped and counted, and the mapped
+/// pod's own still leave translated.
 pub fn s43_forged_neighbour_claims_move_no_guard(env: &mut Env) -> Result<()> {
     let (pod1_ip, lb) = (env.pod_ip(1), env.lb(0));
     let node = env.topo.node();
@@ -717,17 +720,41 @@ pub fn s43_forged_neighbour_claims_move_no_guard(env: &mut Env) -> Result<()> {
         );
         Ok(())
     })?;
-    let _web = env.serve_tcp(1, WEB)?;
-    env.tcp_reaches(lb, WEB, 1)?;
     let gateway: IpAddr = match env.fam() {
         Fam::V4 => "192.0.2.1".parse()?,
         Fam::V6 => "2001:db8:2::1".parse()?,
     };
-    let claim = forged_claim(env, pod1_ip, gateway)?;
-    send(&env.pod_ns(2), "eth0", &claim)?;
-    // The node's neighbour entry now names pod2's MAC: the controller
-    // hears of it and resolves pod1's path again.
-    std::thread::sleep(Duration::from_secs(2));
+    let pod1_mac = mac(&env.pod_ns(1), "eth0")?;
+    let pod2_mac = mac(&env.pod_ns(2), "eth0")?;
+    let claimed = forged_claim(env, pod1_ip, gateway)?;
+    let shown = |m: [u8; 6]| format!("lladdr {}", m.map(|b| format!("{b:02x}")).join(":"));
+    // Were the claim heard, the node's neighbour entry would name pod2's
+    // MAC (the node's traffic to pod1 would go to pod2), and the
+    // controller would resolve pod1's path again.
+    let claim_is_dropped = |env: &Env, when: &str| -> Result<String> {
+        let before = spoof_drops(env)?;
+        send(&env.pod_ns(2), "eth0", &claimed)?;
+        std::thread::sleep(Duration::from_secs(1));
+        ensure!(
+            spoof_drops(env)? > before,
+            "{when}: pod2's claim to pod1's address was not dropped"
+        );
+        let neighbour = ok_in(&node, &["ip", "neigh", "show", &pod1_ip.to_string()])?;
+        ensure!(
+            !neighbour.contains(&shown(pod2_mac)),
+            "{when}: the node's neighbour entry of pod1 names pod2: {neighbour}"
+        );
+        Ok(neighbour)
+    };
+    claim_is_dropped(env, "before pod1 has spoken")?;
+    let _web = env.serve_tcp(1, WEB)?;
+    env.tcp_reaches(lb, WEB, 1)?;
+    let neighbour = claim_is_dropped(env, "after pod1 has spoken")?;
+    ensure!(
+        neighbour.contains(&shown(pod1_mac)),
+        "the node's neighbour entry of pod1: {neighbour}"
+    );
+    env.tcp_reaches(lb, WEB, 1)?;
     ensure!(
         guard(env)? == Some(own_port),
         "pod1's entry moved off its own port {own_port}: {:?}",
@@ -748,8 +775,7 @@ pub fn s43_forged_neighbour_claims_move_no_guard(env: &mut Env) -> Result<()> {
         spoof_drops(env)? > before,
         "pod2 sending as pod1 was not dropped"
     );
-    // pod1's own packets leave translated (one way: the node's neighbour
-    // entry still names pod2's MAC, so the answers go there).
+    // pod1's own packets leave translated.
     let ext = env.topo.ext();
     let capture = Capture::start(
         &ext,
