@@ -16,7 +16,7 @@ use cozy_proxy_common::{
 };
 use cozy_proxy_testkit::{
     packets::bpf::{apply_state, Ifaces, World, CLIENTS, DROP, PASS, REDIRECT},
-    packets::frames::{inspect, Spec, GRE, ICMP, ICMPV6, TCP, UDP},
+    packets::frames::{arp_request, inspect, neighbour_message, Spec, GRE, ICMP, ICMPV6, TCP, UDP},
 };
 use std::{net::IpAddr, sync::Mutex};
 
@@ -567,32 +567,12 @@ fn a_bridge_the_route_does_not_name_carries_and_judges_only_what_it_hands_up() {
 /// of the address.
 fn claims(claimed: IpAddr, own_ip: IpAddr) -> Vec<Vec<u8>> {
     let own = [2, 0, 0, 0, 0, 0x99];
-    match (claimed, own_ip) {
-        (IpAddr::V4(c), IpAddr::V4(_)) => {
-            let mut f = vec![0xff; 6];
-            f.extend(own);
-            f.extend([0x08, 0x06, 0, 1, 0x08, 0x00, 6, 4, 0, 1]);
-            f.extend(own);
-            f.extend(c.octets());
-            f.extend([0; 6]);
-            f.extend([192, 0, 2, 1]);
-            vec![f]
-        }
-        (IpAddr::V6(c), _) => {
-            let nd = |src: IpAddr, icmp_type: u8, flags: u16, option: u8| {
-                let mut spec = Spec::new(src, ip("ff02::1"), ICMPV6);
-                spec.icmp_type = Some(icmp_type);
-                spec.sport = flags;
-                spec.hop_limit = 255;
-                spec.payload = c.octets().to_vec();
-                spec.payload.extend([option, 1]);
-                spec.payload.extend(own);
-                spec.macs = ([0x33, 0x33, 0, 0, 0, 1], own);
-                spec.build()
-            };
-            vec![nd(own_ip, 136, 0x2000, 2), nd(IpAddr::V6(c), 135, 0, 1)]
-        }
-        _ => panic!("mixed families"),
+    match claimed {
+        IpAddr::V4(c) => vec![arp_request(own, c, "192.0.2.1".parse().expect("constant"))],
+        IpAddr::V6(c) => vec![
+            neighbour_message(own, own_ip, 136, 0x2000, c),
+            neighbour_message(own, claimed, 135, 0, c),
+        ],
     }
 }
 

@@ -3,7 +3,10 @@
 //! them through BPF_PROG_TEST_RUN; the scenarios send them into the
 //! namespaces ([`send`]).
 use anyhow::{bail, Context, Result};
-use std::{net::IpAddr, os::fd::AsRawFd};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    os::fd::AsRawFd,
+};
 
 pub const TCP: u8 = 6;
 pub const UDP: u8 = 17;
@@ -533,6 +536,47 @@ fn l4_check(
         sum16(seg, pseudo(src, dst, proto, seg.len()))
     };
     (Some(fold(acc) == 0), Some(raw))
+}
+
+/// A broadcast ARP request (Ethernet, IPv4) from `mac`, naming `sender` as
+/// its own address and asking for `target`: whoever hears it takes
+/// `sender` to be at `mac`.
+pub fn arp_request(mac: [u8; 6], sender: Ipv4Addr, target: Ipv4Addr) -> Vec<u8> {
+    let mut f = vec![0xff; 6];
+    f.extend(mac);
+    f.extend([0x08, 0x06, 0, 1, 0x08, 0x00, 6, 4, 0, 1]);
+    f.extend(mac);
+    f.extend(sender.octets());
+    f.extend([0; 6]);
+    f.extend(target.octets());
+    f
+}
+
+/// An ICMPv6 neighbour solicitation (`icmp_type` 135, its link-layer
+/// option the source's) or advertisement (136, the target's; `flags` e.g.
+/// 0x2000, override) about `target`, from `src` at `mac` to all nodes.
+pub fn neighbour_message(
+    mac: [u8; 6],
+    src: IpAddr,
+    icmp_type: u8,
+    flags: u16,
+    target: Ipv6Addr,
+) -> Vec<u8> {
+    let mut spec = Spec::new(
+        src,
+        IpAddr::V6(Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1)),
+        ICMPV6,
+    );
+    spec.icmp_type = Some(icmp_type);
+    // The flags, where the builder puts its identifier.
+    spec.sport = flags;
+    spec.hop_limit = 255;
+    spec.payload = target.octets().to_vec();
+    let option = if icmp_type == 136 { 2 } else { 1 };
+    spec.payload.extend([option, 1]);
+    spec.payload.extend(mac);
+    spec.macs = ([0x33, 0x33, 0, 0, 0, 1], mac);
+    spec.build()
 }
 
 /// The MAC address of `dev` in namespace `ns`.

@@ -9,7 +9,10 @@ use cozy_proxy_testkit::{
     controller::manifests::Svc,
     nodes::net::Fam,
     nodes::topology::{cmd, Shape},
-    packets::frames::{mac, parse, send, send_all, send_paged, Spec, ICMPV6, TCP, UDP},
+    packets::frames::{
+        arp_request, mac, neighbour_message, parse, send, send_all, send_paged, Spec, ICMPV6, TCP,
+        UDP,
+    },
     scenario::WEB,
     sh::ok_in,
     traffic::{
@@ -658,36 +661,11 @@ pub fn s42_forged_cluster_clients_plant_nothing(env: &mut Env) -> Result<()> {
 /// unsolicited neighbour advertisement with the override flag (IPv6)
 /// naming pod1's address with pod2's MAC.
 fn forged_claim(env: &Env, pod1: IpAddr, gateway: IpAddr) -> Result<Vec<u8>> {
-    let pod2 = env.pod_ns(2);
-    let own = mac(&pod2, "eth0")?;
+    let own = mac(&env.pod_ns(2), "eth0")?;
     Ok(match (pod1, gateway) {
-        (IpAddr::V4(p), IpAddr::V4(g)) => {
-            let mut f = vec![0xff; 6];
-            f.extend(own);
-            f.extend([0x08, 0x06, 0, 1, 0x08, 0x00, 6, 4, 0, 1]);
-            f.extend(own);
-            f.extend(p.octets());
-            f.extend([0; 6]);
-            f.extend(g.octets());
-            f
-        }
-        _ => {
-            let all_nodes: IpAddr = "ff02::1".parse()?;
-            let mut spec = Spec::new(pod1, all_nodes, ICMPV6);
-            spec.icmp_type = Some(136);
-            // Flags (override) where the builder puts its identifier.
-            spec.sport = 0x2000;
-            spec.hop_limit = 255;
-            let mut body = match pod1 {
-                IpAddr::V6(p) => p.octets().to_vec(),
-                IpAddr::V4(_) => bail!("mixed families"),
-            };
-            body.extend([2, 1]);
-            body.extend(own);
-            spec.payload = body;
-            spec.macs = ([0x33, 0x33, 0, 0, 0, 1], own);
-            spec.build()
-        }
+        (IpAddr::V4(p), IpAddr::V4(g)) => arp_request(own, p, g),
+        (IpAddr::V6(p), IpAddr::V6(_)) => neighbour_message(own, pod1, 136, 0x2000, p),
+        _ => bail!("mixed families"),
     })
 }
 
