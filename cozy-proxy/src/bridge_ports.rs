@@ -26,7 +26,7 @@ use crate::netlink::{
     NetlinkError, NlSocket,
 };
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{btree_map::Entry, BTreeMap, BTreeSet},
     net::IpAddr,
 };
 
@@ -134,15 +134,14 @@ impl BridgePorts {
             let Some(bridge) = links.ports.get(port).filter(|b| bridges.contains(b)) else {
                 continue;
             };
-            let addrs = match read.get(netnsid) {
-                Some(a) => a,
-                None => {
+            let addrs = match read.entry(*netnsid) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => {
                     let strict = match &self.strict {
                         Some(s) => s,
                         None => self.strict.insert(StrictSocket::open()?),
                     };
-                    read.entry(*netnsid)
-                        .or_insert(addresses_in(strict, *netnsid)?)
+                    e.insert(addresses_in(strict, *netnsid)?)
                 }
             };
             for a in addrs.iter().filter(|a| a.ifindex == *peer) {

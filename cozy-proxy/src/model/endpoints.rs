@@ -8,6 +8,7 @@ use super::types::{Family, ServiceRef, Uid};
 use super::warning::{WarningKind, Warnings};
 use super::FastMap;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use std::{
     borrow::Borrow,
     collections::{BTreeMap, BTreeSet},
@@ -126,10 +127,15 @@ impl Writer {
             };
         }
         let owner = (slice.metadata.owner_references.iter().flatten())
-            .find(|o| o.kind == "Service" && o.api_version == "v1")
+            .find(|o| is_a_service(o))
             .map(|o| (o.name.as_str().into(), Uid::new(&o.uid)));
         Writer::Controller { owner }
     }
+}
+
+/// Does `owner` name a Service (the only owner of a slice the model reads)?
+pub(crate) fn is_a_service(owner: &OwnerReference) -> bool {
+    owner.kind == "Service" && owner.api_version == "v1"
 }
 
 /// What an endpoint's conditions make of it.

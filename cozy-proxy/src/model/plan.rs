@@ -4,7 +4,7 @@ use super::endpoints::{ready_addresses, Backends, EndpointNodes, ReadSlice, Slic
 use super::service::{is_selected, read_service, service_ref, ReadService, ServiceIntent};
 use super::trust::SliceTrust;
 use super::types::{Family, Hosts, Mapping, Plan, ServiceRef};
-use super::warning::{Warning, WarningKind, Warnings};
+use super::warning::{first_few, Warning, WarningKind, Warnings};
 use super::Cidr;
 use super::FastMap;
 use k8s_openapi::api::{
@@ -414,19 +414,14 @@ fn candidates(
     for family in [Family::V4, Family::V6] {
         let mut lbs = lb_ips.iter().filter(|ip| Family::of(ip) == family);
         let Some(&lb_ip) = lbs.next() else { continue };
-        let extra: Vec<&IpAddr> = lbs.collect();
-        if !extra.is_empty() {
+        let mut extra = lbs.peekable();
+        if extra.peek().is_some() {
             const LISTED: usize = 8;
-            let mut ignored: Vec<String> =
-                extra.iter().take(LISTED).map(ToString::to_string).collect();
-            if extra.len() > LISTED {
-                ignored.push(format!("and {} more", extra.len() - LISTED));
-            }
             warnings.push(
                 WarningKind::ExtraLoadBalancerIp,
                 format!(
                     "a 1:1 NAT maps one IP per family: {lb_ip} is used, {} ignored",
-                    ignored.join(", ")
+                    first_few(extra, LISTED)
                 ),
             );
         }

@@ -4,7 +4,7 @@
 //! outcome the whole one gives (a property test checks it); anything else
 //! is dropped. A Service that becomes ours later arrives whole again with
 //! the update that selects it.
-use super::endpoints::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
+use super::endpoints::{is_a_service, MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
 use super::service::{is_selected, ALLOW_ICMP_ANNOTATION, PROXY_NAME_LABEL, WHOLE_IP_ANNOTATION};
 use k8s_openapi::api::{
     core::v1::{
@@ -117,7 +117,7 @@ pub fn trim_slice(e: &mut EndpointSlice) {
         })
         .collect();
     let owners = (e.metadata.owner_references.take().into_iter().flatten())
-        .filter(|o| o.kind == "Service" && o.api_version == "v1")
+        .filter(is_a_service)
         .collect::<Vec<_>>();
     let mut metadata = meta(
         &mut e.metadata,

@@ -21,7 +21,7 @@
 //! RBAC.
 use super::endpoints::{ReadSlice, Writer, SLICE_CONTROLLER};
 use super::service::ReadService;
-use super::warning::{WarningKind, Warnings};
+use super::warning::{first_few, WarningKind, Warnings};
 use std::collections::BTreeSet;
 
 /// Which slices count, the same on every node.
@@ -72,16 +72,11 @@ impl SliceTrust {
             }
         }
         if !refused.is_empty() {
-            let more = refused.len().saturating_sub(NAMED);
-            refused.truncate(NAMED);
-            if more > 0 {
-                refused.push(format!("and {more} more"));
-            }
             warnings.push(
                 WarningKind::UntrustedEndpointSlice,
                 format!(
                     "EndpointSlice {} not written by the EndpointSlice controller for this Service; its endpoints are not used (--trust-unmanaged-slices lists the namespaces whose hand-written slices are)",
-                    refused.join(", ")
+                    first_few(refused, NAMED)
                 ),
             );
         }

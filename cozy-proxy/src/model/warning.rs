@@ -81,6 +81,27 @@ impl WarningKind {
     }
 }
 
+/// The first `at_most` of `items`, then "and N more", joined by commas: a
+/// warning names what its input holds without growing with it.
+pub(crate) fn first_few<T: fmt::Display>(
+    items: impl IntoIterator<Item = T>,
+    at_most: usize,
+) -> String {
+    let mut shown = Vec::new();
+    let mut more = 0;
+    for item in items {
+        if shown.len() < at_most {
+            shown.push(item.to_string());
+        } else {
+            more += 1;
+        }
+    }
+    if more > 0 {
+        shown.push(format!("and {more} more"));
+    }
+    shown.join(", ")
+}
+
 impl fmt::Display for WarningKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

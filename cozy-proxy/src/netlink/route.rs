@@ -94,16 +94,15 @@ pub fn links(sock: &NlSocket) -> Result<Vec<Link>, NetlinkError> {
         let info_kind = info_str(libc::IFLA_INFO_KIND);
         let slave_kind = info_str(libc::IFLA_INFO_SLAVE_KIND);
         let pair_kind = info_kind == "veth" || info_kind == "netkit";
-        let netnsid = attr(body, libc::IFLA_LINK_NETNSID)
+        let link_netnsid = attr(body, libc::IFLA_LINK_NETNSID);
+        let netnsid = link_netnsid
             .and_then(|b| <[u8; 4]>::try_from(b).ok())
             .map(i32::from_ne_bytes);
         let peer_elsewhere = pair_kind && netnsid.is_some();
-        let peer_ns = netnsid
-            .filter(|_| pair_kind)
-            .zip(u32_attr(body, libc::IFLA_LINK));
+        let link = u32_attr(body, libc::IFLA_LINK);
+        let peer_ns = netnsid.filter(|_| pair_kind).zip(link);
         let master = u32_attr(body, libc::IFLA_MASTER).filter(|m| *m != 0);
-        let lower = u32_attr(body, libc::IFLA_LINK)
-            .filter(|l| *l != 0 && attr(body, libc::IFLA_LINK_NETNSID).is_none());
+        let lower = link.filter(|l| *l != 0 && link_netnsid.is_none());
         if let Ok(index) = u32::try_from(index) {
             out.push(Link {
                 index,
