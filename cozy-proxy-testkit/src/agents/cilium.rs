@@ -133,6 +133,10 @@ pub struct Agent {
 const CGROUP2: &str = "/run/cozy-proxy-tests/cgroup2";
 
 fn mount_cgroup2() -> Result<()> {
+    // Tests start agents on several threads: one mounts, the others see
+    // the mount (two mounts at once: the second is refused).
+    static MOUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = MOUNTING.lock().unwrap_or_else(|e| e.into_inner());
     fs::create_dir_all(CGROUP2)?;
     if crate::sh::ok(&["mountpoint", "-q", CGROUP2]).is_err() {
         crate::sh::ok(&["mount", "-t", "cgroup2", "none", CGROUP2])?;
