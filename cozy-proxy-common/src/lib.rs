@@ -505,6 +505,8 @@ pub mod limits {
     /// Interfaces with a role in `ifaces` (bridges, their ports, ports of
     /// bonds and other masters).
     pub const IFACES: usize = 16_384;
+    /// Interfaces the XDP program may redirect into (`xdp_targets`).
+    pub const XDP_TARGETS: usize = 16_384;
 }
 
 /// What an interface is to the anti-spoofing check (`ifaces`, keyed by
@@ -561,7 +563,8 @@ pub mod maps {
     pub const CONFIG: &str = "config";
     pub const PREFILTER: &str = "prefilter";
     pub const IFACES: &str = "ifaces";
-    pub const ALL: [&str; 14] = [
+    pub const XDP_TARGETS: &str = "xdp_targets";
+    pub const ALL: [&str; 15] = [
         ADDRS,
         ALLOWED_PORTS,
         CLUSTER,
@@ -576,6 +579,7 @@ pub mod maps {
         CONFIG,
         PREFILTER,
         IFACES,
+        XDP_TARGETS,
     ];
 }
 

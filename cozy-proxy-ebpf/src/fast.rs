@@ -7,6 +7,8 @@
 //! the interface toward the destination. Only where the kernel's FIB knows
 //! the route and the neighbour, the hop limit allows forwarding and the
 //! packet fits the MTU; anything else takes the stack path, untouched.
+use crate::csum::replace;
+use crate::frame::Frame;
 use crate::hdr::*;
 use crate::maps::CONFIG;
 use crate::parse::{byte, load_words, put, put_words, Packet};
@@ -37,20 +39,12 @@ pub struct Hop {
     pub dmac: [u8; 6],
 }
 
-/// The interface the packet is at (its arrival at TC ingress, its way out
-/// at TC egress).
-#[inline(always)]
-fn here(ctx: &TcContext) -> u32 {
-    // SAFETY: reading a field of the context the kernel passed us.
-    unsafe { (*ctx.skb.skb).ifindex }
-}
-
 /// Asks the kernel's FIB for a packet from `src` to `dst` arriving by
 /// `iif`: the helper's answer, `params` filled. `tot_len` 0: no MTU check
 /// before the interface is known.
 #[inline(always)]
-fn fib(
-    ctx: &TcContext,
+fn fib<C: Frame>(
+    ctx: &C,
     p: &Packet,
     (src, dst): (&IpKey, &IpKey),
     iif: u32,
@@ -80,7 +74,7 @@ fn fib(
         params.__bindgen_anon_4.ipv4_dst = dst.words()[0];
     }
     // SAFETY: the context and a parameter block of the size given.
-    unsafe { bpf_fib_lookup(ctx.skb.skb as *mut _, params, size_of::<FibParams>() as i32, 0) }
+    unsafe { bpf_fib_lookup(ctx.raw() as *mut _, params, size_of::<FibParams>() as i32, 0) }
 }
 
 /// The kernel's forwarding decision for a packet from `src` to `dst` that
@@ -88,11 +82,11 @@ fn fib(
 /// are known and the packet fits the outgoing MTU. Not inlined: the helper
 /// call keeps its clobbered registers to itself.
 #[inline(never)]
-pub fn next_hop(ctx: &TcContext, p: &Packet, src: &IpKey, dst: &IpKey) -> Option<Hop> {
+pub fn next_hop<C: Frame>(ctx: &C, p: &Packet, src: &IpKey, dst: &IpKey) -> Option<Hop> {
     let len = ctx.len().saturating_sub(p.l3 as u32);
     let tot_len = if len > u16::MAX as u32 { u16::MAX } else { len as u16 };
     let mut params = MaybeUninit::<FibParams>::uninit();
-    if fib(ctx, p, (src, dst), here(ctx), tot_len, &mut params) != BPF_FIB_LKUP_RET_SUCCESS as i64 {
+    if fib(ctx, p, (src, dst), ctx.ifindex(), tot_len, &mut params) != BPF_FIB_LKUP_RET_SUCCESS as i64 {
         return None;
     }
     // SAFETY: filled by `fib`.
@@ -108,8 +102,8 @@ pub fn next_hop(ctx: &TcContext, p: &Packet, src: &IpKey, dst: &IpKey) -> Option
 /// arriving where this one did, whether or not its next hop is resolved
 /// yet: `None` without a route.
 #[inline(never)]
-pub fn route_oif(ctx: &TcContext, p: &Packet, src: &IpKey, dst: &IpKey) -> Option<u32> {
-    Some(routed_oif(ctx, p, (src, dst), here(ctx))).filter(|&oif| oif != 0 && oif != LOCAL)
+pub fn route_oif<C: Frame>(ctx: &C, p: &Packet, src: &IpKey, dst: &IpKey) -> Option<u32> {
+    Some(routed_oif(ctx, p, (src, dst), ctx.ifindex())).filter(|&oif| oif != 0 && oif != LOCAL)
 }
 
 /// [`way_back`]'s answer for an address of the node itself.
@@ -121,7 +115,7 @@ pub const LOCAL: u32 = u32::MAX;
 /// apart from [`route_oif`]: each call keeps its parameter block off its
 /// caller's stack.
 #[inline(never)]
-pub fn way_back(ctx: &TcContext, p: &Packet, local: &IpKey, peer: &IpKey, iif: u32) -> u32 {
+pub fn way_back<C: Frame>(ctx: &C, p: &Packet, local: &IpKey, peer: &IpKey, iif: u32) -> u32 {
     routed_oif(ctx, p, (local, peer), iif)
 }
 
@@ -130,7 +124,7 @@ pub fn way_back(ctx: &TcContext, p: &Packet, local: &IpKey, peer: &IpKey, iif: u
 /// [`LOCAL`] for a destination of the node's own (or broadcast), 0 without
 /// a route.
 #[inline(always)]
-fn routed_oif(ctx: &TcContext, p: &Packet, route: (&IpKey, &IpKey), iif: u32) -> u32 {
+fn routed_oif<C: Frame>(ctx: &C, p: &Packet, route: (&IpKey, &IpKey), iif: u32) -> u32 {
     let mut params = MaybeUninit::<FibParams>::uninit();
     let rc = fib(ctx, p, route, iif, 0, &mut params);
     // The interface is known in these answers (the MTU and the neighbour
@@ -152,12 +146,11 @@ fn routed_oif(ctx: &TcContext, p: &Packet, route: (&IpKey, &IpKey), iif: u32) ->
 /// The stack answers the others (time exceeded; a frame of a VLAN the node
 /// has no interface for is dropped there).
 #[inline(always)]
-pub fn forwardable(ctx: &TcContext, p: &Packet) -> bool {
+pub fn forwardable<C: Frame>(ctx: &C, p: &Packet) -> bool {
     // Not with a VLAN tag in the frame, nor one the kernel moved into the
     // skb's metadata before TC ingress: a redirect would carry it on into
     // the pod.
-    // SAFETY: reading a field of the context the kernel passed us.
-    if p.l3 != ETH_HLEN || unsafe { (*ctx.skb.skb).vlan_present } != 0 {
+    if p.l3 != ETH_HLEN || ctx.vlan_offloaded() {
         return false;
     }
     let at = p.l3 + if p.v6 { IP6_HOP_LIMIT } else { IP4_TTL };
@@ -165,12 +158,11 @@ pub fn forwardable(ctx: &TcContext, p: &Packet) -> bool {
 }
 
 /// Decrements the TTL (and fixes the IPv4 header checksum) or the hop
-/// limit, sets the Ethernet addresses of `hop`, and hands the packet on:
-/// into the pod's namespace when `peer` (a veth whose peer is the pod's
-/// end), else out of `hop.ifindex`. `None` if the frame could not be
-/// written (the caller drops it: it is already rewritten).
+/// limit, and sets the Ethernet addresses of `hop`: the packet as it
+/// leaves for `hop`. `None` if the frame could not be written (the caller
+/// drops it: it is already rewritten).
 #[inline(always)]
-pub fn forward(ctx: &TcContext, p: &Packet, hop: &Hop, peer: bool) -> Option<i32> {
+pub fn to_hop<C: Frame>(ctx: &C, p: &Packet, hop: &Hop) -> Option<()> {
     if p.v6 {
         let at = p.l3 + IP6_HOP_LIMIT;
         let hl = byte(ctx, at)?;
@@ -181,14 +173,19 @@ pub fn forward(ctx: &TcContext, p: &Packet, hop: &Hop, peer: bool) -> Option<i32
         let old: u16 = load_words(ctx, at)?;
         let new = (old & 0xff00) | ((old as u8).wrapping_sub(1) as u16);
         let csum: u16 = load_words(ctx, p.l3 + IP4_CSUM)?;
-        let sum = (!csum as u32) + (!old as u32) + new as u32;
-        let sum = (sum & 0xffff) + (sum >> 16);
-        let sum = (sum & 0xffff) + (sum >> 16);
         put_words(ctx, at, new)?;
-        put_words(ctx, p.l3 + IP4_CSUM, !(sum as u16))?;
+        put_words(ctx, p.l3 + IP4_CSUM, replace(csum, (!old) as u32 + new as u32))?;
     }
     put(ctx, ETH_DST, hop.dmac)?;
-    put(ctx, ETH_SRC, hop.smac)?;
+    put(ctx, ETH_SRC, hop.smac)
+}
+
+/// [`to_hop`], then hands the packet on from TC: into the pod's namespace
+/// when `peer` (a veth whose peer is the pod's end), else out of
+/// `hop.ifindex`.
+#[inline(always)]
+pub fn forward(ctx: &TcContext, p: &Packet, hop: &Hop, peer: bool) -> Option<i32> {
+    to_hop(ctx, p, hop)?;
     // SAFETY: helpers without pointer arguments.
     let rc = unsafe {
         if peer {

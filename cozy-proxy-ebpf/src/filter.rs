@@ -7,7 +7,8 @@ use crate::parse::{
     be16, byte, echo_types, flow_ports, has_ports, is_icmp, is_icmp_error, load, ports, Packet,
     PROTO_TCP,
 };
-use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
+use crate::frame::Frame;
+use aya_ebpf::helpers::bpf_ktime_get_ns;
 use cozy_proxy_common::{flow, limits, DropReason, FlowKey, FlowState, FragKey, IpKey, PortKey};
 
 const BPF_NOEXIST: u64 = 1;
@@ -61,7 +62,7 @@ fn key(pod: IpKey, peer: IpKey, proto: u8, pod_port: u16, peer_port: u16) -> Flo
 
 /// How far a flow got, from a packet the pod sends.
 #[inline(always)]
-fn state_of(ctx: &TcContext, p: &Packet, previous: Option<u8>) -> u8 {
+fn state_of<C: Frame>(ctx: &C, p: &Packet, previous: Option<u8>) -> u8 {
     match p.proto {
         PROTO_TCP => {
             let flags = byte(ctx, p.l4 + TCP_FLAGS).unwrap_or(0);
@@ -86,7 +87,7 @@ fn state_of(ctx: &TcContext, p: &Packet, previous: Option<u8>) -> u8 {
 /// does not remember more (its replies then pass only to listed ports),
 /// and no other pod is affected.
 #[inline(always)]
-pub fn remember_outbound(ctx: &TcContext, p: &Packet, slot: u16) {
+pub fn remember_outbound<C: Frame>(ctx: &C, p: &Packet, slot: u16) {
     if p.later_fragment {
         return;
     }
@@ -130,7 +131,7 @@ pub fn remember_outbound(ctx: &TcContext, p: &Packet, slot: u16) {
 /// it likes) fill the pod's quota, and the pod's own flows would then lose
 /// their replies. Asked of a flow's first packet only.
 #[inline(always)]
-fn answers_outside(ctx: &TcContext, p: &Packet, pod_port: u16) -> bool {
+fn answers_outside<C: Frame>(ctx: &C, p: &Packet, pod_port: u16) -> bool {
     if p.proto == PROTO_TCP {
         let flags = byte(ctx, p.l4 + TCP_FLAGS).unwrap_or(0);
         if flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK {
@@ -188,7 +189,7 @@ struct Quoted {
 }
 
 #[inline(always)]
-fn quoted_flow(ctx: &TcContext, p: &Packet) -> Option<Quoted> {
+fn quoted_flow<C: Frame>(ctx: &C, p: &Packet) -> Option<Quoted> {
     let inner = p.l4 + ICMP_HLEN;
     let (proto, peer, ports_at) = if p.v6 {
         let peer = load::<[u8; 16]>(ctx, inner + IP6_DADDR)?;
@@ -229,7 +230,7 @@ fn quoted_own_flow(p: &Packet, q: &Quoted, slot: u16) -> bool {
 /// function of its own: its keys on the callers' stack frame would take
 /// those past the verifier's 512 bytes.
 #[inline(never)]
-fn error_about_pods_flow(ctx: &TcContext, p: &Packet, slot: u16) -> bool {
+fn error_about_pods_flow<C: Frame>(ctx: &C, p: &Packet, slot: u16) -> bool {
     let Some(q) = quoted_flow(ctx, p) else {
         return false;
     };
@@ -248,7 +249,7 @@ fn error_about_pods_flow(ctx: &TcContext, p: &Packet, slot: u16) -> bool {
 /// allowed client, which is rarely inside the ranges itself), or one the
 /// pod started. A function of its own, as [`error_about_pods_flow`] is.
 #[inline(never)]
-pub fn error_within_ranges(ctx: &TcContext, p: &Packet, slot: u16, in_ranges: impl Fn(&IpKey) -> bool) -> bool {
+pub fn error_within_ranges<C: Frame>(ctx: &C, p: &Packet, slot: u16, in_ranges: impl Fn(&IpKey) -> bool) -> bool {
     if !is_icmp(p) {
         return false;
     }
@@ -262,8 +263,8 @@ pub fn error_within_ranges(ctx: &TcContext, p: &Packet, slot: u16, in_ranges: im
 }
 
 /// Is `p` (toward the pod `p.dst`) a reply within a flow the pod started?
-#[inline(always)]
-pub fn reply_to_own_flow(ctx: &TcContext, p: &Packet, slot: u16) -> bool {
+#[inline(never)]
+pub fn reply_to_own_flow<C: Frame>(ctx: &C, p: &Packet, slot: u16) -> bool {
     match flow_ports(ctx, p, false) {
         Some((peer_port, pod_port)) => known_flow(&key(p.dst, p.src, p.proto, pod_port, peer_port), slot),
         None => false,
@@ -282,28 +283,70 @@ fn frag_key(p: &Packet) -> FragKey {
     }
 }
 
+/// What [`admit`] decided of a packet it does not drop.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    Admitted,
+    /// An ICMP error toward a pod that does not take all ICMP: admitted
+    /// only if [`admit_error`] finds it is about a flow of the pod's. Asked
+    /// apart, by the caller: the two checks' frames are then never on the
+    /// stack together (the BPF stack holds 512 bytes for a whole call chain).
+    IfAboutPodsFlow,
+}
+
 /// Decides a packet toward a filtered pod (`p.dst` is the pod IP).
 /// `routed`: the program itself forwards it (the fast path), before its
 /// hop limit is decremented; else its hop limit is as the pod gets it.
 #[inline(always)]
-pub fn admit(ctx: &TcContext, p: &Packet, allow_icmp: bool, slot: u16, routed: bool) -> Result<(), DropReason> {
+pub fn admit<C: Frame>(
+    ctx: &C,
+    p: &Packet,
+    allow_icmp: bool,
+    slot: u16,
+    routed: bool,
+) -> Result<Admission, DropReason> {
     if p.later_fragment {
         // Only fragments of a datagram whose first fragment was admitted.
         return if FRAGS.get_ptr(&frag_key(p)).is_some() {
-            Ok(())
+            Ok(Admission::Admitted)
         } else {
             Err(DropReason::FilteredFragment)
         };
     }
     let verdict = admit_first(ctx, p, allow_icmp, slot, routed);
-    if verdict.is_ok() && p.fragment {
-        let _ = FRAGS.insert(&frag_key(p), &0, 0);
+    if verdict == Ok(Admission::Admitted) {
+        admitted_first(p);
     }
     verdict
 }
 
+/// The second half of [`admit`] for an ICMP error it left open
+/// ([`Admission::IfAboutPodsFlow`]).
 #[inline(always)]
-fn admit_first(ctx: &TcContext, p: &Packet, allow_icmp: bool, slot: u16, routed: bool) -> Result<(), DropReason> {
+pub fn admit_error<C: Frame>(ctx: &C, p: &Packet, slot: u16) -> Result<(), DropReason> {
+    if !error_about_pods_flow(ctx, p, slot) {
+        return Err(DropReason::FilteredIcmp);
+    }
+    admitted_first(p);
+    Ok(())
+}
+
+/// A first fragment admitted: its later fragments will be too.
+#[inline(always)]
+fn admitted_first(p: &Packet) {
+    if p.fragment {
+        let _ = FRAGS.insert(&frag_key(p), &0, 0);
+    }
+}
+
+#[inline(always)]
+fn admit_first<C: Frame>(
+    ctx: &C,
+    p: &Packet,
+    allow_icmp: bool,
+    slot: u16,
+    routed: bool,
+) -> Result<Admission, DropReason> {
     if has_ports(p.proto) {
         let Some((sport, dport)) = ports(ctx, p) else {
             return Err(DropReason::FilteredProtocol);
@@ -317,13 +360,13 @@ fn admit_first(ctx: &TcContext, p: &Packet, allow_icmp: bool, slot: u16, routed:
         if ALLOWED_PORTS.get_ptr(&listed).is_some()
             || known_flow(&key(p.dst, p.src, p.proto, dport, sport), slot)
         {
-            return Ok(());
+            return Ok(Admission::Admitted);
         }
         return Err(DropReason::FilteredPort);
     }
     if is_icmp(p) {
         if allow_icmp {
-            return Ok(());
+            return Ok(Admission::Admitted);
         }
         let Some(icmp_type) = byte(ctx, p.l4 + ICMP_TYPE) else {
             return Err(DropReason::FilteredIcmp);
@@ -338,17 +381,17 @@ fn admit_first(ctx: &TcContext, p: &Packet, allow_icmp: bool, slot: u16, routed:
             && (ND_FIRST..=ND_LAST).contains(&icmp_type)
             && byte(ctx, p.l3 + IP6_HOP_LIMIT) == Some(255)
         {
-            return Ok(());
+            return Ok(Admission::Admitted);
         }
         let (_, reply) = echo_types(p);
         if icmp_type == reply {
             if let Some(id) = be16(ctx, p.l4 + ICMP_ECHO_ID) {
                 if known_flow(&key(p.dst, p.src, p.proto, id, 0), slot) {
-                    return Ok(());
+                    return Ok(Admission::Admitted);
                 }
             }
-        } else if is_icmp_error(p, icmp_type) && error_about_pods_flow(ctx, p, slot) {
-            return Ok(());
+        } else if is_icmp_error(p, icmp_type) {
+            return Ok(Admission::IfAboutPodsFlow);
         }
         return Err(DropReason::FilteredIcmp);
     }

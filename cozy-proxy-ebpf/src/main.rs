@@ -16,96 +16,47 @@
 //!   in-cluster clients translated at TC ingress get the LB IP back.
 //! - Standing by (`config.standby`: a backend switch, nftables still
 //!   serving), both only remember the flows filtered pods start.
+//! - `cozy_xdp` (XDP on the uplinks, `--xdp`): see xdp.rs.
 #![no_std]
 #![no_main]
+#![feature(asm_experimental_arch)]
 
+mod csum;
 mod fast;
 mod filter;
+mod frame;
 mod hdr;
+mod lookup;
 mod maps;
 mod nat;
+mod outline;
 mod parse;
+mod stats;
+mod xdp;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC},
-    btf_maps::lpm_trie::Key,
     macros::classifier,
     programs::TcContext,
 };
 use cozy_proxy_common::{
-    addr, iface, limits, prefilter, AddrInfo, Config, DropReason, IpKey, LbSource, Prefilter, RevKey,
-    RevValue, FAMILY_BITS, FAMILY_V4, FAMILY_V6, HAIRPIN_MARK, HAIRPIN_SEVERAL, IP_KEY_BITS,
+    addr, iface, limits, AddrInfo, Config, DropReason, IpKey, RevKey, RevValue, FAMILY_V4, FAMILY_V6,
+    HAIRPIN_MARK, HAIRPIN_SEVERAL,
 };
-use maps::{ADDRS, CLUSTER, CONFIG, DROP_STATS, IFACES, PREFILTER, REV_HELD, REV_NAT, SRC_RANGES, STATS};
-use nat::{rewrite, rewrite_quoted, Field};
 use hdr::{
     ARP_ETHERNET_IPV4, ARP_SENDER_ADDR, ETH_HLEN, ETH_P_ARP, ETH_TYPE, ND_ADVERT, ND_TARGET, TCP_ACK, TCP_FLAGS,
     TCP_SYN,
 };
-use parse::{be16, byte, flow_ports, is_neighbour_discovery, load, load_words, parse, Packet, PROTO_ICMPV6};
+use lookup::{addr_info, in_cluster, prefilter, set_in, slot, source_allowed, standing_by};
+use maps::{CONFIG, IFACES, REV_HELD, REV_NAT};
+use nat::Field;
+use outline::OutOfLine;
+use parse::{be16, byte, flow_ports, is_neighbour_discovery, load, load_words, Packet, PROTO_ICMPV6};
+use stats::count;
 
 /// Let the packet continue (next TC program, or the stack).
 const PASS: i32 = TC_ACT_UNSPEC;
 pub(crate) const DROP: i32 = TC_ACT_SHOT as i32;
-
-#[inline(always)]
-fn drop(ctx: &TcContext, reason: DropReason) -> i32 {
-    if let Some(c) = DROP_STATS.get_ptr_mut(reason as u32) {
-        // SAFETY: per-CPU slot, only this CPU writes it.
-        unsafe {
-            (*c).packets += 1;
-            (*c).bytes += ctx.len() as u64;
-        }
-    }
-    DROP
-}
-
-/// Counts a rewritten packet of a local mapping: no hash insert, an array
-/// slot userspace gave the mapping.
-#[inline(always)]
-fn count(ctx: &TcContext, info: &AddrInfo, toward_pod: bool) {
-    if let Some(s) = STATS.get_ptr_mut(info.slot as u32) {
-        // SAFETY: per-CPU value, only this CPU writes it.
-        let c = unsafe {
-            if toward_pod {
-                &mut (*s).ingress
-            } else {
-                &mut (*s).egress
-            }
-        };
-        c.packets += 1;
-        c.bytes += ctx.len() as u64;
-    }
-}
-
-/// The other backend still serves (`Config::standby`): translate, filter
-/// and count nothing.
-#[inline(always)]
-fn standing_by() -> bool {
-    // SAFETY: a map value, read whole.
-    CONFIG.get_ptr(0).is_some_and(|c| unsafe { (*c).standby } != 0)
-}
-
-/// The prefilter (`None` only if the map has no entry, which an array
-/// always has).
-#[inline(always)]
-fn prefilter() -> Option<&'static Prefilter> {
-    // SAFETY: a map value; userspace replaces it whole, and it lives as
-    // long as the map, which the program holds.
-    PREFILTER.get_ptr(0).map(|f| unsafe { &*f })
-}
-
-/// The prefilter's word and bit of an address.
-#[inline(always)]
-fn slot(k: &IpKey) -> (usize, u64) {
-    prefilter::slot(k.fold())
-}
-
-/// Is the bit `(word, bit)` set in `bitmap`? `false` is certain.
-#[inline(always)]
-fn set_in(bitmap: &[u64; prefilter::WORDS], (word, bit): (usize, u64)) -> bool {
-    bitmap.get(word).is_none_or(|w| w & bit != 0)
-}
 
 /// What the prefilter says of each address: `false` is certain, so the
 /// hash lookup of that address is skipped (a mapped packet has one address
@@ -175,63 +126,9 @@ fn ours_at_egress(p: &Packet) -> Option<Ours> {
     (o.src || o.dst).then_some(o)
 }
 
-/// `addrs`' entry for `ip`, if the prefilter (`maybe`) does not rule it out.
-#[inline(always)]
-fn addr_info(ip: &IpKey, maybe: bool) -> Option<AddrInfo> {
-    if !maybe {
-        return None;
-    }
-    // SAFETY: a map value; userspace replaces values whole.
-    ADDRS.get_ptr(ip).map(|v| unsafe { *v })
-}
-
-#[inline(always)]
-fn addr_bits(ip: &IpKey) -> u32 {
-    if ip.family == FAMILY_V4 {
-        32
-    } else {
-        128
-    }
-}
-
-/// Might `ip` be in the cluster? `false` is certain (the hint in
-/// `Prefilter`): most traffic from outside skips the trie lookup.
-#[inline(always)]
-fn maybe_in_cluster(ip: &IpKey) -> bool {
-    let Some(f) = prefilter() else {
-        return true;
-    };
-    let w = ip.words()[0];
-    let (word, bit) = if ip.family == FAMILY_V4 {
-        prefilter::cluster_slot_v4(w)
-    } else {
-        if f.cluster_v6_wide != 0 {
-            return true;
-        }
-        prefilter::cluster_slot_v6(w)
-    };
-    f.cluster.get(word).is_none_or(|w| w & bit != 0)
-}
-
-#[inline(always)]
-fn in_cluster(ip: &IpKey) -> bool {
-    maybe_in_cluster(ip)
-        && CLUSTER
-            .get(&Key::new(FAMILY_BITS + addr_bits(ip), *ip))
-            .is_some()
-}
-
-#[inline(always)]
-fn source_allowed(lb: &IpKey, src: &IpKey) -> bool {
-    let key = LbSource { lb: *lb, src: *src };
-    SRC_RANGES
-        .get(&Key::new(IP_KEY_BITS + FAMILY_BITS + addr_bits(src), key))
-        .is_some()
-}
-
 /// The reverse-translation entry of a reply `p` (from the pod to the
 /// client), if the client's flow was translated on this node.
-#[inline(always)]
+#[inline(never)]
 fn rev_of_reply(ctx: &TcContext, p: &Packet) -> Option<RevValue> {
     let (backend_port, client_port) = flow_ports(ctx, p, false).unwrap_or((0, 0));
     let k = RevKey {
@@ -384,25 +281,21 @@ fn forget_rev(ctx: &TcContext, p: &Packet, here: u32) {
     }
 }
 
-/// Rewrites `field` from `old` to `new`, and the quoted address of an ICMP
-/// error the same way: a failure drops the packet (counted), never lets it
-/// through half-translated.
+/// Counts a drop for `reason`; the verdict that drops.
 #[inline(always)]
-fn translate(ctx: &mut TcContext, p: &mut Packet, field: Field, old: &IpKey, new: &IpKey) -> Result<(), i32> {
-    // An error about a flow quotes it reversed: a packet to the LB IP
-    // quotes the LB IP as the source it was sent with, and vice versa.
-    let quoted = match field {
-        Field::Src => Field::Dst,
-        Field::Dst => Field::Src,
-    };
-    if rewrite(ctx, p, field, old, new).is_err() || rewrite_quoted(ctx, p, quoted, old, new).is_err() {
-        return Err(drop(ctx, DropReason::RewriteFailed));
+fn drop(ctx: &TcContext, reason: DropReason) -> i32 {
+    stats::dropped(ctx, reason);
+    DROP
+}
+
+/// [`nat::translate`], a failure dropped (counted) with its verdict.
+#[inline(always)]
+fn translate(ctx: &mut TcContext, p: &mut Packet, field: Field, new: &IpKey) -> Result<(), i32> {
+    if nat::translate(ctx, p, field, new) {
+        Ok(())
+    } else {
+        Err(drop(ctx, DropReason::RewriteFailed))
     }
-    match field {
-        Field::Src => p.src = *new,
-        Field::Dst => p.dst = *new,
-    }
-    Ok(())
 }
 
 /// What becomes of a guarded source arriving on `iif`, which is not its own
@@ -472,13 +365,13 @@ fn arriving_elsewhere(ctx: &TcContext, iif: u32, entry: u32) -> Elsewhere {
 pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
     // SAFETY: reading a field of the context the kernel passed us.
     let iif = unsafe { (*ctx.skb.skb).ifindex };
-    let Some(mut p) = parse(&ctx) else { return arp_claim(&ctx, iif) };
-    if p.v6 && p.proto == PROTO_ICMPV6 && advert_claim(&ctx, &p, iif) {
+    let Some(p) = ctx.parsed() else { return arp_claim(&ctx, iif) };
+    if p.v6 && p.proto == PROTO_ICMPV6 && advert_claim(&ctx, p, iif) {
         return drop(&ctx, DropReason::Spoofed);
     }
-    let Some(ours) = ours_at_ingress(&p, iif) else { return PASS };
+    let Some(ours) = ours_at_ingress(p, iif) else { return PASS };
     if standing_by() {
-        learn_while_standing_by(&ctx, &p, ours, iif);
+        learn_while_standing_by(&ctx, p, ours, iif);
         return PASS;
     }
     if let Some(s) = addr_info(&p.src, ours.src) {
@@ -489,7 +382,7 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
                 // Neighbour discovery is not guarded, as ARP is not: a VM
                 // whose interface has just moved resolves its gateway
                 // before this node's route to it follows. Never translated.
-                Elsewhere::Spoofed if is_neighbour_discovery(&ctx, &p) => return PASS,
+                Elsewhere::Spoofed if is_neighbour_discovery(&ctx, p) => return PASS,
                 // A guarded address from anywhere but its own path:
                 // nothing is translated, remembered or tracked for it.
                 Elsewhere::Spoofed | Elsewhere::Neighbour => return drop(&ctx, DropReason::Spoofed),
@@ -498,7 +391,7 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
         if s.flags & addr::POD == 0 {
             return PASS;
         }
-        return match from_pod(&mut ctx, &mut p, &s) {
+        return match from_pod(&mut ctx, p, &s) {
             Ok(()) => PASS,
             Err(verdict) => verdict,
         };
@@ -511,8 +404,8 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
         return drop(&ctx, DropReason::UnmappedLb);
     }
     let client = in_cluster(&p.src)
-        && (recorded_before_rewrite(&ctx, &p, &d.peer)
-            || match side_of(&ctx, &p, iif) {
+        && (recorded_before_rewrite(&ctx, p, &d.peer)
+            || match side_of(&ctx, p, iif) {
                 Side::Cluster => true,
                 Side::Outside => false,
                 Side::Master => return PASS,
@@ -521,9 +414,9 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
     // IP's route; from outside straight to the pod, if the fast path is on.
     if d.flags & addr::LOCAL != 0 {
         if client {
-            mark_hairpin(&ctx, &p, &p.dst, iif);
+            mark_hairpin(&ctx, p, &p.dst, iif);
         } else if fast::enabled() {
-            return fast_to_pod(&mut ctx, &mut p, &d);
+            return fast_to_pod(&mut ctx, p, &d);
         }
         return PASS;
     }
@@ -535,13 +428,13 @@ pub fn cozy_ingress(mut ctx: TcContext) -> i32 {
             return drop(&ctx, DropReason::SourceRange);
         }
         let lb = p.dst;
-        if let Err(verdict) = translate(&mut ctx, &mut p, Field::Dst, &lb, &d.peer) {
+        if let Err(verdict) = translate(&mut ctx, p, Field::Dst, &d.peer) {
             return verdict;
         }
-        if let Err(verdict) = record_rev(&ctx, &p, &d.peer, &lb, false, iif) {
+        if let Err(verdict) = record_rev(&ctx, p, &d.peer, &lb, false, iif) {
             return verdict;
         }
-        mark_hairpin(&ctx, &p, &p.dst, iif);
+        mark_hairpin(&ctx, p, &p.dst, iif);
     }
     PASS
 }
@@ -683,7 +576,7 @@ fn fast_to_pod(ctx: &mut TcContext, p: &mut Packet, d: &AddrInfo) -> i32 {
     }
     let lb = p.dst;
     let listed = d.flags & addr::RANGED == 0 || source_allowed(&lb, &p.src);
-    if let Err(verdict) = translate(ctx, p, Field::Dst, &lb, &d.peer) {
+    if let Err(verdict) = translate(ctx, p, Field::Dst, &d.peer) {
         return verdict;
     }
     if !listed
@@ -693,8 +586,8 @@ fn fast_to_pod(ctx: &mut TcContext, p: &mut Packet, d: &AddrInfo) -> i32 {
         return drop(ctx, DropReason::SourceRange);
     }
     if d.flags & addr::FILTERED != 0 {
-        if let Err(reason) = filter::admit(ctx, p, d.flags & addr::ICMP_ALLOWED != 0, d.slot, true) {
-            return drop(ctx, reason);
+        if !ctx.admitted(p, d.flags & addr::ICMP_ALLOWED != 0, d.slot, true) {
+            return DROP;
         }
     }
     count(ctx, d, true);
@@ -727,8 +620,7 @@ fn from_pod(ctx: &mut TcContext, p: &mut Packet, s: &AddrInfo) -> Result<(), i32
             } else {
                 None
             };
-            let pod = p.src;
-            translate(ctx, p, Field::Src, &pod, &s.peer)?;
+            translate(ctx, p, Field::Src, &s.peer)?;
             count(ctx, s, false);
             if let Some(hop) = hop {
                 // (A verdict other than "continue" travels as `Err`.)
@@ -745,8 +637,7 @@ fn from_pod(ctx: &mut TcContext, p: &mut Packet, s: &AddrInfo) -> Result<(), i32
     // the reply, after conntrack.
     if let Some(rev) = rev_of_reply(ctx, p) {
         if rev.before_conntrack != 0 {
-            let pod = p.src;
-            return translate(ctx, p, Field::Src, &pod, &rev.lb);
+            return translate(ctx, p, Field::Src, &rev.lb);
         }
     }
     Ok(())
@@ -754,8 +645,8 @@ fn from_pod(ctx: &mut TcContext, p: &mut Packet, s: &AddrInfo) -> Result<(), i32
 
 #[classifier]
 pub fn cozy_egress(mut ctx: TcContext) -> i32 {
-    let Some(mut p) = parse(&ctx) else { return PASS };
-    let Some(ours) = ours_at_egress(&p) else { return PASS };
+    let Some(p) = ctx.parsed() else { return PASS };
+    let Some(ours) = ours_at_egress(p) else { return PASS };
     if standing_by() {
         return PASS;
     }
@@ -780,15 +671,15 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
             // Only the listed sources reach the pod through its LB IP.
             let listed = d.flags & addr::RANGED == 0 || source_allowed(&p.dst, &p.src);
             let lb = p.dst;
-            if let Err(verdict) = translate(&mut ctx, &mut p, Field::Dst, &lb, &d.peer) {
+            if let Err(verdict) = translate(&mut ctx, p, Field::Dst, &d.peer) {
                 return verdict;
             }
             // Replies to the pod's own flows, and errors about its flows
             // with allowed peers, pass from anywhere.
             if !listed
                 && !(local
-                    && (filter::reply_to_own_flow(&ctx, &p, d.slot)
-                        || filter::error_within_ranges(&ctx, &p, d.slot, |peer| source_allowed(&lb, peer))))
+                    && (filter::reply_to_own_flow(&ctx, p, d.slot)
+                        || filter::error_within_ranges(&ctx, p, d.slot, |peer| source_allowed(&lb, peer))))
             {
                 return drop(&ctx, DropReason::SourceRange);
             }
@@ -804,20 +695,21 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
             // with the node's own address as source).
             let client = || {
                 in_cluster(&p.src)
-                    && (recorded_after_rewrite(&ctx, &p, &lb)
-                        || matches!(fast::way_back(&ctx, &p, &lb, &p.src, arrived), w if w == arrived || w == fast::LOCAL))
+                    && (recorded_after_rewrite(&ctx, p, &lb)
+                        || matches!(fast::way_back(&ctx, p, &lb, &p.src, arrived), w if w == arrived || w == fast::LOCAL))
             };
             if !forwarded || client() {
-                if let Err(verdict) = record_rev(&ctx, &p, &d.peer, &lb, true, here) {
+                if let Err(verdict) = record_rev(&ctx, p, &d.peer, &lb, true, here) {
                     return verdict;
                 }
             }
             if !local || !forwarded || d.flags & addr::FILTERED == 0 {
                 return PASS;
             }
-            return match filter::admit(&ctx, &p, d.flags & addr::ICMP_ALLOWED != 0, d.slot, false) {
-                Ok(()) => PASS,
-                Err(reason) => drop(&ctx, reason),
+            return if ctx.admitted(p, d.flags & addr::ICMP_ALLOWED != 0, d.slot, false) {
+                PASS
+            } else {
+                DROP
             };
         }
         // The node's own flow to a mapped pod by the pod's IP ends any flow
@@ -825,14 +717,14 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
         // reused): the pod's replies keep the pod's address. An entry left
         // behind, or planted by a pod sending as the node, would otherwise
         // turn a kubelet probe's reply into one from the LB IP.
-        if !forwarded && d.flags & addr::POD != 0 && opens_flow(&ctx, &p) {
-            forget_rev(&ctx, &p, here);
+        if !forwarded && d.flags & addr::POD != 0 && opens_flow(&ctx, p) {
+            forget_rev(&ctx, p, here);
         }
         // To a filtered pod of this node by its own IP: the filter guards
         // forwarded traffic (the node's own probes are not filtered).
         if d.flags & addr::LOCAL != 0 && d.flags & addr::FILTERED != 0 && forwarded {
-            if let Err(reason) = filter::admit(&ctx, &p, d.flags & addr::ICMP_ALLOWED != 0, d.slot, false) {
-                return drop(&ctx, reason);
+            if !ctx.admitted(p, d.flags & addr::ICMP_ALLOWED != 0, d.slot, false) {
+                return DROP;
             }
         }
         return PASS;
@@ -843,10 +735,9 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
     if s.flags & addr::POD == 0 {
         return PASS;
     }
-    if let Some(rev) = rev_of_reply(&ctx, &p) {
+    if let Some(rev) = rev_of_reply(&ctx, p) {
         if rev.before_conntrack == 0 {
-            let pod = p.src;
-            if let Err(verdict) = translate(&mut ctx, &mut p, Field::Src, &pod, &rev.lb) {
+            if let Err(verdict) = translate(&mut ctx, p, Field::Src, &rev.lb) {
                 return verdict;
             }
         }

@@ -1,6 +1,6 @@
 //! The BPF maps (BTF-typed; userspace pins them under /sys/fs/bpf/cozy-proxy).
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    btf_maps::{Array, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
 use cozy_proxy_common::{
@@ -76,3 +76,15 @@ pub static CONFIG: Array<Config, 1> = Array::new();
 /// them from elsewhere than its own interface (`IfRole`).
 #[btf_map(name = "ifaces")]
 pub static IFACES: HashMap<u32, IfRole, { limits::IFACES }, NO_PREALLOC> = HashMap::new();
+
+/// The interfaces that take XDP frames (ifindex -> itself), kept by
+/// userspace: the XDP program redirects only into these (a veth whose
+/// peer has an XDP program or GRO on; see xdp.rs).
+#[btf_map(name = "xdp_targets")]
+pub static XDP_TARGETS: DevMapHash<{ limits::XDP_TARGETS }> = DevMapHash::new();
+
+/// Each CPU's packet being decided (see outline.rs): parsed here, not on
+/// the stack, so that the programs' verification sees its fields as the
+/// unknowns they are.
+#[btf_map(name = "scratch")]
+pub static SCRATCH: PerCpuArray<crate::parse::Packet, 1> = PerCpuArray::new();

@@ -1,14 +1,13 @@
 //! Rewriting an address with its checksums: the IPv4 header checksum and the
 //! L4 checksum over the pseudo-header (TCP, UDP, ICMPv6); and, in an ICMP
 //! error, the quoted packet's address with every checksum it touches.
+use crate::csum::{halves, halves_neg, replace};
+use crate::frame::Frame;
 use crate::hdr::*;
 use crate::parse::{
     be16, byte, is_icmp, is_icmp_error, load_words, put_words, Packet, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
 };
-use aya_ebpf::{
-    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
-    programs::TcContext,
-};
+use aya_ebpf::bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR};
 use cozy_proxy_common::IpKey;
 
 #[derive(Clone, Copy)]
@@ -32,40 +31,19 @@ fn addr_diff(old: &IpKey, new: &IpKey) -> Result<u64, i64> {
     Ok(sum as u64)
 }
 
-/// The two 16-bit halves of a word, added (one's-complement terms).
-#[inline(always)]
-fn halves(w: u32) -> u32 {
-    (w & 0xffff) + (w >> 16)
-}
-
-/// The complements of the two halves, added.
-#[inline(always)]
-fn halves_neg(w: u32) -> u32 {
-    (!w & 0xffff) + (!w >> 16)
-}
-
-/// The one's-complement sum folded to 16 bits.
-#[inline(always)]
-fn fold(mut s: u32) -> u16 {
-    s = (s & 0xffff) + (s >> 16);
-    s = (s & 0xffff) + (s >> 16);
-    s as u16
-}
-
 /// An IPv4 header checksum after its 32-bit field `old` became `new`
 /// (RFC 1624, eqn. 3), computed here rather than by a helper call. Words
 /// in memory order on both sides: one's-complement sums do not depend on
 /// byte order.
 #[inline(always)]
 fn ip4_csum_replace(csum: u16, old: u32, new: u32) -> u16 {
-    let sum = (!csum as u32 & 0xffff) + halves_neg(old) + halves(new);
-    !fold(sum)
+    replace(csum, halves_neg(old) + halves(new))
 }
 
 /// Rewrites the IPv4 address at `at` from `old` to `new` and the header
 /// checksum at `csum_at` with it; `Err` if either is out of the packet.
 #[inline(always)]
-fn rewrite_ip4(ctx: &TcContext, at: usize, csum_at: usize, old: u32, new: u32) -> Result<(), i64> {
+fn rewrite_ip4<C: Frame>(ctx: &C, at: usize, csum_at: usize, old: u32, new: u32) -> Result<(), i64> {
     let csum: u16 = load_words(ctx, csum_at).ok_or(-1i64)?;
     let csum = ip4_csum_replace(csum, old, new);
     put_words(ctx, at, new).ok_or(-1i64)?;
@@ -96,7 +74,7 @@ struct L4Csum {
 }
 
 #[inline(always)]
-fn pseudo_csum(ctx: &TcContext, v6: bool, proto: u8, l4: usize) -> L4Csum {
+fn pseudo_csum<C: Frame>(ctx: &C, v6: bool, proto: u8, l4: usize) -> L4Csum {
     let mut c = L4Csum { off: 0, flags: 0 };
     if proto == PROTO_TCP {
         c.off = l4 + TCP_CSUM;
@@ -115,7 +93,7 @@ fn pseudo_csum(ctx: &TcContext, v6: bool, proto: u8, l4: usize) -> L4Csum {
 
 /// Replaces the source or destination address `old` with `new`.
 #[inline(always)]
-pub fn rewrite(ctx: &mut TcContext, p: &Packet, field: Field, old: &IpKey, new: &IpKey) -> Result<(), i64> {
+pub fn rewrite<C: Frame>(ctx: &mut C, p: &Packet, field: Field, old: &IpKey, new: &IpKey) -> Result<(), i64> {
     let mut l4 = pseudo_csum(ctx, p.v6, p.proto, p.l4);
     if p.later_fragment {
         l4.off = 0;
@@ -144,7 +122,7 @@ pub fn rewrite(ctx: &mut TcContext, p: &Packet, field: Field, old: &IpKey, new: 
 /// too short to hold the address is left alone; a quoted transport
 /// checksum past the end is left alone too.
 #[inline(always)]
-pub fn rewrite_quoted(ctx: &mut TcContext, p: &Packet, field: Field, old: &IpKey, new: &IpKey) -> Result<(), i64> {
+pub fn rewrite_quoted<C: Frame>(ctx: &mut C, p: &Packet, field: Field, old: &IpKey, new: &IpKey) -> Result<(), i64> {
     if !is_icmp(p) {
         return Ok(());
     }
@@ -209,8 +187,8 @@ pub fn rewrite_quoted(ctx: &mut TcContext, p: &Packet, field: Field, old: &IpKey
 /// `to`, `size` as the helper takes them), and the ICMP checksum for that.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn quoted_l4(
-    ctx: &mut TcContext,
+fn quoted_l4<C: Frame>(
+    ctx: &mut C,
     v6: bool,
     proto: u8,
     l4: usize,
@@ -235,4 +213,25 @@ fn quoted_l4(
         ctx.l4_csum_replace(icmp_csum, before.to_be() as u64, after.to_be() as u64, 2)?;
     }
     Ok(())
+}
+
+/// Rewrites `field` of `p` to `new`, and the quoted address of an ICMP
+/// error the same way; `p` follows. `false`: the kernel refused a write
+/// (the caller drops the packet, never lets it through half-translated).
+#[inline(always)]
+pub fn translate<C: Frame>(ctx: &mut C, p: &mut Packet, field: Field, new: &IpKey) -> bool {
+    // An error about a flow quotes it reversed: a packet to the LB IP
+    // quotes the LB IP as the source it was sent with, and vice versa.
+    let (old, quoted) = match field {
+        Field::Src => (p.src, Field::Dst),
+        Field::Dst => (p.dst, Field::Src),
+    };
+    if rewrite(ctx, p, field, &old, new).is_err() || rewrite_quoted(ctx, p, quoted, &old, new).is_err() {
+        return false;
+    }
+    match field {
+        Field::Src => p.src = *new,
+        Field::Dst => p.dst = *new,
+    }
+    true
 }

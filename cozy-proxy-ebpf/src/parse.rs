@@ -2,7 +2,7 @@
 //! is bounds-checked against the linear data, so a truncated or malformed
 //! packet yields `None`, never an out-of-bounds read.
 use crate::hdr::*;
-use aya_ebpf::programs::TcContext;
+use crate::frame::{packet_offset, Frame};
 use core::mem::size_of;
 use cozy_proxy_common::{IpKey, FAMILY_V4, FAMILY_V6};
 
@@ -25,6 +25,8 @@ const MAX_EXT_HEADERS: usize = 4;
 /// an ICMP error quoting an IPv6 header and its ports.
 const PULL: u32 = 256;
 
+#[repr(C)]
+#[derive(Clone, Copy)]
 pub struct Packet {
     /// Offset of the IP header.
     pub l3: usize,
@@ -43,9 +45,30 @@ pub struct Packet {
     pub dst: IpKey,
 }
 
+/// Where a parsed packet's IP header can start: after Ethernet and at
+/// most one VLAN tag.
+pub const MAX_L3: usize = ETH_HLEN + VLAN_HLEN;
+/// Where its upper-layer header can start, at most (IPv6 with four
+/// extension headers of the largest size).
+pub const MAX_L4: usize = 0x3fff;
+
+impl Packet {
+    /// Are its offsets within what a parse gives? (A global function
+    /// cannot know what its caller passes.)
+    #[inline(always)]
+    pub fn in_bounds(&self) -> bool {
+        self.l3 <= MAX_L3 && self.l4 <= MAX_L4
+    }
+}
+
 /// `size_of::<T>()` bytes at `off`, if they are in the linear data.
 #[inline(always)]
-pub fn load<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
+pub fn load<T: Copy>(ctx: &impl Frame, off: usize) -> Option<T> {
+    if size_of::<T>() == 1 {
+        // SAFETY: one byte, of a type any byte is a value of (u8).
+        return byte(ctx, off).map(|b| unsafe { core::mem::transmute_copy(&b) });
+    }
+    let off = packet_offset(off);
     let start = ctx.data();
     let end = ctx.data_end();
     if start + off + size_of::<T>() > end {
@@ -59,15 +82,15 @@ pub fn load<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
 /// beyond it (a long extension header chain in paged data), copied out by
 /// the kernel. `None` only past the packet's end.
 #[inline(always)]
-pub fn load_any<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
+pub fn load_any<T: Copy>(ctx: &impl Frame, off: usize) -> Option<T> {
     load(ctx, off).or_else(|| copy(ctx, off))
 }
 
 /// `bpf_skb_load_bytes`, out of line: inlined, LLVM kept pointers into
 /// the context across the call, which the verifier refuses.
 #[inline(never)]
-fn copy<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
-    ctx.load::<T>(off).ok()
+fn copy<T: Copy>(ctx: &impl Frame, off: usize) -> Option<T> {
+    ctx.copy::<T>(off)
 }
 
 /// `size_of::<T>()` bytes at `off` read as whole 32-bit words (`T` is made
@@ -78,7 +101,8 @@ fn copy<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
 /// programs do through `struct iphdr *`. BPF is little-endian here
 /// (bpfel): a word holds its bytes lowest first.
 #[inline(always)]
-pub fn load_words<T: Copy>(ctx: &TcContext, off: usize) -> Option<T> {
+pub fn load_words<T: Copy>(ctx: &impl Frame, off: usize) -> Option<T> {
+    let off = packet_offset(off);
     let start = ctx.data();
     let end = ctx.data_end();
     if start + off + size_of::<T>() > end {
@@ -104,7 +128,8 @@ pub const fn be16_of(w: u32, i: u32) -> u16 {
 /// Writes `v` (made of `u32`s) at `off` with word-sized stores, if that
 /// is in the linear data (see [`load_words`] on alignment).
 #[inline(always)]
-pub fn put_words<T: Copy>(ctx: &TcContext, off: usize, v: T) -> Option<()> {
+pub fn put_words<T: Copy>(ctx: &impl Frame, off: usize, v: T) -> Option<()> {
+    let off = packet_offset(off);
     let start = ctx.data();
     let end = ctx.data_end();
     if start + off + size_of::<T>() > end {
@@ -118,7 +143,15 @@ pub fn put_words<T: Copy>(ctx: &TcContext, off: usize, v: T) -> Option<()> {
 /// Writes `v` at `off`, if that is in the linear data (direct packet
 /// access: no helper call).
 #[inline(always)]
-pub fn put<T: Copy>(ctx: &TcContext, off: usize, v: T) -> Option<()> {
+pub fn put<T: Copy>(ctx: &impl Frame, off: usize, v: T) -> Option<()> {
+    if size_of::<T>() == 1 {
+        // As the second of two bytes (see [`byte`]).
+        let at = off.checked_sub(1)?;
+        let [first, _] = load::<[u8; 2]>(ctx, at)?;
+        // SAFETY: a one-byte value as its byte.
+        return put(ctx, at, [first, unsafe { core::mem::transmute_copy::<T, u8>(&v) }]);
+    }
+    let off = packet_offset(off);
     let start = ctx.data();
     let end = ctx.data_end();
     if start + off + size_of::<T>() > end {
@@ -131,13 +164,18 @@ pub fn put<T: Copy>(ctx: &TcContext, off: usize, v: T) -> Option<()> {
 }
 
 #[inline(always)]
-pub fn byte(ctx: &TcContext, off: usize) -> Option<u8> {
-    load::<u8>(ctx, off)
+pub fn byte<C: Frame>(ctx: &C, off: usize) -> Option<u8> {
+    // Read as the second of two bytes (every header field is past the
+    // frame's first byte): the same bound, `off` within the data, but a
+    // check LLVM does not fold into `start + off >= end`, from which the
+    // verifier learns no range when `off` is not a constant.
+    let pair = load::<[u8; 2]>(ctx, off.checked_sub(1)?)?;
+    Some(pair[1])
 }
 
 /// A 16-bit field (port, ICMP identifier, checksum) at `off`, host order.
 #[inline(always)]
-pub fn be16(ctx: &TcContext, off: usize) -> Option<u16> {
+pub fn be16<C: Frame>(ctx: &C, off: usize) -> Option<u16> {
     load::<u16>(ctx, off).map(u16::from_be)
 }
 
@@ -148,29 +186,30 @@ pub fn has_ports(proto: u8) -> bool {
 
 /// The packet's IP headers, or `None` for anything else.
 #[inline(always)]
-pub fn parse(ctx: &TcContext) -> Option<Packet> {
+pub fn parse<C: Frame>(ctx: &C, out: &mut Packet) -> bool {
     let linear = ctx.data_end() - ctx.data();
     let len = ctx.len();
     if (linear as u32) < PULL && (linear as u32) < len {
         // Best effort: what stays paged is simply not read.
-        let _ = ctx.pull_data(if len < PULL { len } else { PULL });
+        ctx.pull(if len < PULL { len } else { PULL });
     }
     let mut l3 = ETH_HLEN;
-    let mut ether = be16(ctx, ETH_TYPE)?;
+    let Some(mut ether) = be16(ctx, ETH_TYPE) else { return false };
     // One VLAN tag in the frame (when not offloaded to skb metadata).
     if ether == ETH_P_8021Q || ether == ETH_P_8021AD {
-        ether = be16(ctx, VLAN_INNER_TYPE)?;
+        let Some(inner) = be16(ctx, VLAN_INNER_TYPE) else { return false };
+        ether = inner;
         l3 += VLAN_HLEN;
     }
     match ether {
-        ETH_P_IP => parse_v4(ctx, l3),
-        ETH_P_IPV6 => parse_v6(ctx, l3),
-        _ => None,
+        ETH_P_IP => parse_v4(ctx, l3, out).is_some(),
+        ETH_P_IPV6 => parse_v6(ctx, l3, out).is_some(),
+        _ => false,
     }
 }
 
 #[inline(always)]
-fn parse_v4(ctx: &TcContext, l3: usize) -> Option<Packet> {
+fn parse_v4<C: Frame>(ctx: &C, l3: usize, out: &mut Packet) -> Option<()> {
     // The fixed header in one read (one bounds check), as five words:
     // version/IHL, ..; identification, flags/offset; TTL, protocol, ..;
     // source; destination.
@@ -182,7 +221,7 @@ fn parse_v4(ctx: &TcContext, l3: usize) -> Option<Packet> {
     }
     let frag = be16_of(h[IP4_FRAG / 4], 2);
     let offset = frag & IP4_OFFSET;
-    Some(Packet {
+    *out = Packet {
         l3,
         v6: false,
         proto: byte_of(h[IP4_PROTO / 4], 1),
@@ -192,11 +231,12 @@ fn parse_v4(ctx: &TcContext, l3: usize) -> Option<Packet> {
         frag_id: be16_of(h[IP4_ID / 4], 0) as u32,
         src: IpKey::from_words(FAMILY_V4, [h[IP4_SADDR / 4], 0, 0, 0]),
         dst: IpKey::from_words(FAMILY_V4, [h[IP4_DADDR / 4], 0, 0, 0]),
-    })
+    };
+    Some(())
 }
 
 #[inline(always)]
-fn parse_v6(ctx: &TcContext, l3: usize) -> Option<Packet> {
+fn parse_v6<C: Frame>(ctx: &C, l3: usize, out: &mut Packet) -> Option<()> {
     // Ten words: version/class/label; length, next header, hop limit;
     // source (4); destination (4).
     let h: [u32; IP6_HLEN / 4] = load_words(ctx, l3)?;
@@ -239,7 +279,7 @@ fn parse_v6(ctx: &TcContext, l3: usize) -> Option<Packet> {
             _ => break,
         }
     }
-    Some(Packet {
+    *out = Packet {
         l3,
         v6: true,
         proto: next,
@@ -249,13 +289,14 @@ fn parse_v6(ctx: &TcContext, l3: usize) -> Option<Packet> {
         frag_id,
         src: IpKey::from_words(FAMILY_V6, src),
         dst: IpKey::from_words(FAMILY_V6, dst),
-    })
+    };
+    Some(())
 }
 
 /// The source and destination ports of a first fragment (or unfragmented
 /// packet) of TCP, UDP or SCTP.
 #[inline(always)]
-pub fn ports(ctx: &TcContext, p: &Packet) -> Option<(u16, u16)> {
+pub fn ports<C: Frame>(ctx: &C, p: &Packet) -> Option<(u16, u16)> {
     if p.later_fragment || !has_ports(p.proto) {
         return None;
     }
@@ -275,7 +316,7 @@ pub fn is_icmp(p: &Packet) -> bool {
 /// (link-local, or link-local multicast): link-local control, as ARP is,
 /// never forwarded.
 #[inline(always)]
-pub fn is_neighbour_discovery(ctx: &TcContext, p: &Packet) -> bool {
+pub fn is_neighbour_discovery<C: Frame>(ctx: &C, p: &Packet) -> bool {
     let d = &p.dst.addr;
     let link_scoped = (d[0] == 0xfe && d[1] & 0xc0 == 0x80) || (d[0] == 0xff && d[1] == 0x02);
     p.v6 && link_scoped && is_icmp(p) && matches!(load_any::<u8>(ctx, p.l4), Some(ND_FIRST..=ND_LAST))
@@ -304,7 +345,7 @@ pub fn is_icmp_error(p: &Packet, icmp_type: u8) -> bool {
 /// The "ports" a flow is known by: TCP/UDP/SCTP ports, or for ICMP echo the
 /// identifier as the local end and 0. `None` when there is nothing to key on.
 #[inline(always)]
-pub fn flow_ports(ctx: &TcContext, p: &Packet, request: bool) -> Option<(u16, u16)> {
+pub fn flow_ports<C: Frame>(ctx: &C, p: &Packet, request: bool) -> Option<(u16, u16)> {
     if let Some(ports) = ports(ctx, p) {
         return Some(ports);
     }

@@ -37,6 +37,14 @@ pub struct EbpfArgs {
     /// "netlink" (tc filters always: the path of older kernels).
     #[arg(long, env = "COZY_PROXY_TC_ATTACH", value_enum, default_value_t = crate::ebpf::TcAttach::Auto)]
     pub tc_attach: crate::ebpf::TcAttach,
+    /// The XDP program on the uplinks (the default routes' interfaces),
+    /// ahead of the skb: it drops what the port filter, the source ranges
+    /// and unmapped LB IPs refuse, and with the fast path hands packets to
+    /// pods whose interface takes XDP frames. "auto": natively, on drivers
+    /// the tests run it on (veth); "on": every uplink, generic where the
+    /// driver has no native XDP; "off", the default (docs/ebpf-datapath.md).
+    #[arg(long, env = "COZY_PROXY_XDP", value_enum, default_value_t = crate::ebpf::XdpChoice::Off)]
+    pub xdp: crate::ebpf::XdpChoice,
 }
 
 impl EbpfArgs {
@@ -47,6 +55,7 @@ impl EbpfArgs {
                 interfaces: self.interfaces.clone(),
                 fast_path: self.fast_path,
                 tc_attach: self.tc_attach,
+                xdp: self.xdp,
             },
             install_part_lbs: crate::datapath::PART_LBS,
         }

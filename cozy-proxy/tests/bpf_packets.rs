@@ -5,7 +5,8 @@
 //! anti-spoofing, in-cluster traffic, client-side translation, source
 //! ranges, truncated and malformed frames). The maps are filled by the
 //! production code (`EbpfKernel::apply`) from a `DatapathState`; checksums
-//! of the output are verified independently. Needs root.
+//! of the output are verified independently. The XDP program is held to
+//! the TC programs' decisions (xdp.rs). Needs root.
 use aya::maps::{HashMap as AyaHashMap, Map, MapData};
 use cozy_proxy::{
     datapath::{AllowedPort, DatapathState, Kernel},
@@ -1104,6 +1105,8 @@ fn flow_key(pod: IpAddr, peer: IpAddr, proto: u8, pod_port: u16, peer_port: u16)
 
 #[path = "bpf_packets/fuzz.rs"]
 mod fuzz;
+#[path = "bpf_packets/xdp.rs"]
+mod xdp;
 
 /// A bounded fuzz run (200 000 frames by default; `cargo xtask fuzz` runs
 /// longer): see fuzz.rs for the invariants.

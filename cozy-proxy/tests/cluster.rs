@@ -50,6 +50,11 @@ mod ebpf_fast {
     every_scenario!(run(Backend::EbpfFast, ClusterShape::Routed));
 }
 
+mod ebpf_xdp {
+    use super::*;
+    every_scenario!(run(Backend::EbpfXdp, ClusterShape::Routed));
+}
+
 /// A bridge per node, the nodes routing each other's pod networks (Flannel
 /// host-gw, kindnet).
 mod bridge {

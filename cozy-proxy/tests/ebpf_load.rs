@@ -15,7 +15,9 @@ fn embedded_programs_load_into_the_kernel() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.contains("cozy_egress") && stdout.contains("cozy_ingress"),
+        ["cozy_egress", "cozy_ingress", "cozy_xdp"]
+            .iter()
+            .all(|p| stdout.contains(p)),
         "{stdout}"
     );
 }

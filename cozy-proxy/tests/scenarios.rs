@@ -109,6 +109,13 @@ mod ebpf_fast {
     every_scenario!(run(Backend::EbpfFast, SourceKind::Manifests, Shape::Routed));
 }
 
+/// The XDP path: the fast path from the XDP program on the uplink into
+/// pods whose interfaces take XDP frames; the same outcomes.
+mod ebpf_xdp {
+    use super::*;
+    every_scenario!(run(Backend::EbpfXdp, SourceKind::Manifests, Shape::Routed));
+}
+
 /// The same scenarios through the Kubernetes source: the real kube-rs
 /// client against the API stand-in.
 mod kube_nft {

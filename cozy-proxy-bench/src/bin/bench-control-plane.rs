@@ -650,6 +650,7 @@ fn control_plane(args: &[String]) -> Result<()> {
                         interfaces: Interfaces::Named(vec![]),
                         fast_path: false,
                         tc_attach: Default::default(),
+                        xdp: cozy_proxy::ebpf::XdpChoice::Off,
                     };
                     bench_backend(
                         Synced::new(EbpfKernel::start(cfg)?),

@@ -103,7 +103,7 @@ fn demo(backend: Backend) -> Result<()> {
             )?;
             print!("{table}");
         }
-        Backend::Ebpf | Backend::EbpfFast => {
+        Backend::Ebpf | Backend::EbpfFast | Backend::EbpfXdp => {
             let map = cozy_proxy::ebpf::layouts::pin_path(&env.ctl.pin_dir, "addrs");
             let map = map.display().to_string();
             step(&format!("bpftool map dump pinned {map}"));

@@ -23,6 +23,10 @@ pub enum Backend {
     Ebpf,
     /// The eBPF backend with its fast path on (`--fast-path=true`).
     EbpfFast,
+    /// The XDP path: the fast path with the XDP program on the uplinks
+    /// (`--xdp=auto`), the pods' ends of their veths with GRO on, so that
+    /// their interfaces take XDP frames ([`Backend::xdp_pods`]).
+    EbpfXdp,
 }
 
 impl Backend {
@@ -30,7 +34,7 @@ impl Backend {
     pub fn arg(self) -> &'static str {
         match self {
             Backend::Nft => "nft",
-            Backend::Ebpf | Backend::EbpfFast => "ebpf",
+            Backend::Ebpf | Backend::EbpfFast | Backend::EbpfXdp => "ebpf",
         }
     }
 
@@ -40,7 +44,26 @@ impl Backend {
             Backend::Nft => &[],
             Backend::Ebpf => &["--fast-path=false"],
             Backend::EbpfFast => &["--fast-path=true"],
+            Backend::EbpfXdp => &["--fast-path=true", "--xdp=auto"],
         }
+    }
+
+    /// Does the fast path run (TC's or XDP's)?
+    pub fn fast(self) -> bool {
+        matches!(self, Backend::EbpfFast | Backend::EbpfXdp)
+    }
+
+    /// For the XDP path: GRO on at the pod's end of each `(namespace,
+    /// interface)`, as some CNIs set it (a veth whose peer has GRO on takes
+    /// frames an XDP program redirects to it). Nothing for the others.
+    pub fn xdp_pods(self, pods: impl IntoIterator<Item = (String, String)>) -> Result<()> {
+        if self != Backend::EbpfXdp {
+            return Ok(());
+        }
+        for (ns, dev) in pods {
+            crate::sh::ok_in(&ns, &["ethtool", "-K", &dev, "gro", "on"])?;
+        }
+        Ok(())
     }
 
     pub fn is_ebpf(self) -> bool {

@@ -700,6 +700,11 @@ impl Cluster {
         source: ClusterSource,
     ) -> Result<Cluster> {
         let topo = ClusterTopology::new(shape)?;
+        backend.xdp_pods(
+            (1..=2)
+                .flat_map(|k| (1..=PODS).map(move |i| pod(k, i)))
+                .map(|p| (topo.pod(p), "eth0".to_string())),
+        )?;
         let dir = ManifestDir::new(&topo.prefix)?;
         for k in 1..=2 {
             dir.put(&format!("node{k}"), &node_yaml(k))?;
@@ -719,7 +724,7 @@ impl Cluster {
             let log = std::env::temp_dir().join(format!("{}-n{k}-controller.log", topo.prefix));
             let _ = fs::remove_file(&log);
             let pin_dir = match backend {
-                Backend::Ebpf | Backend::EbpfFast => {
+                Backend::Ebpf | Backend::EbpfFast | Backend::EbpfXdp => {
                     test_bpffs()?.join(format!("{}-n{k}", topo.prefix))
                 }
                 Backend::Nft => std::env::temp_dir().join(format!("{}-unused-pins", topo.prefix)),

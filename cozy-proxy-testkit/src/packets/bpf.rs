@@ -4,7 +4,7 @@
 //! them): the packet tests, their fuzz and the per-packet benchmark.
 use anyhow::{bail, Context, Result};
 use aya::{
-    programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions},
+    programs::{ProgramError, SchedClassifier, TestRun, TestRunOptions, Xdp},
     Ebpf, EbpfLoader,
 };
 use cozy_proxy::ebpf::layouts::pin_path;
@@ -37,6 +37,9 @@ pub struct Ifaces {
 pub struct World {
     pub kernel: EbpfKernel,
     pub ebpf: Ebpf,
+    /// Other builds of the programs loaded on the same maps, by label
+    /// (`PERPACKET_COMPARE`): variant `i + 1` of the runs.
+    pub others: Vec<(String, Ebpf)>,
     netns: File,
     pub ifs: Ifaces,
 }
@@ -76,6 +79,44 @@ pub fn skb_ctx(ingress_ifindex: u32, ifindex: u32) -> Vec<u8> {
     ctx[36..40].copy_from_slice(&ingress_ifindex.to_ne_bytes());
     ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
     ctx
+}
+
+/// `xdp_md` for a test run: the frame's bounds and the interface it is
+/// received on (queue 0).
+pub fn xdp_ctx(len: usize, ingress_ifindex: u32) -> Vec<u8> {
+    let mut ctx = vec![0u8; 24];
+    ctx[4..8].copy_from_slice(&(len as u32).to_ne_bytes());
+    ctx[12..16].copy_from_slice(&ingress_ifindex.to_ne_bytes());
+    ctx
+}
+
+/// XDP verdicts.
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_REDIRECT: u32 = 4;
+
+/// The XDP program of the object, and an empty one for reference.
+pub const XDP_PROGRAM: &str = "cozy_xdp";
+pub const XDP_EMPTY: &str = "cozy_xdp_pass";
+
+/// Loads the TC programs of `object` (and its XDP program, where it has
+/// one) on the maps `loader` pins.
+fn load_programs(loader: &mut EbpfLoader, object: &[u8]) -> Result<Ebpf> {
+    let mut ebpf = loader.load(object)?;
+    for name in PROGRAMS {
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .with_context(|| format!("no program {name}"))?
+            .try_into()?;
+        prog.load()?;
+    }
+    for name in [XDP_PROGRAM, XDP_EMPTY] {
+        if let Some(p) = ebpf.program_mut(name) {
+            let xdp: &mut Xdp = p.try_into()?;
+            xdp.load()?;
+        }
+    }
+    Ok(ebpf)
 }
 
 fn io_error(e: ProgramError) -> std::io::Error {
@@ -155,6 +196,7 @@ impl World {
             interfaces: Interfaces::Named(vec![]),
             fast_path: false,
             tc_attach: Default::default(),
+            xdp: cozy_proxy::ebpf::XdpChoice::Off,
         };
         let mut kernel = EbpfKernel::start(cfg)?;
         let desired = state(ifs);
@@ -169,13 +211,24 @@ impl World {
             Some(path) => Some(std::fs::read(&path).with_context(|| format!("reading {path:?}"))?),
             None => None,
         };
-        let mut ebpf = loader.load(other.as_deref().unwrap_or(OBJECT))?;
-        for name in PROGRAMS {
-            let prog: &mut SchedClassifier = ebpf
-                .program_mut(name)
-                .with_context(|| format!("no program {name}"))?
-                .try_into()?;
-            prog.load()?;
+        let ebpf = load_programs(&mut loader, other.as_deref().unwrap_or(OBJECT))?;
+        // `PERPACKET_COMPARE=label=path,...`: more builds, each on the same
+        // maps, whose runs the per-packet benchmark interleaves with this
+        // one's ("this build" again for an A/A control).
+        let mut others = Vec::new();
+        for item in std::env::var("PERPACKET_COMPARE")
+            .unwrap_or_default()
+            .split(',')
+        {
+            let Some((label, path)) = item.split_once('=') else {
+                continue;
+            };
+            let object = if path == "this" {
+                OBJECT.to_vec()
+            } else {
+                std::fs::read(path).with_context(|| format!("reading {path}"))?
+            };
+            others.push((label.to_string(), load_programs(&mut loader, &object)?));
         }
         // Both sides hold the maps now: unpinned, they go with the process.
         for name in names::ALL {
@@ -186,6 +239,7 @@ impl World {
         Ok(World {
             kernel,
             ebpf,
+            others,
             netns,
             ifs,
         })
@@ -207,11 +261,64 @@ impl World {
     }
 
     fn program(&self, prog: &str) -> std::io::Result<&SchedClassifier> {
-        let p = self
-            .ebpf
-            .program(prog)
+        self.program_of(0, prog)
+    }
+
+    /// The build `variant` (0: this one, `i + 1`: `others[i]`).
+    fn build(&self, variant: usize) -> std::io::Result<&Ebpf> {
+        match variant {
+            0 => Ok(&self.ebpf),
+            i => (self.others.get(i - 1).map(|(_, e)| e))
+                .ok_or_else(|| std::io::Error::other(format!("no build {i}"))),
+        }
+    }
+
+    fn program_of(&self, variant: usize, prog: &str) -> std::io::Result<&SchedClassifier> {
+        let p = (self.build(variant)?.program(prog))
             .ok_or_else(|| std::io::Error::other(format!("no program {prog}")))?;
         p.try_into().map_err(io_error)
+    }
+
+    /// `repeat` runs of the XDP program `prog` of build `variant` on
+    /// `frame` received on `ingress_ifindex`: the last verdict and the
+    /// kernel's mean time per run. `None` where that build has no such
+    /// program.
+    pub fn run_xdp_repeated(
+        &self,
+        variant: usize,
+        prog: &str,
+        frame: &[u8],
+        ingress_ifindex: u32,
+        repeat: u32,
+    ) -> std::io::Result<Option<(u32, Duration)>> {
+        let Some(p) = self.build(variant)?.program(prog) else {
+            return Ok(None);
+        };
+        let p: &Xdp = p.try_into().map_err(io_error)?;
+        let ctx = xdp_ctx(frame.len(), ingress_ifindex);
+        let mut opts = TestRunOptions::new();
+        opts.data_in = Some(frame);
+        opts.ctx_in = Some(&ctx);
+        opts.repeat = repeat;
+        let r = p.test_run(opts).map_err(io_error)?;
+        Ok(Some((r.return_value, r.duration)))
+    }
+
+    /// One run of the XDP program on `frame`: the verdict and the frame
+    /// after.
+    pub fn run_xdp(&self, frame: &[u8], ingress_ifindex: u32) -> std::io::Result<(u32, Vec<u8>)> {
+        let p = (self.ebpf.program(XDP_PROGRAM))
+            .ok_or_else(|| std::io::Error::other("no XDP program"))?;
+        let p: &Xdp = p.try_into().map_err(io_error)?;
+        let mut out = vec![0u8; frame.len() + 256];
+        let ctx = xdp_ctx(frame.len(), ingress_ifindex);
+        let mut opts = TestRunOptions::new();
+        opts.data_in = Some(frame);
+        opts.data_out = Some(&mut out);
+        opts.ctx_in = Some(&ctx);
+        let r = p.test_run(opts).map_err(io_error)?;
+        out.truncate(r.data_size_out as usize);
+        Ok((r.return_value, out))
     }
 
     /// One run of `prog` on `frame` as seen on interface `dev`, received on
@@ -246,12 +353,27 @@ impl World {
         dev: u32,
         repeat: u32,
     ) -> std::io::Result<(u32, Duration)> {
+        self.run_repeated_in(0, prog, frame, (ingress_ifindex, dev), repeat)
+    }
+
+    /// [`World::run_repeated`] of build `variant` (see [`World::others`]).
+    pub fn run_repeated_in(
+        &self,
+        variant: usize,
+        prog: &str,
+        frame: &[u8],
+        (ingress_ifindex, dev): (u32, u32),
+        repeat: u32,
+    ) -> std::io::Result<(u32, Duration)> {
         let ctx = skb_ctx(ingress_ifindex, dev);
         let mut opts = TestRunOptions::new();
         opts.data_in = Some(frame);
         opts.ctx_in = Some(&ctx);
         opts.repeat = repeat;
-        let r = self.program(prog)?.test_run(opts).map_err(io_error)?;
+        let r = self
+            .program_of(variant, prog)?
+            .test_run(opts)
+            .map_err(io_error)?;
         Ok((r.return_value, r.duration))
     }
 }

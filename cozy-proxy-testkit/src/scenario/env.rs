@@ -88,6 +88,7 @@ impl Env {
     ) -> Result<Env> {
         check_root()?;
         let topo = Topology::with_shape(shape)?;
+        backend.xdp_pods((1..=topo.pods).map(|i| (topo.pod(i), "eth0".to_string())))?;
         let dir = ManifestDir::new(&topo.prefix)?;
         let log = std::env::temp_dir().join(format!("{}-controller.log", topo.prefix));
         let _ = fs::remove_file(&log);
@@ -196,6 +197,12 @@ impl Env {
         self.ctl.backend = backend;
         self.backend = backend;
         self.ctl.spawn()
+    }
+
+    /// What the XDP program on the node's uplink redirected and dropped
+    /// so far (all zero where none runs).
+    pub fn xdp_verdicts(&self) -> Result<(u64, u64)> {
+        crate::traffic::xdp_verdicts(&self.topo.node(), "uplink")
     }
 
     /// A scratch file for this scenario.

@@ -339,6 +339,20 @@ pub fn ping(ns: &str, dst: IpAddr) -> Result<IpAddr> {
         .with_context(|| format!("reply source in {text:?}"))
 }
 
+/// What the XDP program on veth `dev` did with what it received, summed
+/// over the receive queues (`ethtool -S`): (redirected, dropped).
+pub fn xdp_verdicts(ns: &str, dev: &str) -> Result<(u64, u64)> {
+    let text = ok_in(ns, &["ethtool", "-S", dev])?;
+    let sum = |suffix: &str| -> u64 {
+        (text.lines())
+            .filter_map(|l| l.trim().split_once(':'))
+            .filter(|(k, _)| k.starts_with("rx_queue_") && k.ends_with(suffix))
+            .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+            .sum()
+    };
+    Ok((sum("_xdp_redirect"), sum("_xdp_drops")))
+}
+
 /// ICMP echo requests the namespace's stack has received.
 pub fn echo_requests_received(ns: &str, fam: Fam) -> Result<u64> {
     let (file, key) = match fam {

@@ -39,6 +39,8 @@ pub struct EbpfConfig {
     /// can (redirects).
     pub fast_path: bool,
     pub tc_attach: TcAttach,
+    /// The XDP program on the uplinks (see `xdp_place.rs`).
+    pub xdp: super::xdp_place::XdpChoice,
 }
 
 /// How the programs are attached to an interface.

@@ -249,6 +249,7 @@ mod tests {
             info_kind: kind.into(),
             slave_kind: slave_kind.into(),
             lower: None,
+            xdp: None,
         }
     }
 

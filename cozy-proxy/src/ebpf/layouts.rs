@@ -30,7 +30,7 @@ use std::{
 use tracing::warn;
 
 /// The layout version of each map this build uses.
-pub const LAYOUTS: [(&str, u32); 14] = [
+pub const LAYOUTS: [(&str, u32); 15] = [
     (names::ADDRS, 1),
     (names::ALLOWED_PORTS, 1),
     (names::CLUSTER, 1),
@@ -45,6 +45,7 @@ pub const LAYOUTS: [(&str, u32); 14] = [
     (names::CONFIG, 3),
     (names::PREFILTER, 1),
     (names::IFACES, 1),
+    (names::XDP_TARGETS, 1),
 ];
 
 /// Maps an older version pinned that this one does not use.
@@ -137,6 +138,8 @@ fn expected_sizes(name: &str) -> Option<(usize, usize)> {
         names::CONFIG => (4, size_of::<Config>()),
         names::PREFILTER => (4, size_of::<Prefilter>()),
         names::IFACES => (4, size_of::<IfRole>()),
+        // struct bpf_devmap_val: the interface, a program's fd or id.
+        names::XDP_TARGETS => (4, 8),
         _ => return None,
     })
 }
@@ -250,7 +253,7 @@ mod tests {
     /// write the loss into CHANGELOG.md, and update this table.
     #[test]
     fn a_size_change_names_a_new_layout() {
-        let known: [(&str, u32, usize, usize); 14] = [
+        let known: [(&str, u32, usize, usize); 15] = [
             ("addrs", 1, 20, 32),
             ("allowed_ports", 1, 24, 1),
             ("cluster", 1, 24, 1),
@@ -265,6 +268,7 @@ mod tests {
             ("config", 3, 4, 16),
             ("prefilter", 1, 4, 409_608),
             ("ifaces", 1, 4, 8),
+            ("xdp_targets", 1, 4, 8),
         ];
         let now: Vec<_> = names::ALL
             .iter()

@@ -18,6 +18,8 @@ mod links;
 mod maps;
 pub mod shape;
 mod slots;
+mod xdp;
+pub mod xdp_place;
 
 use crate::datapath::{
     Applied, BackendKind, Capacity, Counters, DatapathState, Desired, Dump, Kernel, PathOf, Paths,
@@ -41,6 +43,7 @@ use std::{
     time::{Duration, Instant},
 };
 use tracing::{debug, info, warn};
+pub use xdp_place::XdpChoice;
 
 /// The object built from `cozy-proxy-ebpf` by build.rs (empty when the
 /// crate was built without the eBPF toolchain: see build.rs).
@@ -75,6 +78,9 @@ struct Programs {
     ifaces: ifaces::Ifaces,
     /// The masquerade of the hairpins the programs mark.
     hairpin: hairpin::HairpinMasq,
+    /// The XDP program on the uplinks (`None`: `--xdp off`, or it could
+    /// not be loaded, which start says).
+    xdp: Option<xdp::XdpUplinks>,
 }
 
 impl Programs {
@@ -133,7 +139,7 @@ impl Programs {
 }
 
 /// Loads the embedded object on the maps pinned under `pin_dir` (created
-/// and pinned where absent), with both programs loaded into the kernel.
+/// and pinned where absent), with both TC programs loaded into the kernel.
 fn load_object(pin_dir: &Path) -> Result<aya::Ebpf, EbpfError> {
     let mut loader = EbpfLoader::new();
     for name in names::ALL {
@@ -149,6 +155,23 @@ fn load_object(pin_dir: &Path) -> Result<aya::Ebpf, EbpfError> {
             })?;
     }
     Ok(ebpf)
+}
+
+/// The XDP program loaded into `ebpf` and its uplinks' keeper, unless
+/// `--xdp off`; a kernel that refuses it leaves the TC programs serving
+/// every interface, said once.
+fn load_xdp(ebpf: &mut aya::Ebpf, cfg: &EbpfConfig) -> Option<xdp::XdpUplinks> {
+    if cfg.xdp == XdpChoice::Off {
+        return None;
+    }
+    let loaded = xdp::load(ebpf).and_then(|()| xdp::XdpUplinks::open(cfg.xdp, &cfg.pin_dir));
+    match loaded {
+        Ok(x) => Some(x),
+        Err(e) => {
+            warn!(error = %e, "the XDP program could not be loaded; the TC programs serve the uplinks");
+            None
+        }
+    }
 }
 
 /// The interfaces the programs go on: with `auto`, every Ethernet-type
@@ -292,7 +315,8 @@ impl EbpfKernel {
         if let Some(why) = shape::unserved(&route::links(&rtnl)?, &cfg.interfaces) {
             return Err(EbpfError::Unserved(why));
         }
-        let ebpf = load_object(&cfg.pin_dir)?;
+        let mut ebpf = load_object(&cfg.pin_dir)?;
+        let xdp = load_xdp(&mut ebpf, &cfg);
         if cfg.tc_attach == TcAttach::Netlink {
             refuse_blocked_tc_hooks(&rtnl, &cfg)?;
         }
@@ -313,6 +337,7 @@ impl EbpfKernel {
                 behind: BTreeSet::new(),
                 ifaces: iface_roles,
                 hairpin: hairpin::HairpinMasq::default(),
+                xdp,
             }),
             rtnl,
             steering: Steering::open()?,
@@ -385,6 +410,11 @@ impl EbpfKernel {
         }
         p.behind.retain(|(i, _)| live.contains(i));
         chain::set_behind(behind);
+        if let Some(x) = p.xdp.as_mut() {
+            if let Err(e) = x.upkeep(&mut p.ebpf, &self.rtnl, &all, &self.cfg.pin_dir) {
+                warn!(error = %e, "keeping the XDP program on the uplinks failed; retrying every second");
+            }
+        }
         Ok(())
     }
 
@@ -709,6 +739,8 @@ impl Kernel for EbpfKernel {
             .map(|(index, path)| json!({ "ifindex": index, "interface": name_of(index), "pin": path }))
             .collect();
         let chains = self.chains(&links_by_index)?;
+        let uplinks = route::default_route_interfaces(&self.rtnl)?;
+        let xdp = xdp::describe(pin_dir, &links_by_index, &uplinks);
         // Per client address, as counted (recounted at each sweep).
         let reverse_held: BTreeMap<String, u64> = (maps.rev_held()?.into_iter())
             .map(|(client, n)| (ip(&client).to_string(), n))
@@ -734,6 +766,7 @@ impl Kernel for EbpfKernel {
                 "pin_dir": pin_dir,
                 "attachments": attachments,
                 "chains": chains,
+                "xdp": xdp,
                 "routes": routes,
                 "hairpin_masquerade": hairpin::present(),
                 "reverse_translations_held": reverse_held,
@@ -810,8 +843,13 @@ pub fn load_check() -> Result<Vec<String>, EbpfError> {
             name: name.to_string(),
             source,
         };
-        let tc: &mut SchedClassifier = program.try_into().map_err(err)?;
-        tc.load().map_err(err)?;
+        match program {
+            aya::programs::Program::Xdp(xdp) => xdp.load().map_err(err)?,
+            program => {
+                let tc: &mut SchedClassifier = program.try_into().map_err(err)?;
+                tc.load().map_err(err)?;
+            }
+        }
         names.push(name.to_string());
     }
     names.sort();

@@ -53,6 +53,7 @@ mod tests {
             info_kind: kind.into(),
             slave_kind: String::new(),
             lower,
+            xdp: None,
         }
     }
 

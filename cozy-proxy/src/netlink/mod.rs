@@ -3,6 +3,7 @@
 pub mod addr;
 pub mod conntrack;
 pub mod neigh;
+pub mod netdev;
 pub mod route;
 pub mod socket;
 pub mod tc;

@@ -20,6 +20,7 @@ const RTA_DST: u16 = libc::RTA_DST;
 const RTA_GATEWAY: u16 = libc::RTA_GATEWAY;
 const RTA_PREFSRC: u16 = libc::RTA_PREFSRC;
 const RTA_TABLE: u16 = libc::RTA_TABLE;
+const RTA_MULTIPATH: u16 = libc::RTA_MULTIPATH;
 const RT_TABLE_MAIN: u8 = libc::RT_TABLE_MAIN;
 const RTN_UNICAST: u8 = libc::RTN_UNICAST;
 const RTN_UNREACHABLE: u8 = libc::RTN_UNREACHABLE;
@@ -62,6 +63,35 @@ pub struct Link {
     /// namespace: a VLAN's, a macvlan's or an ipvlan's parent. (A veth's
     /// IFLA_LINK is its peer; `None` when the peer is elsewhere.)
     pub lower: Option<u32>,
+    /// The XDP program attached to it, if any (IFLA_XDP).
+    pub xdp: Option<XdpAttached>,
+}
+
+/// An XDP program on an interface, as IFLA_XDP reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct XdpAttached {
+    /// XDP_ATTACHED_DRV (1, native), _SKB (2, generic), _HW (3), _MULTI (4).
+    pub mode: u8,
+    /// The program's id (0 with several attached in different modes).
+    pub prog_id: u32,
+}
+
+/// IFLA_XDP's nested attributes (<linux/if_link.h>).
+const IFLA_XDP_ATTACHED: u16 = 2;
+const IFLA_XDP_PROG_ID: u16 = 4;
+/// IFLA_XDP_ATTACHED's values.
+pub const XDP_ATTACHED_DRV: u8 = 1;
+pub const XDP_ATTACHED_SKB: u8 = 2;
+
+/// The XDP program IFLA_XDP names, if one is attached.
+fn xdp_attached(body: &[u8]) -> Option<XdpAttached> {
+    let xdp = attr(body, libc::IFLA_XDP)?;
+    let mode = *attr(xdp, IFLA_XDP_ATTACHED)?.first()?;
+    if mode == 0 {
+        return None;
+    }
+    let prog_id = u32_attr(xdp, IFLA_XDP_PROG_ID).unwrap_or(0);
+    Some(XdpAttached { mode, prog_id })
 }
 
 impl Link {
@@ -114,6 +144,7 @@ pub fn links(sock: &NlSocket) -> Result<Vec<Link>, NetlinkError> {
                 info_kind,
                 slave_kind,
                 lower,
+                xdp: xdp_attached(body),
             });
         }
     }
@@ -221,6 +252,51 @@ pub fn host_routes(sock: &NlSocket, protocol: u8) -> Result<BTreeMap<IpAddr, Via
         }
     }
     Ok(out)
+}
+
+/// The interfaces the main table's default routes leave by, both families
+/// (every next hop of a multipath route): the node's uplinks.
+pub fn default_route_interfaces(sock: &NlSocket) -> Result<BTreeSet<u32>, NetlinkError> {
+    let mut out = BTreeSet::new();
+    for fam in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        let seq = next_seq();
+        let mut w = Writer::new();
+        w.message(RTM_GETROUTE, NLM_F_DUMP, seq, &rtmsg(fam, 0, 0, 0), |_| {});
+        for a in sock.dump(&w.into_bytes(), seq, "route dump")? {
+            // A default route (prefix 0) of unicast type.
+            if a.len() < RTMSG_LEN || a[1] != 0 || a[7] != RTN_UNICAST {
+                continue;
+            }
+            let body = &a[RTMSG_LEN..];
+            let table = u32_attr(body, RTA_TABLE).unwrap_or(a[4] as u32);
+            if table != RT_TABLE_MAIN as u32 {
+                continue;
+            }
+            out.extend(u32_attr(body, RTA_OIF).filter(|i| *i != 0));
+            out.extend(multipath_interfaces(
+                attr(body, RTA_MULTIPATH).unwrap_or_default(),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// The interfaces of RTA_MULTIPATH's next hops (struct rtnexthop: length,
+/// flags, hops, ifindex, then its attributes).
+fn multipath_interfaces(mut buf: &[u8]) -> Vec<u32> {
+    let mut out = Vec::new();
+    while buf.len() >= 8 {
+        let len = u16::from_ne_bytes([buf[0], buf[1]]) as usize;
+        if len < 8 || len > buf.len() {
+            break;
+        }
+        let index = u32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
+        if index != 0 {
+            out.push(index);
+        }
+        buf = &buf[((len + 3) & !3).min(buf.len())..];
+    }
+    out
 }
 
 /// The node's own addresses: what the local table delivers here (local,

@@ -29,6 +29,8 @@ pub enum NetlinkError {
     MissingAcks(usize),
     #[error("{0}: every dump was interrupted by changes (NLM_F_DUMP_INTR); try again later")]
     Interrupted(String),
+    #[error("this kernel has no {0}")]
+    Missing(String),
 }
 
 impl crate::datapath::ErrorKind for NetlinkError {
@@ -38,6 +40,7 @@ impl crate::datapath::ErrorKind for NetlinkError {
             NetlinkError::Refused { .. } => "refused",
             NetlinkError::MissingAcks(_) => "missing_acks",
             NetlinkError::Interrupted(_) => "interrupted",
+            NetlinkError::Missing(_) => "missing",
         }
     }
 }
@@ -48,7 +51,9 @@ impl NetlinkError {
         match self {
             NetlinkError::Refused { source, .. } => source.raw_os_error(),
             NetlinkError::Io(e) => e.raw_os_error(),
-            NetlinkError::MissingAcks(_) | NetlinkError::Interrupted(_) => None,
+            NetlinkError::MissingAcks(_)
+            | NetlinkError::Interrupted(_)
+            | NetlinkError::Missing(_) => None,
         }
     }
 }

@@ -44,11 +44,21 @@ pub fn s08_unlisted_ports_dropped(env: &mut Env) -> Result<()> {
         "tcp port 8080 or tcp port 9999 or udp port 5353",
         env.scratch("cap"),
     )?;
+    let xdp_dropped = env.xdp_verdicts()?.1;
     env.tcp_dropped(env.lb(0), WEB)?;
     env.tcp_dropped(env.lb(0), 9999)?; // nothing listens: still no RST
     env.udp_dropped(env.lb(0), 5353)?;
     let seen = cap.stop();
     ensure!(seen.is_empty(), "pod1 saw filtered packets: {seen:#?}");
+    // On the XDP path they never got an skb: the uplink's XDP program
+    // dropped them.
+    if env.backend == Backend::EbpfXdp {
+        let now = env.xdp_verdicts()?.1;
+        ensure!(
+            now > xdp_dropped,
+            "the XDP program dropped nothing ({xdp_dropped} -> {now})"
+        );
+    }
     from_a_neighbour_pod(env)
 }
 

@@ -31,8 +31,8 @@ fn on_link(ns: &str, dev: &str, peer_ns: &str, peer_dev: &str, mut spec: Spec) -
 /// Drops the datapath counted for forged sources.
 pub fn spoof_drops(env: &Env) -> Result<u64> {
     match env.backend {
-        Backend::Ebpf | Backend::EbpfFast => Ok(env.dump_json()?["counters"]["drops"]
-            ["spoofed_source"]["packets"]
+        Backend::Ebpf | Backend::EbpfFast | Backend::EbpfXdp => Ok(env.dump_json()?["counters"]
+            ["drops"]["spoofed_source"]["packets"]
             .as_u64()
             .unwrap_or(0)),
         Backend::Nft => {
