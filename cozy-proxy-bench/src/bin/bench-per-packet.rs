@@ -14,12 +14,15 @@
 //! `cozy-proxy-ebpf` builds, with the same maps) instead of the embedded
 //! one: two variants of a program compared in one sitting.
 use anyhow::{bail, Context, Result};
-use aya::maps::{Array, HashMap as AyaHashMap, MapData};
+use aya::maps::{Array, DevMapHash, HashMap as AyaHashMap, MapData};
 use cozy_proxy::datapath::{AllowedPort, DatapathState};
 use cozy_proxy::model::IpRange;
 use cozy_proxy_common::{addr, maps as names, AddrInfo, Config, IpKey, PortKey};
 use cozy_proxy_testkit::{
-    packets::bpf::{World, CLIENTS, DROP, PASS, PEER_CLIENTS, REDIRECT},
+    packets::bpf::{
+        World, CLIENTS, DROP, PASS, PEER_CLIENTS, REDIRECT, XDP_DROP, XDP_EMPTY, XDP_PASS,
+        XDP_PROGRAM, XDP_REDIRECT,
+    },
     packets::frames::{Spec, TCP, UDP},
 };
 use serde_json::{json, Value};
@@ -156,11 +159,48 @@ fn symmetric_pairs(w: &mut World) -> Result<()> {
 
 struct Case {
     name: &'static str,
+    /// A TC program, or [`XDP_PROGRAM`] (run on `ingress`).
     prog: &'static str,
     frame: Vec<u8>,
     ingress: u32,
     dev: u32,
     verdict: u32,
+}
+
+impl Case {
+    /// `repeat` runs on build `variant`: the verdict and the mean time;
+    /// `None` where that build has no such program.
+    fn run(
+        &self,
+        w: &World,
+        variant: usize,
+        repeat: u32,
+    ) -> Result<Option<(u32, std::time::Duration)>> {
+        if self.xdp() {
+            return Ok(w.run_xdp_repeated(
+                variant,
+                self.prog,
+                &self.frame,
+                self.ingress,
+                repeat,
+            )?);
+        }
+        Ok(Some(w.run_repeated_in(
+            variant,
+            self.prog,
+            &self.frame,
+            (self.ingress, self.dev),
+            repeat,
+        )?))
+    }
+
+    fn xdp(&self) -> bool {
+        self.prog == XDP_PROGRAM || self.prog == XDP_EMPTY
+    }
+
+    fn expects(&self, verdict: u32) -> bool {
+        verdict == self.verdict || (verdict == REDIRECT && self.verdict == PASS)
+    }
 }
 
 fn cases(w: &World, a: &Addrs) -> Vec<Case> {
@@ -282,6 +322,48 @@ fn cases(w: &World, a: &Addrs) -> Vec<Case> {
             i.fpod,
             DROP,
         ),
+        // The XDP program on the uplink: what it passes to the stack, and
+        // a flood's packet at a filtered pod's unlisted port, dropped.
+        case(
+            "XDP: empty program",
+            XDP_EMPTY,
+            tcp(a.ext, a.unrelated, 80),
+            i.up,
+            i.up,
+            XDP_PASS,
+        ),
+        case(
+            "XDP: not ours",
+            XDP_PROGRAM,
+            tcp(a.ext, a.unrelated, 80),
+            i.up,
+            i.up,
+            XDP_PASS,
+        ),
+        case(
+            "XDP: to an LB IP, passed on (fast path off)",
+            XDP_PROGRAM,
+            tcp(a.ext, a.pair.0, 80),
+            i.up,
+            i.up,
+            XDP_PASS,
+        ),
+        case(
+            "XDP: filtered, listed port, passed on",
+            XDP_PROGRAM,
+            tcp(a.ext, a.filtered.0, 22),
+            i.up,
+            i.up,
+            XDP_PASS,
+        ),
+        case(
+            "XDP: filtered, unlisted port, dropped",
+            XDP_PROGRAM,
+            Spec::new(a.ext, a.filtered.0, UDP).ports(40000, 80).build(),
+            i.up,
+            i.up,
+            XDP_DROP,
+        ),
     ]
 }
 
@@ -296,7 +378,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn fast_path_cases(w: &mut World, family: &str, a: &Addrs, rounds: usize) -> Result<Vec<Value>> {
+fn fast_path_cases(w: &mut World, a: &Addrs) -> Result<Vec<Case>> {
     let i = w.ifs;
     // Routes and neighbours for the FIB, as a CNI and neighbour discovery
     // leave them.
@@ -317,10 +399,22 @@ fn fast_path_cases(w: &mut World, family: &str, a: &Addrs, rounds: usize) -> Res
             "permanent",
         ])?;
     }
-    w.kernel.set_fast_path(true)?;
+    // The pod's interface takes XDP frames (its peer would have GRO on).
+    if let Some(map) = w.ebpf.map_mut(names::XDP_TARGETS) {
+        let mut targets: DevMapHash<&mut MapData> = DevMapHash::try_from(map)?;
+        targets.insert(i.pod, i.pod, None, 0)?;
+    }
     let tcp = |src, dst| Spec::new(src, dst, TCP).ports(40000, 80).build();
-    let cases = [
-        (
+    let case = |name, prog, frame, ingress, dev, verdict| Case {
+        name,
+        prog,
+        frame,
+        ingress,
+        dev,
+        verdict,
+    };
+    Ok(vec![
+        case(
             "empty program (single runs)",
             "cozy_pass",
             tcp(a.ext, a.unrelated),
@@ -328,7 +422,7 @@ fn fast_path_cases(w: &mut World, family: &str, a: &Addrs, rounds: usize) -> Res
             i.up,
             PASS,
         ),
-        (
+        case(
             "stack path, toward the pod (single runs)",
             "cozy_egress",
             tcp(a.ext, a.pair.0),
@@ -336,7 +430,7 @@ fn fast_path_cases(w: &mut World, family: &str, a: &Addrs, rounds: usize) -> Res
             i.pod,
             PASS,
         ),
-        (
+        case(
             "fast path, toward the pod (single runs)",
             "cozy_ingress",
             tcp(a.ext, a.pair.0),
@@ -344,7 +438,7 @@ fn fast_path_cases(w: &mut World, family: &str, a: &Addrs, rounds: usize) -> Res
             i.up,
             REDIRECT,
         ),
-        (
+        case(
             "fast path, from the pod (single runs)",
             "cozy_ingress",
             tcp(a.pair.1, a.ext),
@@ -352,29 +446,91 @@ fn fast_path_cases(w: &mut World, family: &str, a: &Addrs, rounds: usize) -> Res
             i.pod,
             REDIRECT,
         ),
-    ];
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+        case(
+            "XDP: empty program (single runs)",
+            XDP_EMPTY,
+            tcp(a.ext, a.unrelated),
+            i.up,
+            i.up,
+            XDP_PASS,
+        ),
+        case(
+            "XDP fast path, redirected to the pod (single runs)",
+            XDP_PROGRAM,
+            tcp(a.ext, a.pair.0),
+            i.up,
+            i.up,
+            XDP_REDIRECT,
+        ),
+    ])
+}
+
+/// Runs `cases` on every build of `w`, interleaved (a slow moment of the
+/// machine spreads over every case and build instead of landing on one):
+/// `rounds` samples of `repeat` runs each, or, with `single`, of single
+/// runs (each sample then holds `SINGLE_RUNS / rounds` of them). Returns
+/// each build's rows, its cases' costs above its own empty program's.
+fn measure(
+    w: &World,
+    family: &str,
+    cases: &[Case],
+    rounds: usize,
+    single: bool,
+) -> Result<Vec<Vec<Value>>> {
+    let builds = 1 + w.others.len();
+    // times[build][case]
+    let mut times: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); cases.len()]; builds];
     for _ in 0..rounds {
-        for ((name, prog, frame, ingress, dev, want), t) in cases.iter().zip(times.iter_mut()) {
-            for _ in 0..SINGLE_RUNS / rounds {
-                let (verdict, took) = w.run_repeated(prog, frame, *ingress, *dev, 1)?;
-                if verdict != *want {
-                    bail!("{family} {name}: verdict {verdict}, expected {want}");
+        for (b, build_times) in times.iter_mut().enumerate() {
+            for (c, t) in cases.iter().zip(build_times.iter_mut()) {
+                let (runs, repeat) = if single {
+                    (SINGLE_RUNS / rounds, 1)
+                } else {
+                    (1, REPEAT)
+                };
+                for _ in 0..runs {
+                    let Some((verdict, took)) = c.run(w, b, repeat)? else {
+                        break;
+                    };
+                    if !c.expects(verdict) {
+                        bail!(
+                            "{family} {} (build {b}): verdict {verdict}, expected {}",
+                            c.name,
+                            c.verdict
+                        );
+                    }
+                    t.push(took.as_nanos() as f64);
                 }
-                t.push(took.as_nanos() as f64);
             }
         }
     }
-    w.kernel.set_fast_path(false)?;
-    let empty = median(times[0].clone());
-    let mut rows = Vec::new();
-    for ((name, prog, ..), t) in cases.iter().zip(times) {
-        let s = summary(t);
-        let above = s["median"].as_f64().unwrap_or(f64::NAN) - empty;
-        eprintln!("per-packet {family} {name}: {s} ({above:.0} ns above empty)");
-        rows.push(json!({"case": name, "program": prog, "ns": s, "above_empty_ns": above}));
+    let mut out = Vec::new();
+    for build_times in times {
+        // The empty programs' medians: the TC cases' reference, the XDP
+        // cases' (a test run of each kind costs its own).
+        let empty_of = |xdp: bool| {
+            (cases.iter().zip(&build_times))
+                .find(|(c, t)| {
+                    (c.prog == "cozy_pass" || c.prog == XDP_EMPTY)
+                        && c.xdp() == xdp
+                        && !t.is_empty()
+                })
+                .map_or(f64::NAN, |(_, t)| median(t.clone()))
+        };
+        let (tc_empty, xdp_empty) = (empty_of(false), empty_of(true));
+        let mut rows = Vec::new();
+        for (c, t) in cases.iter().zip(build_times.iter().cloned()) {
+            if t.is_empty() {
+                continue;
+            }
+            let s = summary(t);
+            let empty = if c.xdp() { xdp_empty } else { tc_empty };
+            let above = s["median"].as_f64().unwrap_or(f64::NAN) - empty;
+            rows.push(json!({"case": c.name, "program": c.prog, "ns": s, "above_empty_ns": above}));
+        }
+        out.push(rows);
     }
-    Ok(rows)
+    Ok(out)
 }
 
 fn summary(mut v: Vec<f64>) -> Value {
@@ -392,52 +548,57 @@ fn main() -> Result<()> {
     // PER_PACKET_ONLY=<part of a case name>: only those cases (for a
     // profiler attached meanwhile).
     let only = std::env::var("PER_PACKET_ONLY").ok();
-    let mut out = serde_json::Map::new();
+    let keep = |cases: &mut Vec<Case>| {
+        if let Some(o) = &only {
+            cases.retain(|c| {
+                c.name.contains(o.as_str()) || c.prog == "cozy_pass" || c.prog == XDP_EMPTY
+            });
+        }
+    };
+    let builds = 1 + w.others.len();
+    let mut out: Vec<serde_json::Map<String, Value>> = vec![serde_json::Map::new(); builds];
     for (family, a) in families() {
         hairpin_on_peer(&mut w)?;
         let mut cases = cases(&w, &a);
-        if let Some(o) = &only {
-            cases.retain(|c| c.name.contains(o.as_str()) || c.prog == "cozy_pass");
+        keep(&mut cases);
+        let mut rows = measure(&w, family, &cases, rounds, false)?;
+        let mut fast = fast_path_cases(&mut w, &a)?;
+        keep(&mut fast);
+        w.kernel.set_fast_path(true)?;
+        let fast_rows = measure(&w, family, &fast, rounds, true);
+        w.kernel.set_fast_path(false)?;
+        for (r, f) in rows.iter_mut().zip(fast_rows?) {
+            r.extend(f);
         }
-        // Interleaved rounds: a slow moment of the machine spreads over
-        // every case instead of landing on one.
-        let mut times: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
-        for _ in 0..rounds {
-            for (c, t) in cases.iter().zip(times.iter_mut()) {
-                let (verdict, mean) = w.run_repeated(c.prog, &c.frame, c.ingress, c.dev, REPEAT)?;
-                if verdict != c.verdict && !(verdict == REDIRECT && c.verdict == PASS) {
-                    bail!(
-                        "{family} {}: verdict {verdict}, expected {}",
-                        c.name,
-                        c.verdict
-                    );
-                }
-                t.push(mean.as_nanos() as f64);
+        for (b, r) in rows.into_iter().enumerate() {
+            out[b].insert(family.into(), Value::Array(r));
+        }
+    }
+    for (b, o) in out.iter().enumerate() {
+        let label = match b {
+            0 => "this build",
+            i => w.others[i - 1].0.as_str(),
+        };
+        for (family, rows) in o {
+            for r in rows.as_array().into_iter().flatten() {
+                eprintln!(
+                    "per-packet [{label}] {family} {}: {} ({:.0} ns above empty)",
+                    r["case"],
+                    r["ns"],
+                    r["above_empty_ns"].as_f64().unwrap_or(f64::NAN)
+                );
             }
         }
-        let empty = {
-            let mut e = times[0].clone();
-            e.sort_by(|a, b| a.total_cmp(b));
-            e[e.len() / 2]
-        };
-        let mut rows = Vec::new();
-        for (c, t) in cases.iter().zip(times) {
-            let s = summary(t);
-            let above = s["median"].as_f64().unwrap_or(f64::NAN) - empty;
-            eprintln!(
-                "per-packet {family} {}: {s} ({above:.0} ns above empty)",
-                c.name
-            );
-            rows.push(json!({"case": c.name, "program": c.prog, "ns": s, "above_empty_ns": above}));
-        }
-        rows.extend(fast_path_cases(&mut w, family, &a, rounds)?);
-        out.insert(family.into(), Value::Array(rows));
     }
+    let compared: serde_json::Map<String, Value> = (w.others.iter())
+        .zip(out.iter().skip(1))
+        .map(|((label, _), o)| (label.clone(), Value::Object(o.clone())))
+        .collect();
     println!(
         "{}",
-        serde_json::to_string_pretty(
-            &json!({"per_packet": out, "repeat": REPEAT, "rounds": rounds})
-        )?
+        serde_json::to_string_pretty(&json!({
+            "per_packet": out[0], "compared": compared, "repeat": REPEAT, "rounds": rounds
+        }))?
     );
     Ok(())
 }
