@@ -19,11 +19,12 @@ fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)
 }
 
-const CASES: [(&str, RGBColor); 6] = [
+const CASES: [(&str, RGBColor); 7] = [
     ("baseline_again", RGBColor(150, 150, 150)),
     ("nft", BLUE),
     ("ebpf", GREEN),
     ("ebpf_fast", RGBColor(0, 120, 0)),
+    ("ebpf_xdp", RGBColor(0, 200, 160)),
     ("conntrack_dnat", RED),
     ("kube_proxy", RGBColor(200, 120, 0)),
 ];

@@ -6,7 +6,9 @@
 //! on (checksum offload, TSO/GSO: what a real node does):
 //! - `baseline` and `baseline_again`: plain routing to the pod IP, no NAT
 //!   (twice: the A/A control; their spread is the noise floor);
-//! - `nft`, `ebpf` (stack path), `ebpf_fast` (the fast path);
+//! - `nft`, `ebpf` (stack path), `ebpf_fast` (the fast path), `ebpf_xdp`
+//!   (the XDP path: the fast path from the XDP program on the uplink,
+//!   `--xdp=auto`);
 //! - `conntrack_dnat`: the peer, a kube-proxy-style stateful `dnat to` /
 //!   `snat to` of the LB IP;
 //! - `kube_proxy`: the real kube-proxy (nftables mode, built from its Go
@@ -16,6 +18,18 @@
 //!   cozy-proxy keeps it) on the ports the meters use. Egress is the pod's
 //!   own traffic through kube-proxy's chains, leaving with the pod IP:
 //!   kube-proxy has no source-IP preservation to measure.
+//!
+//! Every case's pod has GRO on at its end of its veth, as the XDP path
+//! needs of a pod's interface to redirect into it: the topologies are the
+//! same in every case.
+//!
+//! Then "one VM under a flood": pod1 port-filtered (its listed port: the
+//! connection meter's), 64-byte UDP datagrams from many source ports at an
+//! unlisted port from one CPU, while the connection meter, on the other,
+//! opens connections to the listed port: the datapath's drops per second
+//! (its own counter) and the connections per second, against the same
+//! meter without the flood; for the eBPF backend's stack path (TC drops
+//! the flood after routing and conntrack) and its XDP path.
 //!
 //! Metrics: 64-byte UDP packets per second received at the far end, one
 //! flow and many flows (trafgen from a raw socket, the receiver's
@@ -50,15 +64,20 @@ mod datapath {
     use std::{net::IpAddr, process::Stdio, time::Duration};
 
     const SECONDS: u64 = 2;
-    const CASES: [&str; 7] = [
+    const CASES: [&str; 8] = [
         "baseline",
         "baseline_again",
         "nft",
         "ebpf",
         "ebpf_fast",
+        "ebpf_xdp",
         "conntrack_dnat",
         "kube_proxy",
     ];
+
+    /// The flood's cases, and the port it is aimed at (unlisted).
+    const FLOOD_CASES: [&str; 2] = ["ebpf", "ebpf_xdp"];
+    const FLOOD_PORT: u16 = 9999;
 
     /// The ports the meters use (trafgen's UDP, iperf3, sockperf, the
     /// connection meter): what a port-based proxy has to list.
@@ -119,6 +138,23 @@ mod datapath {
         v
     }
 
+    fn backend_of(case: &str) -> Backend {
+        match case {
+            "nft" => Backend::Nft,
+            "ebpf" => Backend::Ebpf,
+            "ebpf_xdp" => Backend::EbpfXdp,
+            _ => Backend::EbpfFast,
+        }
+    }
+
+    /// GRO on at the pods' ends of their veths (as the XDP path needs).
+    fn pods_gro_on(t: &Topology) -> Result<()> {
+        for i in 1..=t.pods {
+            ok_in(&t.pod(i), &["ethtool", "-K", "eth0", "gro", "on"])?;
+        }
+        Ok(())
+    }
+
     fn set_offloads(t: &Topology, on: bool) -> Result<()> {
         let state = if on { "on" } else { "off" };
         for (ns, dev) in veth_ends(t) {
@@ -152,11 +188,7 @@ mod datapath {
                 }
             }
             backend => {
-                let b = match backend {
-                    "nft" => Backend::Nft,
-                    "ebpf" => Backend::Ebpf,
-                    _ => Backend::EbpfFast,
-                };
+                let b = backend_of(backend);
                 let mut env = Env::new(b, Fam::V4)?;
                 env.dir.put("vm1", &Svc::new("vm1", net.lbs[0]).yaml())?;
                 env.dir.put(
@@ -170,6 +202,7 @@ mod datapath {
         let case = Case { name, holder };
         no_cni_masquerade(case.topo())?;
         set_offloads(case.topo(), offloads)?;
+        pods_gro_on(case.topo())?;
         // Neighbours learnt both ways before anything is measured.
         let t = case.topo();
         let ping = |ns: &str, dst: IpAddr| {
@@ -240,53 +273,72 @@ mod datapath {
     }
 
     /// 64-byte UDP frames from `from` (its `dev`, toward `peer_dev` of
-    /// `peer_ns`) to `dst`, for SECONDS: packets per second arriving at
-    /// `rx_ns`'s `rx_dev`.
-    #[allow(clippy::too_many_arguments)]
-    fn pps(
-        from: &str,
-        dev: &str,
-        peer_ns: &str,
-        peer_dev: &str,
+    /// `peer_ns`) to `dst` at `dport`, one flow or many (random source
+    /// ports).
+    pub struct Frames<'a> {
+        from: &'a str,
+        dev: &'a str,
+        peer_ns: &'a str,
+        peer_dev: &'a str,
         src: IpAddr,
         dst: IpAddr,
-        rx: (&str, &str),
+        dport: u16,
         many_flows: bool,
-    ) -> Result<f64> {
-        let fmt_mac = |m: [u8; 6]| {
-            m.iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<Vec<_>>()
-                .join(":")
-        };
-        let (da, sa) = (fmt_mac(mac(peer_ns, peer_dev)?), fmt_mac(mac(from, dev)?));
-        let sport = if many_flows { "drnd()" } else { "40000" };
-        // 60 bytes on the wire (64 with the FCS).
-        let conf = format!(
-            "{{ eth(da={da}, sa={sa}), ipv4(sa={src}, da={dst}, ttl=64), udp(sp={sport}, dp=9), fill(0x00, 18) }}\n"
-        );
-        let file = std::env::temp_dir().join(format!("bench-trafgen-{}.cfg", std::process::id()));
-        std::fs::write(&file, conf)?;
-        let before = rx_packets(rx.0, rx.1)?;
-        let start = std::time::Instant::now();
-        let _ = run_in(
-            from,
-            &[
+    }
+
+    impl Frames<'_> {
+        /// trafgen sending them for SECONDS from one CPU (the first):
+        /// the command, and its configuration file (to be kept while it
+        /// runs).
+        fn trafgen(&self) -> Result<(Vec<String>, std::path::PathBuf)> {
+            let fmt_mac = |m: [u8; 6]| {
+                m.iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(":")
+            };
+            let (da, sa) = (
+                fmt_mac(mac(self.peer_ns, self.peer_dev)?),
+                fmt_mac(mac(self.from, self.dev)?),
+            );
+            let sport = if self.many_flows { "drnd()" } else { "40000" };
+            let (src, dst, dport) = (self.src, self.dst, self.dport);
+            // 60 bytes on the wire (64 with the FCS).
+            let conf = format!(
+                "{{ eth(da={da}, sa={sa}), ipv4(sa={src}, da={dst}, ttl=64), udp(sp={sport}, dp={dport}), fill(0x00, 18) }}\n"
+            );
+            let file = std::env::temp_dir()
+                .join(format!("bench-trafgen-{}-{dport}.cfg", std::process::id()));
+            std::fs::write(&file, conf)?;
+            let cmd = [
                 "timeout",
                 "-s",
                 "INT",
                 &SECONDS.to_string(),
                 "trafgen",
                 "--dev",
-                dev,
+                self.dev,
                 "--conf",
                 &file.display().to_string(),
                 "--cpus",
                 "1",
                 "-C",
                 "-q",
-            ],
-        )?;
+            ]
+            .map(String::from)
+            .to_vec();
+            Ok((cmd, file))
+        }
+    }
+
+    /// The frames for SECONDS: packets per second arriving at `rx`'s
+    /// interface.
+    fn pps(frames: &Frames<'_>, rx: (&str, &str)) -> Result<f64> {
+        let (cmd, _conf) = frames.trafgen()?;
+        let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        let before = rx_packets(rx.0, rx.1)?;
+        let start = std::time::Instant::now();
+        let _ = run_in(frames.from, &cmd)?;
         let took = start.elapsed().as_secs_f64();
         std::thread::sleep(Duration::from_millis(200));
         let after = rx_packets(rx.0, rx.1)?;
@@ -378,6 +430,106 @@ mod datapath {
         }
     }
 
+    /// pod1 port-filtered (the connection meter's port listed), its
+    /// datapath ready, for the flood.
+    fn flood_case(name: &'static str, net: &Net) -> Result<Env> {
+        let mut env = Env::new(backend_of(name), Fam::V4)?;
+        let svc = Svc::new("vm1", net.lbs[0]).filter(&[("TCP", 6000)]);
+        env.dir.put("vm1", &svc.yaml())?;
+        env.dir.put(
+            "vm1-eps",
+            &slice("vm1", "IPv4", &[(net.pods[0].to_string(), None)]),
+        )?;
+        env.settle()?;
+        no_cni_masquerade(&env.topo)?;
+        set_offloads(&env.topo, true)?;
+        pods_gro_on(&env.topo)?;
+        // Neighbours learnt both ways (ICMP is not listed: from the pod).
+        ok_in(
+            &env.topo.pod(1),
+            &[
+                "ping",
+                "-c",
+                "2",
+                "-i",
+                "0.2",
+                "-W",
+                "1",
+                &net.ext.to_string(),
+            ],
+        )?;
+        Ok(env)
+    }
+
+    /// The datapath's drops at the filtered pod's unlisted ports so far.
+    fn filtered_drops(env: &Env) -> Result<u64> {
+        env.dump_json()?["counters"]["drops"]["filtered_port"]["packets"]
+            .as_u64()
+            .context("filtered_port drops")
+    }
+
+    /// One repetition of the flood for one case: connections per second to
+    /// the listed port without it, and during it; the datapath's drops per
+    /// second during it.
+    fn under_flood(env: &Env, net: &Net) -> Result<[f64; 3]> {
+        let t = &env.topo;
+        let (ext, pod1) = (t.ext(), t.pod(1));
+        let lb = net.lbs[0];
+        let free = connections(&pod1, &ext, lb)?;
+        let frames = Frames {
+            from: &ext,
+            dev: "uplink",
+            peer_ns: &t.node(),
+            peer_dev: "uplink",
+            src: net.ext,
+            dst: lb,
+            dport: FLOOD_PORT,
+            many_flows: true,
+        };
+        let (cmd, _conf) = frames.trafgen()?;
+        let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        let before = filtered_drops(env)?;
+        let start = std::time::Instant::now();
+        let mut flood = Proc::spawn_in(&ext, &cmd, Stdio::null(), Stdio::null())?;
+        // The meter runs on the last CPU, trafgen on the first.
+        std::thread::sleep(Duration::from_millis(100));
+        let served = connections(&pod1, &ext, lb)?;
+        let _ = flood.child.wait();
+        let took = start.elapsed().as_secs_f64();
+        let dropped = (filtered_drops(env)? - before) as f64 / took;
+        Ok([free, served, dropped])
+    }
+
+    const FLOOD_METRICS: [&str; 3] = ["conn_per_s_without", "conn_per_s_during", "dropped_per_s"];
+
+    fn flood(net: &Net, reps: usize) -> Result<Value> {
+        let envs: Vec<(&str, Env)> = FLOOD_CASES
+            .iter()
+            .filter(|c| chosen("DPBENCH_CASES", c))
+            .map(|c| Ok((*c, flood_case(c, net)?)))
+            .collect::<Result<_>>()?;
+        let mut runs = vec![vec![Vec::new(); FLOOD_METRICS.len()]; envs.len()];
+        for rep in 0..reps {
+            for ((name, env), r) in envs.iter().zip(runs.iter_mut()) {
+                let values =
+                    under_flood(env, net).with_context(|| format!("{name} under a flood"))?;
+                eprintln!("datapath flood rep {rep} {name}: {values:?}");
+                for (m, v) in values.into_iter().enumerate() {
+                    r[m].push(v);
+                }
+            }
+        }
+        let mut out = serde_json::Map::new();
+        for ((name, _), r) in envs.iter().zip(runs) {
+            let m: serde_json::Map<String, Value> = (FLOOD_METRICS.iter())
+                .zip(r)
+                .map(|(k, v)| (k.to_string(), summary(v)))
+                .collect();
+            out.insert(name.to_string(), Value::Object(m));
+        }
+        Ok(Value::Object(out))
+    }
+
     fn summary(mut v: Vec<f64>) -> Value {
         v.sort_by(|a, b| a.total_cmp(b));
         json!({"min": v[0], "median": v[v.len() / 2], "max": v[v.len() - 1], "runs": v})
@@ -426,11 +578,21 @@ mod datapath {
         // measured, the others are reported as null.
         let wanted = |m: &str| chosen("DPBENCH_METRICS", m);
         let mut v = vec![f64::NAN; METRICS.len()];
+        let frames = |many_flows| Frames {
+            from: &from,
+            dev,
+            peer_ns: &node,
+            peer_dev,
+            src,
+            dst,
+            dport: 9,
+            many_flows,
+        };
         if wanted("pps_one_flow") {
-            v[0] = pps(&from, dev, &node, peer_dev, src, dst, rx, false)?;
+            v[0] = pps(&frames(false), rx)?;
         }
         if wanted("pps_many_flows") {
-            v[1] = pps(&from, dev, &node, peer_dev, src, dst, rx, true)?;
+            v[1] = pps(&frames(true), rx)?;
         }
         if wanted("tcp_gbps") {
             v[2] = iperf(server, client, to)?;
@@ -515,10 +677,17 @@ mod datapath {
             results.insert(key.into(), Value::Object(per_case));
             drop(cases);
         }
+        // DPBENCH_FLOOD=0 (a profiling aid): no flood section.
+        let flood = if std::env::var("DPBENCH_FLOOD").as_deref() == Ok("0") {
+            Value::Null
+        } else {
+            flood(&net, reps)?
+        };
         println!(
             "{}",
             serde_json::to_string_pretty(&json!({
-                "datapath": results, "cases": names, "repetitions": reps, "seconds_per_run": SECONDS,
+                "datapath": results, "flood": flood, "cases": names, "repetitions": reps,
+                "seconds_per_run": SECONDS,
             }))?
         );
         Ok(())
