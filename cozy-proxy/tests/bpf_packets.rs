@@ -253,23 +253,8 @@ fn fast_path_hands_packets_on_directly() {
                 (n.fpod, "v-fpod", pod_mac),
                 (n.ext, "uplink", ext_mac),
             ] {
-                if dev != "uplink" {
-                    w.sh(&["ip", "route", "replace", &addr.to_string(), "dev", dev])
-                        .expect("route");
-                }
-                w.sh(&[
-                    "ip",
-                    "neigh",
-                    "replace",
-                    &addr.to_string(),
-                    "lladdr",
-                    &mac(m),
-                    "dev",
-                    dev,
-                    "nud",
-                    "permanent",
-                ])
-                .expect("neighbour");
+                w.reachable(addr, dev, &mac(m))
+                    .expect("route and neighbour");
             }
             let run = |prog: &str, f: &[u8], dev: u32| w.run(prog, f, dev, dev).expect("run");
 

@@ -363,7 +363,7 @@ mod datapath {
         v["end"]["sum_received"]["bits_per_second"]
             .as_f64()
             .map(|b| b / 1e9)
-            .context("bps")
+            .with_context(|| format!("iperf3 gave no rate: {}", v["error"]))
     }
 
     /// `cmd` run on CPU `cpu` only.
@@ -606,6 +606,25 @@ mod datapath {
         Ok(v)
     }
 
+    /// [`measure`], again after a failed attempt (a meter that got no
+    /// answer, as iperf3 once in a few hundred runs here), up to three
+    /// times; each failure is printed.
+    fn measured(case: &Case, net: &Net, dir: &str) -> Result<Vec<f64>> {
+        let mut attempt = 1;
+        loop {
+            match measure(case, net, dir) {
+                Err(e) if attempt < 3 => {
+                    eprintln!(
+                        "datapath {} {dir}, attempt {attempt}: {e:#}; again",
+                        case.name
+                    );
+                    attempt += 1;
+                }
+                done => return done,
+            }
+        }
+    }
+
     /// Is `name` in the comma-separated list `var` (everything is, when
     /// `var` is not set)?
     fn chosen(var: &str, name: &str) -> bool {
@@ -645,7 +664,7 @@ mod datapath {
                             }
                             continue;
                         }
-                        let values = measure(case, &net, dir)
+                        let values = measured(case, &net, dir)
                             .with_context(|| format!("{} {dir}", case.name))?;
                         eprintln!(
                             "datapath offloads={offloads} rep {rep} {} {dir}: {values:?}",

@@ -168,6 +168,24 @@ struct Case {
 }
 
 impl Case {
+    fn new(
+        name: &'static str,
+        prog: &'static str,
+        frame: Vec<u8>,
+        ingress: u32,
+        dev: u32,
+        verdict: u32,
+    ) -> Case {
+        Case {
+            name,
+            prog,
+            frame,
+            ingress,
+            dev,
+            verdict,
+        }
+    }
+
     /// `repeat` runs on build `variant`: the verdict and the mean time;
     /// `None` where that build has no such program.
     fn run(
@@ -206,14 +224,7 @@ impl Case {
 fn cases(w: &World, a: &Addrs) -> Vec<Case> {
     let i = w.ifs;
     let tcp = |src, dst, dport| Spec::new(src, dst, TCP).ports(40000, dport).build();
-    let case = |name, prog, frame, ingress, dev, verdict| Case {
-        name,
-        prog,
-        frame,
-        ingress,
-        dev,
-        verdict,
-    };
+    let case = Case::new;
     vec![
         case(
             "empty program",
@@ -383,21 +394,7 @@ fn fast_path_cases(w: &mut World, a: &Addrs) -> Result<Vec<Case>> {
     // Routes and neighbours for the FIB, as a CNI and neighbour discovery
     // leave them.
     for (addr, dev) in [(a.pair.0, "v-pod"), (a.pair.1, "v-pod"), (a.ext, "uplink")] {
-        if dev != "uplink" {
-            w.sh(&["ip", "route", "replace", &addr.to_string(), "dev", dev])?;
-        }
-        w.sh(&[
-            "ip",
-            "neigh",
-            "replace",
-            &addr.to_string(),
-            "lladdr",
-            "02:00:00:00:00:0b",
-            "dev",
-            dev,
-            "nud",
-            "permanent",
-        ])?;
+        w.reachable(addr, dev, "02:00:00:00:00:0b")?;
     }
     // The pod's interface takes XDP frames (its peer would have GRO on).
     if let Some(map) = w.ebpf.map_mut(names::XDP_TARGETS) {
@@ -405,14 +402,7 @@ fn fast_path_cases(w: &mut World, a: &Addrs) -> Result<Vec<Case>> {
         targets.insert(i.pod, i.pod, None, 0)?;
     }
     let tcp = |src, dst| Spec::new(src, dst, TCP).ports(40000, 80).build();
-    let case = |name, prog, frame, ingress, dev, verdict| Case {
-        name,
-        prog,
-        frame,
-        ingress,
-        dev,
-        verdict,
-    };
+    let case = Case::new;
     Ok(vec![
         case(
             "empty program (single runs)",

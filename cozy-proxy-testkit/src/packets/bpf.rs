@@ -251,6 +251,28 @@ impl World {
         sh(args)
     }
 
+    /// `addr` as a CNI and neighbour discovery leave it for the FIB: a
+    /// route by `dev` (none by the uplink, whose network is on-link) and a
+    /// permanent neighbour entry with `lladdr` there.
+    pub fn reachable(&self, addr: std::net::IpAddr, dev: &str, lladdr: &str) -> Result<()> {
+        let addr = addr.to_string();
+        if dev != "uplink" {
+            sh(&["ip", "route", "replace", &addr, "dev", dev])?;
+        }
+        sh(&[
+            "ip",
+            "neigh",
+            "replace",
+            &addr,
+            "lladdr",
+            lladdr,
+            "dev",
+            dev,
+            "nud",
+            "permanent",
+        ])
+    }
+
     /// Moves this thread into the world's namespace.
     pub fn enter(&self) -> Result<()> {
         // SAFETY: setns on this thread, into the namespace we hold.

@@ -254,30 +254,44 @@ pub fn host_routes(sock: &NlSocket, protocol: u8) -> Result<BTreeMap<IpAddr, Via
     Ok(out)
 }
 
-/// The interfaces the main table's default routes leave by, both families
-/// (every next hop of a multipath route): the node's uplinks.
-pub fn default_route_interfaces(sock: &NlSocket) -> Result<BTreeSet<u32>, NetlinkError> {
-    let mut out = BTreeSet::new();
+/// Every route of `table`, both families, from one dump each: its
+/// `rtmsg` bytes and its attributes.
+fn each_route_of(
+    sock: &NlSocket,
+    table: u32,
+    mut f: impl FnMut(&[u8], &[u8]),
+) -> Result<(), NetlinkError> {
     for fam in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
         let seq = next_seq();
         let mut w = Writer::new();
         w.message(RTM_GETROUTE, NLM_F_DUMP, seq, &rtmsg(fam, 0, 0, 0), |_| {});
         for a in sock.dump(&w.into_bytes(), seq, "route dump")? {
-            // A default route (prefix 0) of unicast type.
-            if a.len() < RTMSG_LEN || a[1] != 0 || a[7] != RTN_UNICAST {
+            if a.len() < RTMSG_LEN {
                 continue;
             }
             let body = &a[RTMSG_LEN..];
-            let table = u32_attr(body, RTA_TABLE).unwrap_or(a[4] as u32);
-            if table != RT_TABLE_MAIN as u32 {
-                continue;
+            if u32_attr(body, RTA_TABLE).unwrap_or(a[4] as u32) == table {
+                f(&a[..RTMSG_LEN], body);
             }
-            out.extend(u32_attr(body, RTA_OIF).filter(|i| *i != 0));
-            out.extend(multipath_interfaces(
-                attr(body, RTA_MULTIPATH).unwrap_or_default(),
-            ));
         }
     }
+    Ok(())
+}
+
+/// The interfaces the main table's default routes leave by, both families
+/// (every next hop of a multipath route): the node's uplinks.
+pub fn default_route_interfaces(sock: &NlSocket) -> Result<BTreeSet<u32>, NetlinkError> {
+    let mut out = BTreeSet::new();
+    each_route_of(sock, RT_TABLE_MAIN as u32, |rt, body| {
+        // A default route (prefix 0) of unicast type.
+        if rt[1] != 0 || rt[7] != RTN_UNICAST {
+            return;
+        }
+        out.extend(u32_attr(body, RTA_OIF).filter(|i| *i != 0));
+        out.extend(multipath_interfaces(
+            attr(body, RTA_MULTIPATH).unwrap_or_default(),
+        ));
+    })?;
     Ok(out)
 }
 
@@ -303,31 +317,19 @@ fn multipath_interfaces(mut buf: &[u8]) -> Vec<u32> {
 /// broadcast and anycast host routes of both families).
 pub fn local_addresses(sock: &NlSocket) -> Result<BTreeSet<IpAddr>, NetlinkError> {
     let mut out = BTreeSet::new();
-    for fam in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
-        let seq = next_seq();
-        let mut w = Writer::new();
-        w.message(RTM_GETROUTE, NLM_F_DUMP, seq, &rtmsg(fam, 0, 0, 0), |_| {});
-        for a in sock.dump(&w.into_bytes(), seq, "route dump")? {
-            if a.len() < RTMSG_LEN
-                || !matches!(
-                    a[7],
-                    libc::RTN_LOCAL | libc::RTN_BROADCAST | libc::RTN_ANYCAST
-                )
-            {
-                continue;
-            }
-            let body = &a[RTMSG_LEN..];
-            let table = u32_attr(body, RTA_TABLE).unwrap_or(a[4] as u32);
-            if table != libc::RT_TABLE_LOCAL as u32 {
-                continue;
-            }
-            if let Some(dst) = attr(body, RTA_DST).and_then(parse_ip) {
-                if a[1] == host_prefix(&dst) {
-                    out.insert(dst);
-                }
+    each_route_of(sock, libc::RT_TABLE_LOCAL as u32, |rt, body| {
+        if !matches!(
+            rt[7],
+            libc::RTN_LOCAL | libc::RTN_BROADCAST | libc::RTN_ANYCAST
+        ) {
+            return;
+        }
+        if let Some(dst) = attr(body, RTA_DST).and_then(parse_ip) {
+            if rt[1] == host_prefix(&dst) {
+                out.insert(dst);
             }
         }
-    }
+    })?;
     Ok(out)
 }
 

@@ -239,23 +239,8 @@ fn fast_path_on(w: &mut World) -> Vec<u32> {
             (n.spod, "v-pod"),
             (n.ext, "uplink"),
         ] {
-            if dev != "uplink" {
-                w.sh(&["ip", "route", "replace", &addr.to_string(), "dev", dev])
-                    .expect("route");
-            }
-            w.sh(&[
-                "ip",
-                "neigh",
-                "replace",
-                &addr.to_string(),
-                "lladdr",
-                "02:00:00:00:00:0b",
-                "dev",
-                dev,
-                "nud",
-                "permanent",
-            ])
-            .expect("neighbour");
+            w.reachable(addr, dev, "02:00:00:00:00:0b")
+                .expect("route and neighbour");
         }
     }
     let targets = vec![w.ifs.pod, w.ifs.fpod];
