@@ -289,7 +289,18 @@ pub fn benchmarks_md(
              path, not of a NIC, and a cheaper datapath shows as a higher rate only as far as the sender leaves \
              CPU to it.\n\
              - The fast path hands packets to the pod's namespace directly (`bpf_redirect_peer`); the baseline \
-             goes through the host's routing and the veth. Its gain is what the host stack costs here.\n",
+             goes through the host's routing and the veth. Its gain is what the host stack costs here.\n\
+             - The XDP path runs here on a veth, the one driver of this machine with native XDP, where the \
+             frame is an skb before XDP sees it (the sender built it): veth copies it into a page for XDP \
+             (`skb_pp_cow_data`), moves to NAPI on both ends and builds a new skb at the pod's end, work the \
+             TC fast path's `bpf_redirect_peer` does not do (profile in \
+             docs/notes/2026-12-xdp-path-cost.md). What XDP saves on a NIC (the skb's allocation before the \
+             drop or the redirect) does not exist on a veth, so its 2x target is not measurable here. A veth \
+             whose peer has an XDP program also loses its software segmentation offload: TCP into the node \
+             is segmented by the sender (the TCP row of ebpf_xdp, ingress).\n\
+             - The flood's sender is one CPU's trafgen, which reaches about the baseline's forwarding rate: \
+             the drops per second cannot reach 5x it on this machine, and on a veth with XDP the frames the \
+             NAPI ring cannot take are dropped by veth before XDP (not in the datapath's counter).\n",
         );
         if let Some(d) = &datapath_ref {
             md.push_str(&repetition_spread(d));
