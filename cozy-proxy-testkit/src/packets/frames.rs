@@ -67,6 +67,10 @@ pub struct Spec {
     pub fragment: Option<(u32, u16, bool)>,
     /// IPv4 UDP sent without checksum (0).
     pub udp_no_checksum: bool,
+    /// TCP or UDP as a sender with transmit checksum offload hands it to
+    /// its veth (`CHECKSUM_PARTIAL`): the checksum field holds only the
+    /// pseudo-header's sum, not complemented.
+    pub checksum_left_to_offload: bool,
     /// TTL / hop limit.
     pub hop_limit: u8,
     /// Ethernet destination and source.
@@ -96,6 +100,7 @@ impl Spec {
             vlan_id: 100,
             fragment: None,
             udp_no_checksum: false,
+            checksum_left_to_offload: false,
             hop_limit: 64,
             macs: ([0x02, 0, 0, 0, 0, 1], [0x02, 0, 0, 0, 0, 2]),
             raw_l4: None,
@@ -160,6 +165,9 @@ impl Spec {
             let mut c = fold(acc);
             if self.proto == UDP && c == 0 {
                 c = 0xffff;
+            }
+            if self.checksum_left_to_offload && matches!(self.proto, TCP | UDP) {
+                c = !fold(pseudo(&self.src, &self.dst, self.proto, seg.len()));
             }
             seg[at..at + 2].copy_from_slice(&c.to_be_bytes());
         }

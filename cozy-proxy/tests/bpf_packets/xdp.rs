@@ -288,36 +288,6 @@ fn redirects_as_tc(w: &World, f: &[u8]) -> Result<bool, String> {
     }
 }
 
-/// `f` (Ethernet, IPv4 without options or IPv6 without extension headers,
-/// TCP or UDP) as a sender with transmit checksum offload hands it over:
-/// its checksum field holding only the pseudo-header's sum
-/// (`CHECKSUM_PARTIAL`), not complemented.
-fn left_to_offload(mut f: Vec<u8>) -> Vec<u8> {
-    let v6 = f[12..14] == [0x86, 0xdd];
-    let (l4, proto, addrs) = if v6 {
-        (14 + 40, f[14 + 6], 14 + 8..14 + 40)
-    } else {
-        (14 + 20, f[14 + 9], 14 + 12..14 + 20)
-    };
-    let l4_len = if v6 {
-        u16::from_be_bytes([f[18], f[19]]) as u32
-    } else {
-        u16::from_be_bytes([f[16], f[17]]) as u32 - 20
-    };
-    let mut sum: u32 = f[addrs]
-        .chunks(2)
-        .map(|w| u16::from_be_bytes([w[0], w[1]]) as u32)
-        .sum::<u32>()
-        + proto as u32
-        + l4_len;
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    let at = l4 + if proto == 6 { 16 } else { 6 };
-    f[at..at + 2].copy_from_slice(&(sum as u16).to_be_bytes());
-    f
-}
-
 #[test]
 fn the_xdp_fast_path_redirects_as_the_tc_fast_path_does() {
     with_world(|w| {
@@ -341,11 +311,12 @@ fn the_xdp_fast_path_redirects_as_the_tc_fast_path_does() {
             // The stack path, untouched: a checksum a veth's peer left to
             // its offload (the skb that knows it is the stack's); a TTL
             // that expires here; a pod whose interface is no target.
-            for (what, spec) in [
+            for (what, mut spec) in [
                 ("TCP", Spec::new(n.ext, n.lb, TCP).ports(40000, 80)),
                 ("UDP", Spec::new(n.ext, n.lb, UDP).ports(40000, 5353)),
             ] {
-                let f = left_to_offload(spec.build());
+                spec.checksum_left_to_offload = true;
+                let f = spec.build();
                 assert_eq!(
                     w.run_xdp(&f, w.ifs.up).expect("run"),
                     (XDP_PASS, f.clone()),
