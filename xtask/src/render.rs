@@ -143,12 +143,8 @@ pub fn benchmarks_md(
             }
         }
     }
-    if let Some(fl) = datapath_ref
-        .as_ref()
-        .map(|d| &d["flood"])
-        .filter(|f| f.is_object())
-    {
-        md.push_str(&flood_section(fl, datapath_ref.as_ref()));
+    if let Some(d) = datapath_ref.as_ref().filter(|d| d["flood"].is_object()) {
+        md.push_str(&flood_section(d));
     }
     if let Some(p) = per_packet {
         let _ = writeln!(
@@ -366,8 +362,8 @@ fn baseline_pps(d: &Value) -> f64 {
 }
 
 /// "One VM under a flood": each case's drops and the listed port's service.
-fn flood_section(fl: &Value, d: Option<&Value>) -> String {
-    let base = d.map_or(f64::NAN, baseline_pps);
+fn flood_section(d: &Value) -> String {
+    let base = baseline_pps(d);
     let mut md = format!(
         "## One VM under a flood\n\n`cargo xtask bench datapath` — pod1 port-filtered (its listed port: the \
          connection meter's), 64-byte UDP datagrams from many source ports at an unlisted port (trafgen, one CPU) \
@@ -377,7 +373,7 @@ fn flood_section(fl: &Value, d: Option<&Value>) -> String {
          flood against the same meter's without it, in the same repetition.\n\n\
          | case | dropped/s, median [min-max] | / baseline's forwarding rate | connections/s without the flood | during it | during / without |\n|---|---|---|---|---|---|\n"
     );
-    for (case, m) in fl.as_object().into_iter().flatten() {
+    for (case, m) in d["flood"].as_object().into_iter().flatten() {
         let med = |k: &str| f(&m[k]["median"]);
         let _ = writeln!(
             md,

@@ -159,6 +159,14 @@ mod datapath {
         Ok(())
     }
 
+    /// A case's topology as every case is measured: without the CNI
+    /// masquerade, the veths' offloads as chosen, GRO at the pods.
+    fn as_measured(t: &Topology, offloads: bool) -> Result<()> {
+        no_cni_masquerade(t)?;
+        set_offloads(t, offloads)?;
+        pods_gro_on(t)
+    }
+
     fn set_offloads(t: &Topology, on: bool) -> Result<()> {
         let state = if on { "on" } else { "off" };
         for (ns, dev) in veth_ends(t) {
@@ -204,9 +212,7 @@ mod datapath {
             }
         };
         let case = Case { name, holder };
-        no_cni_masquerade(case.topo())?;
-        set_offloads(case.topo(), offloads)?;
-        pods_gro_on(case.topo())?;
+        as_measured(case.topo(), offloads)?;
         // Neighbours learnt both ways before anything is measured.
         let t = case.topo();
         let ping = |ns: &str, dst: IpAddr| {
@@ -445,9 +451,7 @@ mod datapath {
             &slice("vm1", "IPv4", &[(net.pods[0].to_string(), None)]),
         )?;
         env.settle()?;
-        no_cni_masquerade(&env.topo)?;
-        set_offloads(&env.topo, true)?;
-        pods_gro_on(&env.topo)?;
+        as_measured(&env.topo, true)?;
         // Neighbours learnt both ways (ICMP is not listed: from the pod).
         ok_in(
             &env.topo.pod(1),
