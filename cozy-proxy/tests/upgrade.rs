@@ -131,13 +131,15 @@ impl Pushed {
         std::fs::write(&script, "while :; do echo x; sleep 0.02; done\n")?;
         let listen = format!("TCP-LISTEN:{PUSH},reuseaddr");
         let system = format!("SYSTEM:sh {}", script.display());
-        let server = Proc::spawn_group_in(
-            &env.topo.pod(1),
-            &["socat", &listen, &system],
-            Stdio::null(),
-            Stdio::null(),
-        )?;
-        std::thread::sleep(Duration::from_millis(200));
+        let pod = env.topo.pod(1);
+        let server = harness::traffic::listening_tcp(&pod, PUSH, || {
+            Proc::spawn_group_in(
+                &pod,
+                &["socat", &listen, &system],
+                Stdio::null(),
+                Stdio::null(),
+            )
+        })?;
         let out = env.scratch("pushed");
         let client = Proc::spawn_in(
             &env.topo.node(),
@@ -151,7 +153,9 @@ impl Pushed {
             out,
             marked: 0,
         };
-        harness::traffic::eventually(harness::traffic::SETTLE, || {
+        // A positive check: up to 10 s, as the pusher forks a `sleep` per
+        // line (slow on a loaded machine).
+        harness::traffic::eventually(Duration::from_secs(10), || {
             ensure!(pushed.lines() > 10, "no pushed lines");
             Ok(())
         })?;

@@ -49,6 +49,27 @@ fn socat_addr(kind: &str, ip: &IpAddr, port: u16) -> String {
     }
 }
 
+/// A TCP server `spawn` starts in `ns`, returned once it listens on
+/// `port` (a client connecting earlier is refused and gives up).
+pub fn listening_tcp(ns: &str, port: u16, mut spawn: impl FnMut() -> Result<Proc>) -> Result<Proc> {
+    let mut proc = spawn()?;
+    eventually(Duration::from_secs(3), || {
+        // A socket on the port is ours only while our server runs: one
+        // that failed to bind (a dying server's fork still on it) is
+        // started again.
+        if !proc.alive() {
+            proc = spawn()?;
+            bail!("TCP {port}: the server exited in {ns}; started again");
+        }
+        let out = ok_in(ns, &["ss", "-Hltn", &format!("sport = :{port}")])?;
+        if out.trim().is_empty() || !proc.alive() {
+            bail!("TCP {port} not listening in {ns}");
+        }
+        Ok(())
+    })?;
+    Ok(proc)
+}
+
 /// A server that answers every TCP connection or UDP datagram with
 /// `"<ident> <peer address>"`: socat for TCP, a thread for UDP.
 pub struct Server {
@@ -80,23 +101,10 @@ impl Server {
                 Stdio::null(),
             )
         };
-        let mut proc = spawn()?;
-        eventually(Duration::from_secs(3), || {
-            // A socket on the port is ours only while our server runs: one
-            // that failed to bind (a dying server's fork still on it) is
-            // started again.
-            if !proc.alive() {
-                proc = spawn()?;
-                bail!("TCP {port}: the server exited in {ns}; started again");
-            }
-            let out = ok_in(ns, &["ss", "-Hltn", &format!("sport = :{port}")])?;
-            if out.trim().is_empty() || !proc.alive() {
-                bail!("TCP {port} not listening in {ns}");
-            }
-            Ok(())
-        })?;
         Ok(Server {
-            _running: Running::Socat { _proc: proc },
+            _running: Running::Socat {
+                _proc: listening_tcp(ns, port, spawn)?,
+            },
         })
     }
 
