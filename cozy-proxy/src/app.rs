@@ -151,6 +151,11 @@ pub struct RunArgs {
     /// How often the kernel state is read again and drift repaired.
     #[arg(long, default_value = "60s", value_parser = parse_period)]
     pub resync: Duration,
+    /// How long a ready endpoint that turns not ready without terminating
+    /// keeps backing its LB IP while no other can (a kubelet restart
+    /// resets every readiness probe until it runs again; 0: not at all).
+    #[arg(long, env = "COZY_PROXY_NOT_READY_HOLD", default_value = "15s", value_parser = parse_duration)]
+    pub not_ready_hold: Duration,
     /// How often the datapath's traffic counters are copied into /metrics.
     #[arg(long, default_value = "10s", value_parser = parse_period)]
     pub counters_interval: Duration,
@@ -340,7 +345,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .daemonset
         .as_deref()
         .map(|ds| node::DaemonSetWatch::start(&client, ds));
-    let source = KubeSource::start(client.clone()).await;
+    let source = KubeSource::start(client.clone(), args.not_ready_hold).await;
     let events = EventPublisher::new(client.clone(), args.node_name.clone());
     let view = source.cluster_view();
     let sink: WarningSink = Box::new(move |w| events.publish(w, &view));

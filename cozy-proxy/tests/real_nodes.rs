@@ -347,11 +347,15 @@ fn a_drained_nodes_workload_keeps_its_lb_ip_on_the_other_node() -> Result<()> {
     Ok(())
 }
 
+/// The chart's `notReadyHold`.
+const NOT_READY_HOLD: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// The EndpointSlices the real EndpointSlice controller writes from the
 /// kubelet's probes, and what node1's datapath makes of them
 /// (docs/traffic.md, "Which endpoint backs an LB IP"), on eBPF: a pod
 /// starting (not ready) never backs its LB IP; Ready, it does; its
-/// readiness probe failing, the LB IP goes; deleted while its probe still
+/// readiness probe failing, the LB IP stays through the hold of a
+/// readiness flap, then goes; deleted while its probe still
 /// passes (serving and terminating), it keeps the LB IP and its traffic
 /// through the grace period; terminating and no longer serving, the LB IP
 /// goes.
@@ -393,9 +397,25 @@ fn the_kubelets_probes_decide_which_endpoint_backs_the_lb_ip() -> Result<()> {
     mapped(Some(ip))?;
     let ns = c.attach("vm3", "node1")?;
     check_both_ways(&c, &ns, lb, "vm3").context("Ready")?;
+    // Its probe failing: held (the chart's `notReadyHold`, 15 s), then
+    // gone.
     c.set_ready("vm3", false)?;
     conditions("false/false/false")?;
-    mapped(None).context("readiness failing")?;
+    let failing = std::time::Instant::now();
+    for _ in 0..3 {
+        ensure!(c.mapped(1, lb)? == Some(ip), "not held: readiness failing");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    c.eventually(NOT_READY_HOLD + SETTLE, || {
+        ensure!(c.mapped(1, lb)?.is_none(), "still mapped");
+        Ok(())
+    })
+    .context("readiness failing, after the hold")?;
+    ensure!(
+        failing.elapsed() >= NOT_READY_HOLD - Duration::from_secs(3),
+        "unmapped {:?} after the slice said not ready, before the hold's end",
+        failing.elapsed()
+    );
     c.set_ready("vm3", true)?;
     conditions("true/true/false")?;
     mapped(Some(ip))?;

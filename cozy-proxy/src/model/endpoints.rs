@@ -55,6 +55,11 @@ pub struct ReadSlice {
     /// a backend by itself; its node is one more host of an address that
     /// backs the Service (a migration's target).
     starting: Box<[(IpAddr, Option<Arc<str>>)]>,
+    /// Starting endpoints that were ready (or held) in the slice's
+    /// previous version, while the source holds them through a readiness
+    /// flap ([`ReadSlice::held_from`]): used while a family of the Service
+    /// has neither ready nor draining addresses.
+    held: Box<[(IpAddr, Option<Arc<str>>)]>,
     /// Ready endpoints' addresses that are not IP addresses (reported).
     invalid: Box<[Box<str>]>,
 }
@@ -90,8 +95,32 @@ impl ReadSlice {
             ready: ready.into(),
             draining: draining.into(),
             starting: starting.into(),
+            held: Box::new([]),
             invalid: invalid.into(),
         })
+    }
+
+    /// This version with its starting endpoints that `previous` had ready
+    /// or held kept as held: a ready pod whose readiness turns false
+    /// without terminating (a kubelet restart resets every readiness
+    /// probe until it runs again) keeps backing its LB IP while nothing
+    /// else can. A deleted pod's endpoint is gone or terminating, never
+    /// held: its address may go to another pod.
+    /// `None` when it holds nothing.
+    pub fn held_from(&self, previous: &ReadSlice) -> Option<ReadSlice> {
+        let was = |e: &&(IpAddr, Option<Arc<str>>)| {
+            previous.ready.contains(*e) || previous.held.contains(*e)
+        };
+        let held: Box<[_]> = self.starting.iter().filter(was).cloned().collect();
+        (!held.is_empty()).then(|| ReadSlice {
+            held,
+            ..self.clone()
+        })
+    }
+
+    /// The addresses held through a readiness flap.
+    pub fn held(&self) -> impl Iterator<Item = &IpAddr> {
+        self.held.iter().map(|(ip, _)| ip)
     }
 
     /// Its name as a warning shows it.
@@ -212,11 +241,14 @@ pub(crate) struct EndpointNodes {
 /// The distinct ready endpoint addresses of a Service, per family, with
 /// their `nodeName`s; a family without any takes its serving terminating
 /// ones (kube-proxy's rule: a pod draining its connections keeps them
-/// while nothing replaces it). An address also names the nodes of its
-/// endpoints still starting. Unparsable addresses are reported.
+/// while nothing replaces it), and without those its held ones (a ready
+/// pod's readiness flapping, [`ReadSlice::held_from`]). An address also
+/// names the nodes of its endpoints still starting. Unparsable addresses
+/// are reported.
 pub(crate) fn ready_addresses(slices: &[&ReadSlice], warnings: &mut Warnings<'_>) -> Backends {
     let mut out = Backends::new();
     let mut draining = Backends::new();
+    let mut held = Backends::new();
     let add = |to: &mut Backends, (ip, node): &(IpAddr, Option<Arc<str>>)| {
         let nodes = to
             .entry(Family::of(ip))
@@ -228,6 +260,7 @@ pub(crate) fn ready_addresses(slices: &[&ReadSlice], warnings: &mut Warnings<'_>
     for slice in slices {
         slice.ready.iter().for_each(|e| add(&mut out, e));
         slice.draining.iter().for_each(|e| add(&mut draining, e));
+        slice.held.iter().for_each(|e| add(&mut held, e));
         for text in slice.invalid.iter() {
             warnings.push(
                 WarningKind::InvalidIp,
@@ -238,7 +271,7 @@ pub(crate) fn ready_addresses(slices: &[&ReadSlice], warnings: &mut Warnings<'_>
             );
         }
     }
-    for (family, addrs) in draining {
+    for (family, addrs) in draining.into_iter().chain(held) {
         out.entry(family).or_insert(addrs);
     }
     for (ip, node) in slices.iter().flat_map(|s| s.starting.iter()) {

@@ -15,6 +15,7 @@
 //! do again and again. Only when a watch restart finds many Services became
 //! ours at once are all slices listed again ([`Cache::take_slice_relist`]).
 //! The plan is built from these, shared, never copied.
+use super::holds::Holds;
 use super::Snapshot;
 use crate::model::ServiceObjects;
 use crate::model::{
@@ -29,6 +30,7 @@ use smallvec::SmallVec;
 use std::{
     collections::{HashMap, HashSet},
     sync::Arc,
+    time::{Duration, Instant},
 };
 
 type Services = HashMap<ServiceRef, Arc<ReadService>>;
@@ -98,6 +100,8 @@ pub struct Cache {
     /// One copy of each namespace and node name (tens of thousands of
     /// objects name a few of them).
     strings: Interned,
+    /// Endpoints held through a readiness flap.
+    holds: Holds,
 }
 
 /// Services by a fingerprint of their name: 64 bits, keyed at random
@@ -174,24 +178,36 @@ fn put_service(
 }
 
 /// Slice `e` of Service `owner` as it is now in `slices` (`present`: not
-/// deleted), its node names from `strings`.
+/// deleted), its node names from `strings`; with `holds`, what it held
+/// through a readiness flap held on (the watch's changes to live slices).
 fn put_slice(
     slices: &mut Slices,
     strings: &mut Interned,
     owner: &ServiceRef,
     e: &EndpointSlice,
     present: bool,
+    holds: Option<&mut Holds>,
 ) {
     let name = e.metadata.name.as_deref().unwrap_or_default();
     let read = present
         .then(|| ReadSlice::of(e, &mut |n| strings.get(n)))
-        .flatten()
-        .map(Arc::new);
+        .flatten();
     let of_owner = match slices.get_mut(owner) {
         Some(of_owner) => of_owner,
         None => slices.entry(owner.clone()).or_default(),
     };
     let at = of_owner.iter().position(|s| &*s.name == name);
+    let read = match (read, holds) {
+        (Some(r), Some(holds)) => {
+            let previous = at.map(|i| &*of_owner[i]);
+            Some(holds.through(owner, r, previous, Instant::now()))
+        }
+        (None, Some(holds)) => {
+            holds.drop_slice(owner, name);
+            None
+        }
+        (read, None) => read.map(Arc::new),
+    };
     match (read, at) {
         (Some(r), Some(i)) => of_owner[i] = r,
         (Some(r), None) => of_owner.push(r),
@@ -210,6 +226,32 @@ impl Cache {
         Cache {
             full: true,
             ..Default::default()
+        }
+    }
+
+    /// A cache that holds a ready endpoint turned not ready (without
+    /// terminating) for `hold` (`source::holds`).
+    pub fn holding(hold: Duration) -> Self {
+        Cache {
+            holds: Holds::new(hold),
+            ..Cache::new()
+        }
+    }
+
+    /// When the next hold of a not-ready endpoint ends.
+    pub fn next_hold_end(&self) -> Option<Instant> {
+        self.holds.next_end()
+    }
+
+    /// The holds ended by `now`: each slice as it is, its Service touched.
+    pub fn end_holds(&mut self, now: Instant) {
+        for (owner, unheld) in self.holds.take_ended(now) {
+            let of_owner = self.slices.live.get_mut(&owner);
+            let at = of_owner.and_then(|s| s.iter_mut().find(|s| s.name == unheld.name));
+            if let Some(shown) = at {
+                *shown = unheld;
+                self.touched.insert(owner);
+            }
         }
     }
 
@@ -316,7 +358,14 @@ impl Cache {
         for e in slices {
             let name = e.metadata.name.as_deref().unwrap_or_default();
             if slice_owner(e).as_ref() == Some(&owner) && !seen.contains(name) {
-                put_slice(&mut self.slices.live, &mut self.strings, &owner, e, true);
+                put_slice(
+                    &mut self.slices.live,
+                    &mut self.strings,
+                    &owner,
+                    e,
+                    true,
+                    None,
+                );
             }
         }
         self.touched.insert(owner);
@@ -346,11 +395,19 @@ impl Cache {
             Event::Init => self.slices.begin(),
             Event::InitApply(s) => {
                 if let Some(owner) = self.kept_owner(s) {
-                    put_slice(self.slices.listing(), &mut self.strings, &owner, s, true);
+                    put_slice(
+                        self.slices.listing(),
+                        &mut self.strings,
+                        &owner,
+                        s,
+                        true,
+                        None,
+                    );
                 }
             }
             Event::InitDone => {
                 self.slices.finish();
+                self.holds.clear();
                 self.strings.prune();
                 self.full = true;
             }
@@ -362,7 +419,15 @@ impl Cache {
                     }
                 }
                 if let Some(owner) = self.kept_owner(s) {
-                    put_slice(&mut self.slices.live, &mut self.strings, &owner, s, present);
+                    let holds = Some(&mut self.holds);
+                    put_slice(
+                        &mut self.slices.live,
+                        &mut self.strings,
+                        &owner,
+                        s,
+                        present,
+                        holds,
+                    );
                     self.touched.insert(owner);
                 }
             }
@@ -726,5 +791,104 @@ mod tests {
         });
         c.node_event(&Event::Apply(n));
         assert!(c.full);
+    }
+
+    /// The mappings a plan built from the cache's Services holds (pod IPs).
+    fn mapped_pods(c: &mut Cache) -> Vec<std::net::IpAddr> {
+        let read = c.snapshot().read;
+        let none: [&Service; 0] = [];
+        let slices: [&EndpointSlice; 0] = [];
+        let state = crate::model::PlanState::build_with(&none, &slices, &read, &[]);
+        state
+            .outcome()
+            .plan
+            .mappings
+            .iter()
+            .map(|m| m.pod_ip)
+            .collect()
+    }
+
+    /// `slice` with its endpoints' conditions `(ready, serving, terminating)`.
+    fn conditioned(slice: &EndpointSlice, c: (bool, bool, bool)) -> EndpointSlice {
+        use k8s_openapi::api::discovery::v1::EndpointConditions;
+        let mut s = slice.clone();
+        for e in &mut s.endpoints {
+            e.conditions = Some(EndpointConditions {
+                ready: Some(c.0),
+                serving: Some(c.1),
+                terminating: Some(c.2),
+            });
+        }
+        s
+    }
+
+    /// `source::holds`: a ready endpoint turned not ready, not terminating,
+    /// keeps its LB IP for the hold (from the first not-ready version on),
+    /// or until ready again; a terminating one, or any without a hold
+    /// time, does not; a ready address elsewhere wins over a held one.
+    #[test]
+    fn a_ready_endpoint_turned_not_ready_is_held_for_the_hold_time() {
+        let hold = Duration::from_secs(10);
+        let (svc, slice) = objects("a", "203.0.113.10", "192.0.2.11");
+        let pod: std::net::IpAddr = "192.0.2.11".parse().expect("ip");
+        let (ready, flapped) = (
+            conditioned(&slice, (true, true, false)),
+            conditioned(&slice, (false, false, false)),
+        );
+        let start = |hold: Duration| {
+            let mut c = Cache::holding(hold);
+            c.service_event(&Event::Apply(svc.clone()));
+            c.slice_event(&Event::Apply(ready.clone()));
+            c
+        };
+        let mut c = start(hold);
+        assert_eq!(mapped_pods(&mut c), vec![pod]);
+        let before = Instant::now();
+        c.slice_event(&Event::Apply(flapped.clone()));
+        let ends = c.next_hold_end().expect("held");
+        assert!(ends >= before + hold && ends <= Instant::now() + hold);
+        assert_eq!(c.take_touched().len(), 1, "the Service is touched");
+        assert_eq!(mapped_pods(&mut c), vec![pod], "held");
+        // Not ready again: the hold keeps its end.
+        c.slice_event(&Event::Apply(flapped.clone()));
+        assert_eq!(c.next_hold_end(), Some(ends));
+        c.take_touched();
+        c.end_holds(ends - Duration::from_millis(1));
+        assert!(c.take_touched().is_empty(), "not ended yet");
+        c.end_holds(ends);
+        assert_eq!(c.take_touched().len(), 1, "the hold's end touches it");
+        assert_eq!(mapped_pods(&mut c), Vec::<std::net::IpAddr>::new());
+        assert_eq!(c.next_hold_end(), None);
+        // Still not ready after the hold: no new hold.
+        c.slice_event(&Event::Apply(flapped.clone()));
+        assert_eq!(c.next_hold_end(), None);
+
+        // Ready again within the hold: the hold is over.
+        let mut c = start(hold);
+        c.slice_event(&Event::Apply(flapped.clone()));
+        c.slice_event(&Event::Apply(ready.clone()));
+        assert_eq!(c.next_hold_end(), None);
+        assert_eq!(mapped_pods(&mut c), vec![pod]);
+
+        // Terminating (deleted): never held; nor without a hold time.
+        let mut c = start(hold);
+        c.slice_event(&Event::Apply(conditioned(&slice, (false, false, true))));
+        assert_eq!(c.next_hold_end(), None);
+        assert_eq!(mapped_pods(&mut c), Vec::<std::net::IpAddr>::new());
+        let mut c = start(Duration::ZERO);
+        c.slice_event(&Event::Apply(flapped.clone()));
+        assert_eq!(mapped_pods(&mut c), Vec::<std::net::IpAddr>::new());
+
+        // A ready address in another slice of the Service backs it, not
+        // the held one.
+        let mut c = start(hold);
+        let (_, other) = objects("a", "203.0.113.10", "192.0.2.12");
+        let mut other = conditioned(&other, (true, true, false));
+        other.metadata.name = Some("a-other".into());
+        c.slice_event(&Event::Apply(other));
+        c.slice_event(&Event::Apply(flapped.clone()));
+        assert!(c.next_hold_end().is_some());
+        let other_pod: std::net::IpAddr = "192.0.2.12".parse().expect("ip");
+        assert_eq!(mapped_pods(&mut c), vec![other_pod]);
     }
 }

@@ -323,9 +323,11 @@ impl KubeSource {
     /// annotation, which no server-side selector can express);
     /// EndpointSlices: those owned by a Service (`kubernetes.io/service-name`);
     /// Nodes and ServiceCIDRs: all (the in-cluster ranges).
-    pub async fn start(client: Client) -> Self {
+    /// A ready endpoint turned not ready without terminating keeps backing
+    /// its LB IP for `not_ready_hold` (`source::holds`).
+    pub async fn start(client: Client, not_ready_hold: Duration) -> Self {
         let dirty = Arc::new(Notify::new());
-        let cache = Arc::new(Mutex::new(Cache::new()));
+        let cache = Arc::new(Mutex::new(Cache::holding(not_ready_hold)));
         let mut tasks = vec![
             watch_into_cache(
                 Api::<Service>::all(client.clone()),
@@ -461,12 +463,21 @@ impl Source for KubeSource {
 
     async fn changed(&mut self) {
         // Cancel-safe: a notification that arrives while nobody waits is
-        // kept by the Notify. The caller coalesces the burst.
-        self.dirty.notified().await;
+        // kept by the Notify. The caller coalesces the burst. A hold's end
+        // is a change too.
+        let hold_ends = lock(&self.cache).next_hold_end();
+        match hold_ends {
+            Some(at) => tokio::select! {
+                () = self.dirty.notified() => {}
+                () = tokio::time::sleep_until(at.into()) => {}
+            },
+            None => self.dirty.notified().await,
+        }
     }
 
     fn update(&mut self, full: bool) -> Update {
         let mut cache = lock(&self.cache);
+        cache.end_holds(std::time::Instant::now());
         if full || cache.full {
             let snapshot = cache.snapshot();
             drop(cache);

@@ -2,6 +2,7 @@
 //! (standalone) or the Kubernetes API (the DaemonSet). Both feed the same
 //! reconcile loop through [`Source`].
 mod cache;
+mod holds;
 pub mod kube;
 pub mod manifests;
 mod pools;
