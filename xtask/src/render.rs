@@ -294,6 +294,10 @@ pub fn benchmarks_md(
              drop or the redirect) does not exist on a veth, so its 2x target is not measurable here. A veth \
              whose peer has an XDP program also loses its software segmentation offload: TCP into the node \
              is segmented by the sender (the TCP row of ebpf_xdp, ingress).\n\
+             - The per-packet comparison of the fast path's run with the stack path's charges the fast path \
+             for its FIB lookup (`bpf_skb_fib_lookup`, 45% of its IPv4 run's samples and 56% of its IPv6 \
+             run's), which the stack path also pays, after its program, in the kernel's forwarding. Without \
+             it the run is 1.4x (IPv4) and 1.5x (IPv6) the stack path's (docs/notes/2026-12-fast-path-run-cost.md).\n\
              - The flood's sender is one CPU's trafgen, which reaches about the baseline's forwarding rate: \
              the drops per second cannot reach 5x it on this machine, and on a veth with XDP the frames the \
              NAPI ring cannot take are dropped by veth before XDP (not in the datapath's counter).\n",
