@@ -298,6 +298,11 @@ pub fn benchmarks_md(
              for its FIB lookup (`bpf_skb_fib_lookup`, 45% of its IPv4 run's samples and 56% of its IPv6 \
              run's), which the stack path also pays, after its program, in the kernel's forwarding. Without \
              it the run is 1.4x (IPv4) and 1.5x (IPv6) the stack path's (docs/notes/2026-12-fast-path-run-cost.md).\n\
+             - The stack path's packets pass conntrack in the node: the eBPF backend's hairpin masquerade is \
+             a `nat` chain, which turns conntrack's hooks on. The baseline's node runs none, unlike a node \
+             with kube-proxy, Kube-OVN, Flannel or Calico's iptables mode. Without that table (an experiment build), the stack \
+             path's many-flows rate went from 0.76x to 0.87x of the baseline \
+             (docs/notes/2026-12-stack-path-and-conntrack.md).\n\
              - The flood's sender is one CPU's trafgen, which reaches about the baseline's forwarding rate: \
              the drops per second cannot reach 5x it on this machine, and on a veth with XDP the frames the \
              NAPI ring cannot take are dropped by veth before XDP (not in the datapath's counter).\n",
