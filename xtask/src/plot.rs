@@ -19,8 +19,9 @@ fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)
 }
 
-const CASES: [(&str, RGBColor); 7] = [
+const CASES: [(&str, RGBColor); 8] = [
     ("baseline_again", RGBColor(150, 150, 150)),
+    ("baseline_conntrack", RGBColor(90, 90, 90)),
     ("nft", BLUE),
     ("ebpf", GREEN),
     ("ebpf_fast", RGBColor(0, 120, 0)),

@@ -6,6 +6,10 @@
 //! on (checksum offload, TSO/GSO: what a real node does):
 //! - `baseline` and `baseline_again`: plain routing to the pod IP, no NAT
 //!   (twice: the A/A control; their spread is the noise floor);
+//! - `baseline_conntrack`: the same routing with conntrack on (one `ct
+//!   state` rule), as on a node where kube-proxy, Kube-OVN or a CNI's
+//!   masquerade uses it; the eBPF stack path's packets pass conntrack too
+//!   (its hairpin masquerade is a `nat` chain);
 //! - `nft`, `ebpf` (stack path), `ebpf_fast` (the fast path), `ebpf_xdp`
 //!   (the XDP path: the fast path from the XDP program on the uplink,
 //!   `--xdp=auto`);
@@ -64,9 +68,10 @@ mod datapath {
     use std::{net::IpAddr, process::Stdio, time::Duration};
 
     const SECONDS: u64 = 2;
-    const CASES: [&str; 8] = [
+    const CASES: [&str; 9] = [
         "baseline",
         "baseline_again",
+        "baseline_conntrack",
         "nft",
         "ebpf",
         "ebpf_fast",
@@ -178,6 +183,15 @@ mod datapath {
     fn setup(name: &'static str, net: &Net, offloads: bool) -> Result<Case> {
         let holder = match name {
             "baseline" | "baseline_again" => Holder::Plain(Topology::new()?),
+            "baseline_conntrack" => {
+                let t = Topology::new()?;
+                let rules = "table inet conntrack_on {\n chain pre { type filter hook prerouting priority filter; ct state established,related accept; }\n}\n";
+                let out = feed_in(&t.node(), &["nft", "-f", "-"], rules.as_bytes(), 5)?;
+                if !out.status.success() {
+                    bail!("conntrack rule: {}", String::from_utf8_lossy(&out.stderr));
+                }
+                Holder::Plain(t)
+            }
             "conntrack_dnat" => {
                 let t = Topology::new()?;
                 let rules = format!(
