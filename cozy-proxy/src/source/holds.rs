@@ -48,15 +48,15 @@ impl Holds {
         previous: Option<&ReadSlice>,
         now: Instant,
     ) -> Arc<ReadSlice> {
-        let key = (owner.clone(), read.name.clone());
         let shown = match previous {
             Some(previous) if !self.time.is_zero() => read.held_from(previous),
             _ => None,
         };
         let Some(shown) = shown else {
-            self.by_slice.remove(&key);
+            self.drop_slice(owner, &read.name);
             return Arc::new(read);
         };
+        let key = (owner.clone(), read.name.clone());
         let until = match self.by_slice.get(&key) {
             Some(hold) => hold.until,
             None => {
