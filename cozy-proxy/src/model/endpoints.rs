@@ -123,6 +123,15 @@ impl ReadSlice {
         self.held.iter().map(|(ip, _)| ip)
     }
 
+    /// This version as its slice is, without what it holds (a hold's end);
+    /// `None` when it holds nothing.
+    pub fn unheld(&self) -> Option<ReadSlice> {
+        (!self.held.is_empty()).then(|| ReadSlice {
+            held: Box::new([]),
+            ..self.clone()
+        })
+    }
+
     /// Its name as a warning shows it.
     pub fn shown_name(&self) -> &str {
         if self.name.is_empty() {

@@ -243,13 +243,16 @@ impl Cache {
         self.holds.next_end()
     }
 
-    /// The holds ended by `now`: each slice as it is, its Service touched.
+    /// The holds ended by `now`: each slice shown as it is (what it held
+    /// taken out), its Service touched.
     pub fn end_holds(&mut self, now: Instant) {
-        for (owner, unheld) in self.holds.take_ended(now) {
+        for (owner, name) in self.holds.take_ended(now) {
             let of_owner = self.slices.live.get_mut(&owner);
-            let at = of_owner.and_then(|s| s.iter_mut().find(|s| s.name == unheld.name));
-            if let Some(shown) = at {
-                *shown = unheld;
+            let Some(shown) = of_owner.and_then(|s| s.iter_mut().find(|s| s.name == name)) else {
+                continue;
+            };
+            if let Some(unheld) = shown.unheld() {
+                *shown = Arc::new(unheld);
                 self.touched.insert(owner);
             }
         }

@@ -15,18 +15,14 @@ use std::{
 };
 use tracing::info;
 
-/// The slices holding an address, by Service and slice name.
+/// The slices holding an address, by Service and slice name: when each
+/// hold ends. What a slice holds is in the version the cache shows
+/// ([`ReadSlice::unheld`] takes it out at the end).
 #[derive(Default)]
 pub struct Holds {
     /// How long a hold lasts; zero: never held.
     time: Duration,
-    by_slice: HashMap<(ServiceRef, Box<str>), Hold>,
-}
-
-struct Hold {
-    until: Instant,
-    /// The slice as it is, shown once the hold ends.
-    unheld: Arc<ReadSlice>,
+    by_slice: HashMap<(ServiceRef, Box<str>), Instant>,
 }
 
 impl Holds {
@@ -57,21 +53,16 @@ impl Holds {
             return Arc::new(read);
         };
         let key = (owner.clone(), read.name.clone());
-        let until = match self.by_slice.get(&key) {
-            Some(hold) => hold.until,
-            None => {
-                let held: Vec<String> = shown.held().map(ToString::to_string).collect();
-                info!(
-                    service = %owner, slice = %read.shown_name(), addresses = ?held,
-                    hold = ?self.time,
-                    "a ready endpoint turned not ready without terminating; it keeps backing \
-                     the LB IP while nothing else can, until it is ready again or the hold ends"
-                );
-                now + self.time
-            }
-        };
-        let unheld = Arc::new(read);
-        self.by_slice.insert(key, Hold { until, unheld });
+        if !self.by_slice.contains_key(&key) {
+            let held: Vec<String> = shown.held().map(ToString::to_string).collect();
+            info!(
+                service = %owner, slice = %read.shown_name(), addresses = ?held,
+                hold = ?self.time,
+                "a ready endpoint turned not ready without terminating; it keeps backing \
+                 the LB IP while nothing else can, until it is ready again or the hold ends"
+            );
+            self.by_slice.insert(key, now + self.time);
+        }
         Arc::new(shown)
     }
 
@@ -90,25 +81,23 @@ impl Holds {
 
     /// When the next hold ends.
     pub fn next_end(&self) -> Option<Instant> {
-        self.by_slice.values().map(|h| h.until).min()
+        self.by_slice.values().min().copied()
     }
 
-    /// The holds ended by `now`: their Service, and the slice as it is.
-    pub fn take_ended(&mut self, now: Instant) -> Vec<(ServiceRef, Arc<ReadSlice>)> {
-        let ended: Vec<(ServiceRef, Box<str>)> = (self.by_slice.iter())
-            .filter(|(_, h)| h.until <= now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        let mut out = Vec::with_capacity(ended.len());
-        for key in ended {
-            if let Some(hold) = self.by_slice.remove(&key) {
+    /// The holds ended by `now`: the Service and the slice's name of each.
+    pub fn take_ended(&mut self, now: Instant) -> Vec<(ServiceRef, Box<str>)> {
+        let mut ended = Vec::new();
+        self.by_slice.retain(|key, until| {
+            let over = *until <= now;
+            if over {
                 info!(
-                    service = %key.0, slice = %hold.unheld.shown_name(),
+                    service = %key.0, slice = %key.1,
                     "the hold of a not-ready endpoint ended; it no longer backs the LB IP"
                 );
-                out.push((key.0, hold.unheld));
+                ended.push(key.clone());
             }
-        }
-        out
+            !over
+        });
+        ended
     }
 }
