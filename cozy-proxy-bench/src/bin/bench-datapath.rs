@@ -180,32 +180,29 @@ mod datapath {
         Ok(())
     }
 
+    /// A topology whose node runs the nft `rules` (`nft -f`) and nothing
+    /// of ours.
+    fn plain_with_rules(rules: &str) -> Result<Holder> {
+        let t = Topology::new()?;
+        let out = feed_in(&t.node(), &["nft", "-f", "-"], rules.as_bytes(), 5)?;
+        if !out.status.success() {
+            bail!("the case's rules: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(Holder::Plain(t))
+    }
+
     fn setup(name: &'static str, net: &Net, offloads: bool) -> Result<Case> {
         let holder = match name {
             "baseline" | "baseline_again" => Holder::Plain(Topology::new()?),
-            "baseline_conntrack" => {
-                let t = Topology::new()?;
-                let rules = "table inet conntrack_on {\n chain pre { type filter hook prerouting priority filter; ct state established,related accept; }\n}\n";
-                let out = feed_in(&t.node(), &["nft", "-f", "-"], rules.as_bytes(), 5)?;
-                if !out.status.success() {
-                    bail!("conntrack rule: {}", String::from_utf8_lossy(&out.stderr));
-                }
-                Holder::Plain(t)
-            }
-            "conntrack_dnat" => {
-                let t = Topology::new()?;
-                let rules = format!(
-                    "table ip peer {{\n chain pre {{ type nat hook prerouting priority dstnat; ip daddr {lb} dnat to {pod}; }}\n \
-                     chain post {{ type nat hook postrouting priority srcnat; ip saddr {pod} oifname \"uplink\" snat to {lb}; }}\n}}\n",
-                    lb = net.lbs[0],
-                    pod = net.pods[0]
-                );
-                let out = feed_in(&t.node(), &["nft", "-f", "-"], rules.as_bytes(), 5)?;
-                if !out.status.success() {
-                    bail!("peer rules: {}", String::from_utf8_lossy(&out.stderr));
-                }
-                Holder::Plain(t)
-            }
+            "baseline_conntrack" => plain_with_rules(
+                "table inet conntrack_on {\n chain pre { type filter hook prerouting priority filter; ct state established,related accept; }\n}\n",
+            )?,
+            "conntrack_dnat" => plain_with_rules(&format!(
+                "table ip peer {{\n chain pre {{ type nat hook prerouting priority dstnat; ip daddr {lb} dnat to {pod}; }}\n \
+                 chain post {{ type nat hook postrouting priority srcnat; ip saddr {pod} oifname \"uplink\" snat to {lb}; }}\n}}\n",
+                lb = net.lbs[0],
+                pod = net.pods[0]
+            ))?,
             "kube_proxy" => {
                 let t = Topology::new()?;
                 Holder::Api {
