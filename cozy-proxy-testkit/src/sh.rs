@@ -14,15 +14,76 @@ pub fn setup_cache(var: &str, name: &str) -> PathBuf {
     PathBuf::from(home).join(".cache/cozy-proxy").join(name)
 }
 
-/// `ip netns exec NS ARGS...`, waiting for it; returns the output whatever
-/// the exit status.
+/// `ARGS...` run in namespace `ns`, waiting for it; returns the output
+/// whatever the exit status.
 pub fn run_in(ns: &str, args: &[&str]) -> Result<Output> {
-    Command::new("ip")
-        .args(["netns", "exec", ns])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
+    spawned_in(ns, args, |cmd| cmd.stdin(Stdio::null()).output())
         .with_context(|| format!("running {args:?} in {ns}"))
+}
+
+/// `run` given a command for `args` that runs in network namespace `ns`.
+///
+/// The tools the tests drive (ip, nft, sysctl, ethtool, socat, ping,
+/// conntrack) see a namespace only through their sockets and /proc/sys,
+/// which follow the process's network namespace. They are spawned from a
+/// thread that entered `ns` (a child starts in its parent thread's
+/// namespaces), by the same posix_spawn as any command: one process, and
+/// no fork of the test's whole address space, as a `pre_exec` hook would
+/// need. `ip netns exec` costs a second exec and a mount namespace with a
+/// fresh /sys, half of a scenario's processes; it is kept where /sys is
+/// read: by the product's binary (a device's driver) and by a command
+/// that names a /sys path.
+fn spawned_in<T: Send>(
+    ns: &str,
+    args: &[&str],
+    run: impl FnOnce(&mut Command) -> std::io::Result<T> + Send,
+) -> Result<T> {
+    let Some((program, rest)) = args.split_first() else {
+        bail!("no command to run in {ns}");
+    };
+    if reads_sysfs(args) {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns]).args(args);
+        return Ok(run(&mut cmd)?);
+    }
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                enter_netns(ns)?;
+                let mut cmd = Command::new(program);
+                cmd.args(rest);
+                Ok(run(&mut cmd)?)
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the thread spawning {args:?} in {ns} panicked"))?
+    })
+}
+
+/// Moves the calling thread into network namespace `ns` (sockets it makes
+/// and processes it spawns then belong there; other threads stay where
+/// they are).
+pub fn enter_netns(ns: &str) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let path = format!("/run/netns/{ns}");
+    let file = std::fs::File::open(&path).with_context(|| format!("opening {path}"))?;
+    // SAFETY: setns on the calling thread only, into a namespace file we
+    // hold open.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        bail!("setns {ns}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `args` read /sys, which shows a namespace's devices only
+/// as `ip netns exec` mounts it: the product's binary (any release's,
+/// named `cozy-proxy`) or a command naming a /sys path.
+fn reads_sysfs(args: &[&str]) -> bool {
+    let product = args.first().is_some_and(|p| {
+        std::path::Path::new(p)
+            .file_name()
+            .is_some_and(|n| n == "cozy-proxy")
+    });
+    product || args.iter().any(|a| a.starts_with("/sys/"))
 }
 
 /// Like [`run_in`], failing unless the command succeeds.
@@ -154,18 +215,20 @@ impl Drop for Proc {
 pub fn feed_in(ns: &str, args: &[&str], input: &[u8], timeout_s: u32) -> Result<Output> {
     use std::io::Write;
     let limit = timeout_s.to_string();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", ns, "timeout", &limit])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {args:?} in {ns}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(input);
-    }
-    Ok(child.wait_with_output()?)
+    let mut timed = vec!["timeout", limit.as_str()];
+    timed.extend_from_slice(args);
+    spawned_in(ns, &timed, |cmd| {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(input);
+        }
+        child.wait_with_output()
+    })
+    .with_context(|| format!("running {args:?} in {ns}"))
 }
 
 /// The last `n` lines of file `path` (empty if it cannot be read), for a

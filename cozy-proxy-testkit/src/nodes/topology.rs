@@ -86,19 +86,7 @@ pub fn cmd(ns: &str, line: &str) -> Result<()> {
     ok_in(ns, &words).map(|_| ())
 }
 
-/// Moves the calling thread into network namespace `ns` (sockets it makes
-/// then belong there; other threads stay where they are).
-pub fn enter_netns(ns: &str) -> Result<()> {
-    use std::os::fd::AsRawFd;
-    let path = format!("/var/run/netns/{ns}");
-    let file = anyhow::Context::with_context(std::fs::File::open(&path), || path.clone())?;
-    // SAFETY: setns on the calling thread only, into a namespace file we
-    // hold open.
-    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        anyhow::bail!("setns {ns}: {}", std::io::Error::last_os_error());
-    }
-    Ok(())
-}
+pub use crate::sh::enter_netns;
 
 /// Runs `f` on a thread in namespace `ns` and returns what it made: a
 /// socket made there stays there, whichever thread uses it next.
