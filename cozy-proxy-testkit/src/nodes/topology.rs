@@ -3,7 +3,7 @@
 //! removed when dropped; the node wires its pods in one of the [`Shape`]s
 //! the common CNIs build.
 use crate::sh::{feed_in, ok, ok_in};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -86,6 +86,72 @@ pub fn cmd(ns: &str, line: &str) -> Result<()> {
     ok_in(ns, &words).map(|_| ())
 }
 
+/// Runs `lines` in `ns` in order, as [`cmd`] runs one, stopping at the
+/// first that fails. Consecutive `ip` lines go to one `ip -batch -`: one
+/// process where each was one, and `ip` is most of the processes a
+/// topology starts. In a batch a line's leading `-6` is dropped (a batch
+/// line takes no options): each such line names an IPv6 address, which
+/// gives the family.
+pub fn cmds<S: AsRef<str>>(ns: &str, lines: &[S]) -> Result<()> {
+    let mut batch = String::new();
+    let flush = |batch: &mut String| -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let out = feed_in(ns, &["ip", "-batch", "-"], batch.as_bytes(), 10)?;
+        if !out.status.success() {
+            bail!(
+                "ip -batch in {ns} failed ({}): {}\n{batch}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        batch.clear();
+        Ok(())
+    };
+    for line in lines.iter().map(AsRef::as_ref) {
+        match line.strip_prefix("ip ") {
+            Some(rest) => {
+                batch.push_str(rest.strip_prefix("-6 ").unwrap_or(rest));
+                batch.push('\n');
+            }
+            None => {
+                flush(&mut batch)?;
+                cmd(ns, line)?;
+            }
+        }
+    }
+    flush(&mut batch)
+}
+
+/// Writes sysctls `(name, value)` of namespace `ns` (dotted names, as
+/// sysctl(8) takes them) to /proc/sys from a thread in `ns`: /proc/sys/net
+/// is the network namespace of whoever opens it. No process.
+pub fn sysctls(ns: &str, settings: &[(&str, &str)]) -> Result<()> {
+    let settings: Vec<(String, String)> = settings
+        .iter()
+        .map(|(k, v)| (format!("/proc/sys/{}", k.replace('.', "/")), v.to_string()))
+        .collect();
+    in_netns(ns, move || {
+        for (path, value) in &settings {
+            std::fs::write(path, value).with_context(|| format!("writing {value} to {path}"))?;
+        }
+        Ok(())
+    })
+    .with_context(|| format!("sysctls in {ns}"))
+}
+
+/// IPv4 and IPv6 forwarding on.
+pub fn forwarding(ns: &str) -> Result<()> {
+    sysctls(
+        ns,
+        &[
+            ("net.ipv4.ip_forward", "1"),
+            ("net.ipv6.conf.all.forwarding", "1"),
+        ],
+    )
+}
+
 pub use crate::sh::enter_netns;
 
 /// Runs `f` on a thread in namespace `ns` and returns what it made: a
@@ -110,17 +176,26 @@ pub fn in_netns<T: Send + 'static>(
 pub fn new_ns(ns: &str) -> Result<()> {
     ok(&["ip", "netns", "add", ns])?;
     cmd(ns, "ip link set lo up")?;
-    cmd(
+    sysctls(
         ns,
-        "sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0 \
-         net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0",
+        &[
+            ("net.ipv6.conf.all.accept_dad", "0"),
+            ("net.ipv6.conf.default.accept_dad", "0"),
+            ("net.ipv4.conf.all.rp_filter", "0"),
+            ("net.ipv4.conf.default.rp_filter", "0"),
+        ],
     )
 }
 
 /// With transmit checksum offload on, veth passes packets with a partial
 /// checksum and a missing L4 fix-up would go unnoticed.
 pub fn no_offload(ns: &str, dev: &str) -> Result<()> {
-    cmd(ns, &format!("ethtool -K {dev} tx off"))
+    cmd(ns, &offload_off(dev))
+}
+
+/// [`no_offload`]'s command, for a line of [`cmds`].
+pub fn offload_off(dev: &str) -> String {
+    format!("ethtool -K {dev} tx off")
 }
 
 /// A veth pair `a` (in `ns_a`) <-> `b` (in `ns_b`).
@@ -220,30 +295,37 @@ impl Topology {
         new_ns(&ext)?;
         new_ns(&node)?;
         veth("uplink", &node, "uplink", &ext)?;
-        for (ns, v4, v6) in [
-            (&ext, "198.51.100.1/24", "2001:db8:100::1/64"),
-            (&node, "198.51.100.2/24", "2001:db8:100::2/64"),
-        ] {
-            cmd(ns, &format!("ip addr add {v4} dev uplink"))?;
-            cmd(ns, &format!("ip addr add {v6} dev uplink nodad"))?;
-            no_offload(ns, "uplink")?;
-            cmd(ns, "ip link set uplink up")?;
-        }
+        let uplink = |v4: &str, v6: &str| {
+            vec![
+                offload_off("uplink"),
+                format!("ip addr add {v4} dev uplink"),
+                format!("ip addr add {v6} dev uplink nodad"),
+                "ip link set uplink up".into(),
+            ]
+        };
         // ext routes the LoadBalancer ranges (and the pod network, to reach
         // an unmanaged pod directly) via the node.
-        cmd(&ext, "ip route add 203.0.113.0/24 via 198.51.100.2")?;
-        cmd(&ext, "ip route add 192.0.2.0/24 via 198.51.100.2")?;
-        cmd(
-            &ext,
-            "ip -6 route add 2001:db8:203::/64 via 2001:db8:100::2",
-        )?;
-        cmd(&ext, "ip -6 route add 2001:db8:2::/64 via 2001:db8:100::2")?;
-        cmd(&node, "ip route add default via 198.51.100.1")?;
-        cmd(&node, "ip -6 route add default via 2001:db8:100::1")?;
-        cmd(
-            &node,
-            "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
-        )?;
+        let mut at_ext = uplink("198.51.100.1/24", "2001:db8:100::1/64");
+        at_ext.extend(
+            [
+                "ip route add 203.0.113.0/24 via 198.51.100.2",
+                "ip route add 192.0.2.0/24 via 198.51.100.2",
+                "ip -6 route add 2001:db8:203::/64 via 2001:db8:100::2",
+                "ip -6 route add 2001:db8:2::/64 via 2001:db8:100::2",
+            ]
+            .map(String::from),
+        );
+        cmds(&ext, &at_ext)?;
+        let mut at_node = uplink("198.51.100.2/24", "2001:db8:100::2/64");
+        at_node.extend(
+            [
+                "ip route add default via 198.51.100.1",
+                "ip -6 route add default via 2001:db8:100::1",
+            ]
+            .map(String::from),
+        );
+        cmds(&node, &at_node)?;
+        forwarding(&node)?;
         match t.shape {
             Shape::Routed => {}
             Shape::Bridge => bridge_gateway(&node, "192.0.2.1/24", "2001:db8:2::1/64")?,
@@ -268,8 +350,13 @@ impl Topology {
         ovn_router(&ovn)?;
         join_node(&ovn, &node, "n1", "192.0.2.194/26", "2001:db8:64::2/64")?;
         // The pods' way out: the node (Kube-OVN's distributed gateway).
-        cmd(&ovn, "ip route add default via 192.0.2.194")?;
-        cmd(&ovn, "ip -6 route add default via 2001:db8:64::2")
+        cmds(
+            &ovn,
+            &[
+                "ip route add default via 192.0.2.194",
+                "ip -6 route add default via 2001:db8:64::2",
+            ],
+        )
     }
 
     /// The NodeSegment shape: the bridge `seg` in the node, the router's
@@ -277,29 +364,49 @@ impl Topology {
     fn build_node_segment(&self) -> Result<()> {
         let (node, ovn) = (self.node(), self.ovn());
         new_ns(&ovn)?;
-        cmd(
-            &ovn,
-            "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
-        )?;
-        cmd(&node, "ip link add seg type bridge")?;
-        no_offload(&node, "seg")?;
-        cmd(&node, "ip link set seg up")?;
-        cmd(
+        forwarding(&ovn)?;
+        cmds(
             &node,
-            "sysctl -qw net.bridge.bridge-nf-call-iptables=0 net.bridge.bridge-nf-call-ip6tables=0",
+            &[
+                "ip link add seg type bridge".into(),
+                offload_off("seg"),
+                "ip link set seg up".into(),
+            ],
+        )?;
+        sysctls(
+            &node,
+            &[
+                ("net.bridge.bridge-nf-call-iptables", "0"),
+                ("net.bridge.bridge-nf-call-ip6tables", "0"),
+            ],
         )?;
         veth("rtr", &node, "ls", &ovn)?;
-        cmd(&node, "ip link set rtr master seg")?;
-        cmd(&ovn, "ip addr add 192.0.2.1/25 dev ls")?;
-        cmd(&ovn, "ip addr add 2001:db8:2::1/64 dev ls nodad")?;
-        for (ns, dev) in [(&node, "rtr"), (&ovn, "ls")] {
-            no_offload(ns, dev)?;
-            cmd(ns, &format!("ip link set {dev} up"))?;
-        }
+        cmds(
+            &node,
+            &[
+                "ip link set rtr master seg".into(),
+                offload_off("rtr"),
+                "ip link set rtr up".into(),
+            ],
+        )?;
+        cmds(
+            &ovn,
+            &[
+                "ip addr add 192.0.2.1/25 dev ls".into(),
+                "ip addr add 2001:db8:2::1/64 dev ls nodad".into(),
+                offload_off("ls"),
+                "ip link set ls up".into(),
+            ],
+        )?;
         join_router(&ovn)?;
         join_node(&ovn, &node, "n1", "192.0.2.194/26", "2001:db8:64::2/64")?;
-        cmd(&ovn, "ip route add default via 192.0.2.194")?;
-        cmd(&ovn, "ip -6 route add default via 2001:db8:64::2")
+        cmds(
+            &ovn,
+            &[
+                "ip route add default via 192.0.2.194",
+                "ip -6 route add default via 2001:db8:64::2",
+            ],
+        )
     }
 
     /// A client `far` beyond ext, on a link whose MTU on ext's side is
@@ -403,33 +510,30 @@ impl Topology {
         let (node, pod) = (self.node(), self.pod(i));
         let host_if = self.pod_port(i).1;
         veth(&host_if, &node, "eth0", &pod)?;
-        cmd(&node, &format!("ip addr add 192.0.2.1/32 dev {host_if}"))?;
-        cmd(
+        cmds(
             &node,
-            &format!("ip addr add 2001:db8:2::1/128 dev {host_if} nodad"),
+            &[
+                offload_off(&host_if),
+                format!("ip addr add 192.0.2.1/32 dev {host_if}"),
+                format!("ip addr add 2001:db8:2::1/128 dev {host_if} nodad"),
+                format!("ip link set {host_if} up"),
+                format!("ip route add 192.0.2.1{i}/32 dev {host_if}"),
+                format!("ip -6 route add 2001:db8:2::1{i}/128 dev {host_if}"),
+            ],
         )?;
-        cmd(&pod, &format!("ip addr add 192.0.2.1{i}/32 dev eth0"))?;
-        cmd(
+        cmds(
             &pod,
-            &format!("ip addr add 2001:db8:2::1{i}/128 dev eth0 nodad"),
-        )?;
-        for (ns, dev) in [(&node, host_if.as_str()), (&pod, "eth0")] {
-            no_offload(ns, dev)?;
-            cmd(ns, &format!("ip link set {dev} up"))?;
-        }
-        cmd(
-            &node,
-            &format!("ip route add 192.0.2.1{i}/32 dev {host_if}"),
-        )?;
-        cmd(
-            &node,
-            &format!("ip -6 route add 2001:db8:2::1{i}/128 dev {host_if}"),
-        )?;
-        cmd(&pod, "ip route add 192.0.2.1 dev eth0")?;
-        cmd(&pod, "ip route add default via 192.0.2.1")?;
-        cmd(&pod, "ip -6 route add 2001:db8:2::1 dev eth0")?;
-        cmd(&pod, "ip -6 route add default via 2001:db8:2::1")?;
-        Ok(())
+            &[
+                offload_off("eth0"),
+                format!("ip addr add 192.0.2.1{i}/32 dev eth0"),
+                format!("ip addr add 2001:db8:2::1{i}/128 dev eth0 nodad"),
+                "ip link set eth0 up".into(),
+                "ip route add 192.0.2.1 dev eth0".into(),
+                "ip route add default via 192.0.2.1".into(),
+                "ip -6 route add 2001:db8:2::1 dev eth0".into(),
+                "ip -6 route add default via 2001:db8:2::1".into(),
+            ],
+        )
     }
 }
 
@@ -437,14 +541,22 @@ impl Topology {
 /// br_netfilter on (bridged IP traffic through the IP hooks, as kubeadm
 /// nodes have it).
 pub fn bridge_gateway(ns: &str, v4: &str, v6: &str) -> Result<()> {
-    cmd(ns, "ip link add cni0 type bridge")?;
-    cmd(ns, &format!("ip addr add {v4} dev cni0"))?;
-    cmd(ns, &format!("ip addr add {v6} dev cni0 nodad"))?;
-    no_offload(ns, "cni0")?;
-    cmd(ns, "ip link set cni0 up")?;
-    cmd(
+    cmds(
         ns,
-        "sysctl -qw net.bridge.bridge-nf-call-iptables=1 net.bridge.bridge-nf-call-ip6tables=1",
+        &[
+            "ip link add cni0 type bridge".into(),
+            offload_off("cni0"),
+            format!("ip addr add {v4} dev cni0"),
+            format!("ip addr add {v6} dev cni0 nodad"),
+            "ip link set cni0 up".into(),
+        ],
+    )?;
+    sysctls(
+        ns,
+        &[
+            ("net.bridge.bridge-nf-call-iptables", "1"),
+            ("net.bridge.bridge-nf-call-ip6tables", "1"),
+        ],
     )
 }
 
@@ -453,10 +565,7 @@ pub fn bridge_gateway(ns: &str, v4: &str, v6: &str) -> Result<()> {
 /// the join network's bridge.
 pub fn ovn_router(ovn: &str) -> Result<()> {
     new_ns(ovn)?;
-    cmd(
-        ovn,
-        "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
-    )?;
+    forwarding(ovn)?;
     bridge_gateway(ovn, "192.0.2.1/25", "2001:db8:2::1/64")?;
     cmd(ovn, "ip link set cni0 name ls")?;
     join_router(ovn)
@@ -465,31 +574,40 @@ pub fn ovn_router(ovn: &str) -> Result<()> {
 /// The join network's bridge in the router's namespace `ovn`, with the
 /// router's address on it.
 pub fn join_router(ovn: &str) -> Result<()> {
-    cmd(ovn, "ip link add join type bridge")?;
-    cmd(ovn, &format!("ip addr add {}/26 dev join", JOIN_V4.1))?;
-    cmd(ovn, &format!("ip addr add {}/64 dev join nodad", JOIN_V6.1))?;
-    no_offload(ovn, "join")?;
-    cmd(ovn, "ip link set join up")
+    cmds(
+        ovn,
+        &[
+            "ip link add join type bridge".into(),
+            offload_off("join"),
+            format!("ip addr add {}/26 dev join", JOIN_V4.1),
+            format!("ip addr add {}/64 dev join nodad", JOIN_V6.1),
+            "ip link set join up".into(),
+        ],
+    )
 }
 
 /// A node's `ovn0` on the join network (its peer `port` a port of `join`),
 /// and the node's route to the pod subnet via the router.
 pub fn join_node(ovn: &str, node: &str, port: &str, v4: &str, v6: &str) -> Result<()> {
     veth(port, ovn, "ovn0", node)?;
-    cmd(ovn, &format!("ip link set {port} master join"))?;
-    cmd(node, &format!("ip addr add {v4} dev ovn0"))?;
-    cmd(node, &format!("ip addr add {v6} dev ovn0 nodad"))?;
-    for (ns, dev) in [(ovn, port), (node, "ovn0")] {
-        no_offload(ns, dev)?;
-        cmd(ns, &format!("ip link set {dev} up"))?;
-    }
-    cmd(
-        node,
-        &format!("ip route add 192.0.2.0/25 via {}", JOIN_V4.1),
+    cmds(
+        ovn,
+        &[
+            format!("ip link set {port} master join"),
+            offload_off(port),
+            format!("ip link set {port} up"),
+        ],
     )?;
-    cmd(
+    cmds(
         node,
-        &format!("ip -6 route add 2001:db8:2::/64 via {}", JOIN_V6.1),
+        &[
+            offload_off("ovn0"),
+            format!("ip addr add {v4} dev ovn0"),
+            format!("ip addr add {v6} dev ovn0 nodad"),
+            "ip link set ovn0 up".into(),
+            format!("ip route add 192.0.2.0/25 via {}", JOIN_V4.1),
+            format!("ip -6 route add 2001:db8:2::/64 via {}", JOIN_V6.1),
+        ],
     )
 }
 
@@ -497,38 +615,70 @@ pub fn join_node(ovn: &str, node: &str, port: &str, v4: &str, v6: &str) -> Resul
 /// `bridge`.
 pub fn wire_port(ns: &str, bridge: &str, port: &str, pod: &str) -> Result<()> {
     veth(port, ns, "eth0", pod)?;
-    cmd(ns, &format!("ip link set {port} master {bridge}"))?;
-    for (n, dev) in [(ns, port), (pod, "eth0")] {
-        no_offload(n, dev)?;
-        cmd(n, &format!("ip link set {dev} up"))?;
-    }
-    Ok(())
+    cmds(
+        ns,
+        &[
+            format!("ip link set {port} master {bridge}"),
+            offload_off(port),
+            format!("ip link set {port} up"),
+        ],
+    )?;
+    cmds(pod, &[offload_off("eth0"), "ip link set eth0 up".into()])
 }
 
 /// A pod's addresses on its segment `(address, prefix, gateway)` per
 /// family, its default routes via the gateways.
 pub fn pod_on_segment(pod: &str, v4: (&str, u8, &str), v6: (&str, u8, &str)) -> Result<()> {
-    cmd(pod, &format!("ip addr add {}/{} dev eth0", v4.0, v4.1))?;
-    cmd(
+    cmds(
         pod,
-        &format!("ip addr add {}/{} dev eth0 nodad", v6.0, v6.1),
-    )?;
-    cmd(pod, &format!("ip route add default via {}", v4.2))?;
-    cmd(pod, &format!("ip -6 route add default via {}", v6.2))
+        &[
+            format!("ip addr add {}/{} dev eth0", v4.0, v4.1),
+            format!("ip addr add {}/{} dev eth0 nodad", v6.0, v6.1),
+            format!("ip route add default via {}", v4.2),
+            format!("ip -6 route add default via {}", v6.2),
+        ],
+    )
 }
 
-/// Kills what runs in the namespaces and removes them.
+/// Kills what runs in the namespaces and removes them, as `ip netns pids`
+/// and `ip netns del` do, without a process of their own: a process is in
+/// a namespace when its `/proc/PID/ns/net` is the namespace's inode, and
+/// the name goes with a lazy unmount and an unlink of `/run/netns/NAME`.
 pub fn remove_namespaces(all: &[String]) {
-    for ns in all {
-        if let Ok(out) = ok(&["ip", "netns", "pids", ns]) {
-            for pid in out.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
-                // SAFETY: kill(2) on processes left in our own namespace.
-                unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                }
+    use std::os::unix::fs::MetadataExt;
+    let paths: Vec<String> = all.iter().map(|ns| format!("/run/netns/{ns}")).collect();
+    let inodes: Vec<(u64, u64)> = paths
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| (m.dev(), m.ino()))
+        .collect();
+    let pids = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+    for entry in pids {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(net) = std::fs::metadata(entry.path().join("ns/net")) else {
+            continue;
+        };
+        if inodes.contains(&(net.dev(), net.ino())) {
+            // SAFETY: kill(2) on a process left in one of our namespaces.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
             }
         }
-        let _ = ok(&["ip", "netns", "del", ns]);
+    }
+    for path in &paths {
+        if let Ok(c) = std::ffi::CString::new(path.as_str()) {
+            // SAFETY: umount2(2) on a path we own, given as a C string.
+            unsafe {
+                libc::umount2(c.as_ptr(), libc::MNT_DETACH);
+            }
+        }
+        let _ = std::fs::remove_file(path);
     }
 }
 
