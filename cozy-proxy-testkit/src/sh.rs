@@ -231,6 +231,17 @@ pub fn feed_in(ns: &str, args: &[&str], input: &[u8], timeout_s: u32) -> Result<
     .with_context(|| format!("running {args:?} in {ns}"))
 }
 
+/// The ids of every process now running (the numeric names in /proc).
+pub fn process_ids() -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .collect()
+}
+
 /// The last `n` lines of file `path` (empty if it cannot be read), for a
 /// failure report.
 pub fn tail(path: &std::path::Path, n: usize) -> String {

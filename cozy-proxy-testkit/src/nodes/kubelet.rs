@@ -466,26 +466,13 @@ impl KubeletNode {
     /// kubelet, containerd, the shims and the pods' processes.
     fn processes(&self) -> Vec<i32> {
         let ours = fs::read_link(format!("/proc/{}/ns/mnt", self.holder_pid())).ok();
-        let mut pids = Vec::new();
-        let Ok(entries) = fs::read_dir("/proc") else {
-            return pids;
-        };
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|p| p.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            if pid as u32 == self.holder.child.id() {
-                continue;
-            }
-            if ours.is_some() && fs::read_link(format!("/proc/{pid}/ns/mnt")).ok() == ours {
-                pids.push(pid);
-            }
-        }
-        pids
+        crate::sh::process_ids()
+            .into_iter()
+            .filter(|pid| *pid as u32 != self.holder.child.id())
+            .filter(|pid| {
+                ours.is_some() && fs::read_link(format!("/proc/{pid}/ns/mnt")).ok() == ours
+            })
+            .collect()
     }
 }
 

@@ -652,16 +652,8 @@ pub fn remove_namespaces(all: &[String]) {
         .filter_map(|p| std::fs::metadata(p).ok())
         .map(|m| (m.dev(), m.ino()))
         .collect();
-    let pids = std::fs::read_dir("/proc").into_iter().flatten().flatten();
-    for entry in pids {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|p| p.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(net) = std::fs::metadata(entry.path().join("ns/net")) else {
+    for pid in crate::sh::process_ids() {
+        let Ok(net) = std::fs::metadata(format!("/proc/{pid}/ns/net")) else {
             continue;
         };
         if inodes.contains(&(net.dev(), net.ino())) {
