@@ -2,10 +2,10 @@
 //! every test binary, tallied.
 //!
 //! The datapath scenario binaries, the migrations and the real API's
-//! spend most of their time waiting (for a packet that must not arrive,
+//! spend much of each test waiting (for a packet that must not arrive,
 //! for a controller or an API server to settle, for MetalLB to move an
-//! address), not on the CPU, and run more tests at a time than the 2
-//! cores. Measured with the tools built: the scenarios took 555 s at 4
+//! address), and run more tests at a time than the 2 cores; at the
+//! counts below the scenarios keep both cores busy (docs/testing.md). Measured with the tools built: the scenarios took 555 s at 4
 //! threads, 419 s at 6 and 384 s at 8; the cluster scenarios 272 s at 4,
 //! 240 s at 6 and 253 s at 8 (by then the CPU is busy: the verifier,
 //! loading the programs for every test, takes half of an eBPF test's
