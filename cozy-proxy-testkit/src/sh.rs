@@ -46,16 +46,25 @@ fn spawned_in<T: Send>(
         cmd.args(["netns", "exec", ns]).args(args);
         return Ok(run(&mut cmd)?);
     }
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                enter_netns(ns)?;
-                let mut cmd = Command::new(program);
-                cmd.args(rest);
-                Ok(run(&mut cmd)?)
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("the thread spawning {args:?} in {ns} panicked"))?
+    in_netns(ns, || {
+        let mut cmd = Command::new(program);
+        cmd.args(rest);
+        Ok(run(&mut cmd)?)
+    })
+}
+
+/// Runs `f` on a thread in network namespace `ns` and returns what it
+/// made: a socket made there stays there, whichever thread uses it next;
+/// interface names are resolved there; BPF objects are not tied to a
+/// namespace.
+pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            enter_netns(ns)?;
+            f()
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the thread in {ns} panicked"))?
     })
 }
 
@@ -76,14 +85,15 @@ pub fn enter_netns(ns: &str) -> Result<()> {
 
 /// Whether `args` read /sys, which shows a namespace's devices only
 /// as `ip netns exec` mounts it: the product's binary (any release's,
-/// named `cozy-proxy`) or a command naming a /sys path.
+/// named `cozy-proxy`, also behind a wrapper such as `timeout`) or a
+/// command naming a /sys path.
 fn reads_sysfs(args: &[&str]) -> bool {
-    let product = args.first().is_some_and(|p| {
-        std::path::Path::new(p)
-            .file_name()
-            .is_some_and(|n| n == "cozy-proxy")
-    });
-    product || args.iter().any(|a| a.starts_with("/sys/"))
+    args.iter().any(|a| {
+        a.starts_with("/sys/")
+            || std::path::Path::new(a)
+                .file_name()
+                .is_some_and(|n| n == "cozy-proxy")
+    })
 }
 
 /// Like [`run_in`], failing unless the command succeeds.

@@ -806,9 +806,8 @@ fn attaching_through_tcx_adds_no_qdisc() -> Result<()> {
 /// LB IP.
 fn connection_pod1_opened(env: &Env) -> Result<(TcpStream, TcpStream)> {
     let far = SocketAddr::new(env.net.ext, 8443);
-    let listener =
-        harness::nodes::topology::in_netns(&env.topo.ext(), move || Ok(TcpListener::bind(far)?))?;
-    let mut pod_end = harness::nodes::topology::in_netns(&env.topo.pod(1), move || {
+    let listener = harness::sh::in_netns(&env.topo.ext(), move || Ok(TcpListener::bind(far)?))?;
+    let mut pod_end = harness::sh::in_netns(&env.topo.pod(1), move || {
         Ok(TcpStream::connect_timeout(&far, Duration::from_secs(3))?)
     })?;
     let (far_end, seen) = listener.accept()?;

@@ -3,6 +3,7 @@
 //! tcx link at the head or the tail of a hook, or as a tc filter at
 //! priority 1 (Cilium's `bpf-filter-priority` default) with handle 1. The
 //! program is the object's `test_chain_end`, loaded on maps of its own.
+use crate::sh::in_netns;
 use anyhow::{bail, Context, Result};
 use aya::{
     programs::{
@@ -43,19 +44,6 @@ pub struct OtherAgent {
     links: Vec<(FdLink, String, String, TcAttachType)>,
     /// tc filters added: (namespace, interface, hook).
     filters: Vec<(String, String, &'static str)>,
-}
-
-/// Runs `f` on a thread inside network namespace `ns` (interface names are
-/// resolved there; BPF objects are not tied to a namespace).
-fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            crate::nodes::topology::enter_netns(ns)?;
-            f()
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("thread in {ns} panicked"))?
-    })
 }
 
 impl OtherAgent {

@@ -12,7 +12,7 @@
 use crate::control_plane::k8s::{ControlPlane, SELECTOR_LABEL};
 use crate::nodes::cluster::{Cluster, ClusterShape};
 use crate::nodes::net::Fam;
-use crate::nodes::topology::{cmd, new_ns, no_offload, remove_namespaces, veth};
+use crate::nodes::topology::{cmd, ip_batch, new_ns, no_offload, remove_namespaces, veth};
 use crate::traffic::{eventually, SETTLE};
 use anyhow::{ensure, Result};
 use std::net::IpAddr;
@@ -84,9 +84,9 @@ impl Vm {
                 )?;
             }
         }
-        batch(&vm.ns, &vm.attach(1))?;
+        ip_batch(&vm.ns, &vm.attach(1))?;
         let here: Vec<String> = [Fam::V4, Fam::V6].map(|f| vm.route_here(f)).into();
-        batch(&c.topo.node(1), &here)?;
+        ip_batch(&c.topo.node(1), &here)?;
         Ok(vm)
     }
 
@@ -121,13 +121,13 @@ impl Vm {
     /// switch-over, so the switch-over ([`Vm::move_to`]) only moves routes
     /// and takes the source's link down.
     pub fn target(&self, k: usize) -> Result<()> {
-        batch(&self.ns, &[format!("link set {} up", eth(k))])
+        ip_batch(&self.ns, &[format!("link set {} up", eth(k))])
     }
 
     /// The target on node `k` gone (a failed migration): its link down.
     pub fn target_gone(&self, k: usize) -> Result<()> {
         ensure!(k != self.on, "the VM runs through node{k}");
-        batch(&self.ns, &[format!("link set {} down", eth(k))])
+        ip_batch(&self.ns, &[format!("link set {} down", eth(k))])
     }
 
     /// Live migration's switch-over to node `k`: the VM resumes there (its
@@ -146,24 +146,12 @@ impl Vm {
             let net = crate::nodes::cluster::ClusterNet { fam };
             there.push(format!("route replace {} via {}", vm_ip(fam), net.node(k)));
         }
-        batch(&self.ns, &vm)?;
-        batch(&c.topo.node(k), &here)?;
-        batch(&c.topo.node(from), &there)?;
+        ip_batch(&self.ns, &vm)?;
+        ip_batch(&c.topo.node(k), &here)?;
+        ip_batch(&c.topo.node(from), &there)?;
         self.on = k;
         Ok(())
     }
-}
-
-/// `ip -batch` of `lines` in namespace `ns`.
-fn batch(ns: &str, lines: &[String]) -> Result<()> {
-    let input = lines.join("\n") + "\n";
-    let out = crate::sh::feed_in(ns, &["ip", "-batch", "-"], input.as_bytes(), 5)?;
-    ensure!(
-        out.status.success(),
-        "ip -batch in {ns}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
 }
 
 impl Drop for Vm {

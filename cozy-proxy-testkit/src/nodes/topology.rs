@@ -2,7 +2,7 @@
 //! `ext`, `node`, `pod1`..`pod3`, created per test with unique names and
 //! removed when dropped; the node wires its pods in one of the [`Shape`]s
 //! the common CNIs build.
-use crate::sh::{feed_in, ok, ok_in};
+use crate::sh::{feed_in, in_netns, ok, ok_in};
 use anyhow::{bail, Context, Result};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -93,35 +93,35 @@ pub fn cmd(ns: &str, line: &str) -> Result<()> {
 /// line takes no options): each such line names an IPv6 address, which
 /// gives the family.
 pub fn cmds<S: AsRef<str>>(ns: &str, lines: &[S]) -> Result<()> {
-    let mut batch = String::new();
-    let flush = |batch: &mut String| -> Result<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let out = feed_in(ns, &["ip", "-batch", "-"], batch.as_bytes(), 10)?;
-        if !out.status.success() {
-            bail!(
-                "ip -batch in {ns} failed ({}): {}\n{batch}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        batch.clear();
-        Ok(())
-    };
+    let mut batch: Vec<&str> = Vec::new();
     for line in lines.iter().map(AsRef::as_ref) {
         match line.strip_prefix("ip ") {
-            Some(rest) => {
-                batch.push_str(rest.strip_prefix("-6 ").unwrap_or(rest));
-                batch.push('\n');
-            }
+            Some(rest) => batch.push(rest.strip_prefix("-6 ").unwrap_or(rest)),
             None => {
-                flush(&mut batch)?;
+                ip_batch(ns, &std::mem::take(&mut batch))?;
                 cmd(ns, line)?;
             }
         }
     }
-    flush(&mut batch)
+    ip_batch(ns, &batch)
+}
+
+/// `ip -batch` of `lines` (each an `ip` command without its `ip`) in
+/// namespace `ns`, one process; nothing to do for no lines.
+pub fn ip_batch<S: AsRef<str>>(ns: &str, lines: &[S]) -> Result<()> {
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let input: String = lines.iter().map(|l| format!("{}\n", l.as_ref())).collect();
+    let out = feed_in(ns, &["ip", "-batch", "-"], input.as_bytes(), 5)?;
+    if !out.status.success() {
+        bail!(
+            "ip -batch in {ns} failed ({}): {}\n{input}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 /// Writes sysctls `(name, value)` of namespace `ns` (dotted names, as
@@ -150,23 +150,6 @@ pub fn forwarding(ns: &str) -> Result<()> {
             ("net.ipv6.conf.all.forwarding", "1"),
         ],
     )
-}
-
-pub use crate::sh::enter_netns;
-
-/// Runs `f` on a thread in namespace `ns` and returns what it made: a
-/// socket made there stays there, whichever thread uses it next.
-pub fn in_netns<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    let name = ns.to_string();
-    std::thread::spawn(move || {
-        enter_netns(&name)?;
-        f()
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("the thread in {ns} panicked"))?
 }
 
 /// A namespace with loopback up and the sysctls every host shares: no

@@ -3,7 +3,7 @@
 //! and from which address) and held TCP connections (did they survive, how
 //! long did they stall). Each runs on a thread of its own that entered the
 //! namespace (a socket belongs to the namespace it was made in).
-use crate::nodes::topology::enter_netns;
+use crate::sh::enter_netns;
 use anyhow::{Context, Result};
 use std::{
     io::{BufRead, BufReader, Write},

@@ -9,7 +9,7 @@ pub mod across;
 pub mod flows;
 
 use crate::nodes::net::Fam;
-use crate::nodes::topology::in_netns;
+use crate::sh::in_netns;
 use crate::sh::{feed_in, ok_in, run_in, Proc};
 use anyhow::{bail, Context, Result};
 use std::{
