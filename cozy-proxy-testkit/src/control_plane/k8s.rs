@@ -11,9 +11,11 @@ use crate::traffic::eventually;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use std::{
+    collections::BTreeSet,
     fs,
     path::{Path, PathBuf},
     process::Stdio,
+    sync::{Mutex, PoisonError},
     time::Duration,
 };
 
@@ -88,9 +90,66 @@ fn openssl(args: &[&str]) -> Result<()> {
     ok(&[&["openssl"], args].concat()).map(|_| ())
 }
 
-/// A CA, a serving certificate for 127.0.0.1 and `listen`, and a
-/// service-account key pair, in `dir`.
+/// A CA, a serving certificate for 127.0.0.1 and `listen`, a
+/// service-account key pair and the static tokens, in `dir`. The keys
+/// and certificates are copies of those this process made for an
+/// earlier control plane ([`made_certificates`]): each RSA key costs
+/// openssl about 0.1 s of CPU, and every test starts a control plane.
 fn certificates(dir: &Path, listen: &str) -> Result<()> {
+    let (shared, serving) = made_certificates(listen)?;
+    for f in ["ca.crt", "ca.key", "sa.key", "sa.pub"] {
+        fs::copy(shared.join(f), dir.join(f)).with_context(|| format!("copying {f}"))?;
+    }
+    for f in ["server.crt", "server.key"] {
+        fs::copy(serving.join(f), dir.join(f)).with_context(|| format!("copying {f}"))?;
+    }
+    // The admin, and each kubelet as the Node authorizer knows it.
+    let mut tokens = format!("{ADMIN_TOKEN},admin,admin,\"system:masters\"\n");
+    for k in 1..=MAX_KUBELETS {
+        tokens += &format!(
+            "{},system:node:node{k},node{k},\"system:nodes\"\n",
+            node_token(&format!("node{k}"))
+        );
+    }
+    fs::write(dir.join("tokens.csv"), tokens)?;
+    Ok(())
+}
+
+/// The directories of this process's CA and service-account key pair,
+/// and of its serving certificate for `listen`, made on first use: one
+/// CA per process, one serving certificate per address served on. They
+/// live in the temporary directory, under the process's id; those of
+/// processes that have ended are removed when the first is made.
+fn made_certificates(listen: &str) -> Result<(PathBuf, PathBuf)> {
+    static MADE: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    const PREFIX: &str = "cozy-proxy-tests-certs-";
+    let tmp = std::env::temp_dir();
+    let shared = tmp.join(format!("{PREFIX}{}", std::process::id()));
+    let serving = shared.join(listen);
+    let mut made = MADE.lock().unwrap_or_else(PoisonError::into_inner);
+    if made.is_empty() {
+        for e in fs::read_dir(&tmp)?.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let ended = name
+                .strip_prefix(PREFIX)
+                .is_some_and(|pid| !Path::new("/proc").join(pid).exists());
+            if ended {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+        fs::create_dir_all(&shared)?;
+        ca_and_service_account_keys(&shared)?;
+    }
+    if !made.contains(listen) {
+        fs::create_dir_all(&serving)?;
+        serving_certificate(&shared, &serving, listen)?;
+        made.insert(listen.to_string());
+    }
+    Ok((shared, serving))
+}
+
+/// A CA and a service-account key pair, in `dir`.
+fn ca_and_service_account_keys(dir: &Path) -> Result<()> {
     let p = |f: &str| dir.join(f).display().to_string();
     openssl(&[
         "req",
@@ -107,6 +166,15 @@ fn certificates(dir: &Path, listen: &str) -> Result<()> {
         "-out",
         &p("ca.crt"),
     ])?;
+    openssl(&["genrsa", "-out", &p("sa.key"), "2048"])?;
+    openssl(&["rsa", "-in", &p("sa.key"), "-pubout", "-out", &p("sa.pub")])
+}
+
+/// A serving certificate for 127.0.0.1 and `listen`, signed by the CA in
+/// `ca_dir`, in `dir`.
+fn serving_certificate(ca_dir: &Path, dir: &Path, listen: &str) -> Result<()> {
+    let p = |f: &str| dir.join(f).display().to_string();
+    let ca = |f: &str| ca_dir.join(f).display().to_string();
     openssl(&[
         "req",
         "-newkey",
@@ -134,9 +202,11 @@ fn certificates(dir: &Path, listen: &str) -> Result<()> {
         "-in",
         &p("server.csr"),
         "-CA",
-        &p("ca.crt"),
+        &ca("ca.crt"),
         "-CAkey",
-        &p("ca.key"),
+        &ca("ca.key"),
+        "-CAserial",
+        &p("ca.srl"),
         "-CAcreateserial",
         "-days",
         "2",
@@ -144,19 +214,7 @@ fn certificates(dir: &Path, listen: &str) -> Result<()> {
         &p("san.ext"),
         "-out",
         &p("server.crt"),
-    ])?;
-    openssl(&["genrsa", "-out", &p("sa.key"), "2048"])?;
-    openssl(&["rsa", "-in", &p("sa.key"), "-pubout", "-out", &p("sa.pub")])?;
-    // The admin, and each kubelet as the Node authorizer knows it.
-    let mut tokens = format!("{ADMIN_TOKEN},admin,admin,\"system:masters\"\n");
-    for k in 1..=MAX_KUBELETS {
-        tokens += &format!(
-            "{},system:node:node{k},node{k},\"system:nodes\"\n",
-            node_token(&format!("node{k}"))
-        );
-    }
-    fs::write(dir.join("tokens.csv"), tokens)?;
-    Ok(())
+    ])
 }
 
 /// A control-plane component's API client flags: the admin's kubeconfig,
@@ -345,7 +403,7 @@ impl ControlPlane {
         ];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let apiserver = self.launch("kube-apiserver", &args, Duration::from_secs(60), || {
-            let out = self.kubectl(&["get", "--raw", "/readyz"])?;
+            let out = self.probe("/readyz")?;
             if out.trim() == "ok" {
                 Ok(())
             } else {
@@ -400,7 +458,7 @@ impl ControlPlane {
             &args,
             Duration::from_secs(60),
             || {
-                self.kubectl(&["get", "serviceaccount", "default", "-n", "default"])
+                self.probe("/api/v1/namespaces/default/serviceaccounts/default")
                     .map(|_| ())
             },
         )?;
@@ -540,6 +598,30 @@ impl ControlPlane {
             bail!("kubectl replace: {}", String::from_utf8_lossy(&out.stderr));
         }
         Ok(())
+    }
+
+    /// GET `path` of the API as the admin, with curl, failing on an HTTP
+    /// error: the readiness probes, polled every 100 ms, where a kubectl
+    /// per poll (about 0.1 s of CPU to start) was most of the test's own
+    /// CPU while the API came up.
+    fn probe(&self, path: &str) -> Result<String> {
+        let ca = self.dir.join("ca.crt").display().to_string();
+        let auth = format!("Authorization: Bearer {ADMIN_TOKEN}");
+        let url = format!("{}{path}", self.url);
+        ok_in(
+            &self.ns,
+            &[
+                "curl",
+                "-sSf",
+                "--max-time",
+                "2",
+                "--cacert",
+                &ca,
+                "-H",
+                &auth,
+                &url,
+            ],
+        )
     }
 
     /// `kubectl` as the admin, in the namespace; its output.
