@@ -600,10 +600,9 @@ impl ControlPlane {
         Ok(())
     }
 
-    /// GET `path` of the API as the admin, with curl, failing on an HTTP
-    /// error: the readiness probes, polled every 100 ms, where a kubectl
-    /// per poll (about 0.1 s of CPU to start) was most of the test's own
-    /// CPU while the API came up.
+    /// GET `path` of the API as the admin, failing on an HTTP error: the
+    /// readiness probes, polled every 100 ms. They use curl, not kubectl:
+    /// each kubectl costs about 0.1 s of CPU to start.
     fn probe(&self, path: &str) -> Result<String> {
         let ca = self.dir.join("ca.crt").display().to_string();
         let auth = format!("Authorization: Bearer {ADMIN_TOKEN}");
