@@ -19,7 +19,12 @@ fn run(
 ) {
     let mut c = Cluster::with_shape(backend, fam, shape).expect("cluster");
     if let Err(e) = scenario(&mut c) {
-        panic!("{e:#}\n{}", c.logs());
+        panic!(
+            "{e:#}\n{}{}{}",
+            c.logs(),
+            c.kernel_state(1),
+            c.kernel_state(2)
+        );
     }
 }
 
