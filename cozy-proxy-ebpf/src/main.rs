@@ -690,13 +690,16 @@ pub fn cozy_egress(mut ctx: TcContext) -> i32 {
             // here (routed to the pod without translation at TC ingress):
             // conntrack saw the LB IP; its reply is translated back before
             // conntrack. A client in the cluster only from where the node
-            // routes it (as at TC ingress), or masqueraded by the node
-            // itself (a hairpin: the stack drops any other packet arriving
-            // with the node's own address as source).
+            // routes it (as at TC ingress: the interface, or a port of the
+            // bridge it names, which a client the node has redirected to
+            // the pod crosses without the node's stack), or masqueraded by
+            // the node itself (a hairpin: the stack drops any other packet
+            // arriving with the node's own address as source).
             let client = || {
                 in_cluster(&p.src)
                     && (recorded_after_rewrite(&ctx, p, &lb)
-                        || matches!(fast::way_back(&ctx, p, &lb, &p.src, arrived), w if w == arrived || w == fast::LOCAL))
+                        || matches!(fast::way_back(&ctx, p, &lb, &p.src, arrived),
+                            w if w == arrived || w == fast::LOCAL || (w != 0 && bridge_of(arrived) == w)))
             };
             if !forwarded || client() {
                 if let Err(verdict) = record_rev(&ctx, p, &d.peer, &lb, true, here) {

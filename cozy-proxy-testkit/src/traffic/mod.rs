@@ -263,6 +263,28 @@ pub fn udp_request(ns: &str, dst: IpAddr, port: u16) -> Result<String> {
     }
 }
 
+/// `count` datagrams of one UDP flow from `ns` to `dst:port` (one socket,
+/// connected), `gap` apart, each answered within [`UDP_ANSWER_WAIT`]: a
+/// flow that lasts, past its first packet (the kernel's redirects, for
+/// one, are about established flows: `redirected_client`'s scenario).
+pub fn udp_flow(ns: &str, dst: IpAddr, port: u16, count: usize, gap: Duration) -> Result<()> {
+    let target = SocketAddr::new(dst, port);
+    in_netns(ns, move || {
+        let socket = UdpSocket::bind(SocketAddr::new(unspecified(dst.is_ipv4()), 0))?;
+        socket.connect(target)?;
+        socket.set_read_timeout(Some(UDP_ANSWER_WAIT))?;
+        let mut buf = [0u8; 2048];
+        for i in 0..count {
+            socket.send(b"hello\n")?;
+            socket.recv(&mut buf).with_context(|| {
+                format!("UDP {target} from {ns}: datagram {i} of one flow unanswered")
+            })?;
+            sleep(gap);
+        }
+        Ok(())
+    })
+}
+
 /// The unspecified address of a family (bound to: every address).
 fn unspecified(v4: bool) -> IpAddr {
     if v4 {

@@ -7,7 +7,8 @@ use cozy_proxy_testkit::{
     nodes::cluster::{pod, Cluster, ClusterShape, Pod},
     nodes::net::Fam,
     sh::{feed_in, ok_in, run_in, Proc},
-    traffic::{conntrack, eventually, ping, tcp_request, udp_request, Server, SETTLE},
+    traffic::{conntrack, eventually, ping, tcp_request, udp_flow, udp_request, Server, SETTLE},
+    Backend,
 };
 use std::{net::IpAddr, process::Stdio, time::Duration};
 
@@ -123,18 +124,18 @@ pub fn s22_pods_reach_a_mapped_pod_by_its_ip(c: &mut Cluster) -> Result<()> {
 /// pod's LB IP: it works (the reply comes from the LB IP: the client's
 /// socket is connected to it), and the pod sees the client's pod IP (behind
 /// Kube-OVN's router, the client's node's join address: the hairpin is
-/// masqueraded). The nodes' own sockets reach it too.
+/// masqueraded). The nodes' own sockets reach it too, and so does a client
+/// the node has redirected to the pod ([`redirected_client`]).
 pub fn s23_pods_reach_a_mapped_pod_by_its_lb_ip(c: &mut Cluster) -> Result<()> {
     let _a = serve(c, A)?;
     for filtered in [false, true] {
         service(c, "a", 0, A, filtered)?;
         c.settle()?;
+        if !filtered {
+            redirected_client(c)?;
+        }
         for q in [Q1, Q2] {
-            let seen = match c.topo.shape {
-                ClusterShape::Gateway => source_toward(&c.topo.node(q.node), c.pod_ip(A))?,
-                _ => c.pod_ip(q),
-            };
-            c.exchange(&c.pod_ns(q), c.lb(0), PORT, &ident(A), seen)?;
+            c.exchange(&c.pod_ns(q), c.lb(0), PORT, &ident(A), seen_by_a(c, q)?)?;
         }
         for k in 1..=2 {
             let node = c.topo.node(k);
@@ -144,6 +145,43 @@ pub fn s23_pods_reach_a_mapped_pod_by_its_lb_ip(c: &mut Cluster) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The address A sees for in-cluster client `q` of its LB IP: `q`'s pod IP
+/// (behind Kube-OVN's router, `q`'s node's join address: the hairpin is
+/// masqueraded).
+fn seen_by_a(c: &Cluster, q: Pod) -> Result<IpAddr> {
+    match c.topo.shape {
+        ClusterShape::Gateway => source_toward(&c.topo.node(q.node), c.pod_ip(A)),
+        _ => Ok(c.pod_ip(q)),
+    }
+}
+
+/// Scenario 23, a client the node has redirected to the pod: where the
+/// client and the pod are ports of one bridge, the node routes the LB IP
+/// back out of the bridge the client came in by and tells the client so
+/// with an ICMP redirect. The kernel sends one about a flow past its first
+/// packet, backing off between them, and never about a NATed flow (nft's
+/// are: its DNAT); the client applies it once it holds the pod's neighbour
+/// entry; IPv6 sends none here (the route's gateway is no link-local
+/// address). The client's later flows cross the bridge to the pod's port
+/// without passing the node's stack, and still come back from the LB IP.
+fn redirected_client(c: &Cluster) -> Result<()> {
+    let q = c.pod_ns(Q1);
+    let seen = seen_by_a(c, Q1)?;
+    eventually(SETTLE, || ping(&q, c.pod_ip(A)))?;
+    udp_flow(&q, c.lb(0), PORT, 20, Duration::from_millis(50))?;
+    let redirects = matches!(c.topo.shape, ClusterShape::Bridge | ClusterShape::Overlay)
+        && c.fam() == Fam::V4
+        && c.backend != Backend::Nft;
+    if redirects {
+        let gw = gateway_toward(&q, c.lb(0));
+        ensure!(
+            gw.as_ref().ok() == Some(&c.pod_ip(A)),
+            "{q} not redirected to the pod for the LB IP: its gateway {gw:?}"
+        );
+    }
+    c.exchange(&q, c.lb(0), PORT, &ident(A), seen)
 }
 
 /// Scenario 24: a mapped pod keeps its pod IP toward the cluster (a pod on
