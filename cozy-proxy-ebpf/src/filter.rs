@@ -4,8 +4,8 @@
 use crate::hdr::*;
 use crate::maps::{ALLOWED_PORTS, FLOWS, FLOW_COUNTS, FRAGS};
 use crate::parse::{
-    be16, byte, echo_types, flow_ports, has_ports, is_icmp, is_icmp_error, load, ports, Packet,
-    PROTO_TCP,
+    be16, byte, echo_types, flow_ports, has_ports, is_icmp, is_icmp_error, load, ports, quoted_flow,
+    Packet, Quoted, PROTO_TCP,
 };
 use crate::frame::Frame;
 use aya_ebpf::helpers::bpf_ktime_get_ns;
@@ -178,46 +178,10 @@ fn known_flow(k: &FlowKey, slot: u16) -> bool {
     true
 }
 
-/// The flow an ICMP error quotes, as the pod sent it (its source already
-/// translated back to the pod): the protocol, the peer (the quoted
-/// destination), the pod's port and the peer's. Only flows with ports.
-struct Quoted {
-    proto: u8,
-    peer: IpKey,
-    pod_port: u16,
-    peer_port: u16,
-}
-
-#[inline(always)]
-fn quoted_flow<C: Frame>(ctx: &C, p: &Packet) -> Option<Quoted> {
-    let inner = p.l4 + ICMP_HLEN;
-    let (proto, peer, ports_at) = if p.v6 {
-        let peer = load::<[u8; 16]>(ctx, inner + IP6_DADDR)?;
-        (byte(ctx, inner + IP6_NEXT)?, IpKey::v6(peer), inner + IP6_HLEN)
-    } else {
-        let ver_ihl = byte(ctx, inner + IP4_VER_IHL)?;
-        let peer = load::<[u8; 4]>(ctx, inner + IP4_DADDR)?;
-        (
-            byte(ctx, inner + IP4_PROTO)?,
-            IpKey::v4(peer),
-            inner + ((ver_ihl & 0x0f) as usize) * 4,
-        )
-    };
-    if !has_ports(proto) {
-        return None;
-    }
-    Some(Quoted {
-        proto,
-        peer,
-        pod_port: be16(ctx, ports_at + L4_SPORT)?,
-        peer_port: be16(ctx, ports_at + L4_DPORT)?,
-    })
-}
-
 /// Is the quoted flow one the pod started, still alive?
 #[inline(always)]
 fn quoted_own_flow(p: &Packet, q: &Quoted, slot: u16) -> bool {
-    known_flow(&key(p.dst, q.peer, q.proto, q.pod_port, q.peer_port), slot)
+    known_flow(&key(p.dst, q.dst, q.proto, q.sport, q.dport), slot)
 }
 
 /// Is an ICMP error (toward a filtered pod) about a flow the pod has: one
@@ -238,7 +202,7 @@ fn error_about_pods_flow<C: Frame>(ctx: &C, p: &Packet, slot: u16) -> bool {
         pod: p.dst,
         proto: q.proto,
         _pad: 0,
-        port: q.pod_port,
+        port: q.sport,
     };
     ALLOWED_PORTS.get_ptr(&listed).is_some() || quoted_own_flow(p, &q, slot)
 }
@@ -259,7 +223,7 @@ pub fn error_within_ranges<C: Frame>(ctx: &C, p: &Packet, slot: u16, in_ranges: 
     let Some(q) = quoted_flow(ctx, p) else {
         return false;
     };
-    in_ranges(&q.peer) || quoted_own_flow(p, &q, slot)
+    in_ranges(&q.dst) || quoted_own_flow(p, &q, slot)
 }
 
 /// Is `p` (toward the pod `p.dst`) a reply within a flow the pod started?

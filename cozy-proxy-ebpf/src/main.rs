@@ -44,14 +44,17 @@ use cozy_proxy_common::{
     HAIRPIN_MARK, HAIRPIN_SEVERAL,
 };
 use hdr::{
-    ARP_ETHERNET_IPV4, ARP_SENDER_ADDR, ETH_HLEN, ETH_P_ARP, ETH_TYPE, ND_ADVERT, ND_TARGET, TCP_ACK, TCP_FLAGS,
-    TCP_SYN,
+    ARP_ETHERNET_IPV4, ARP_SENDER_ADDR, ETH_HLEN, ETH_P_ARP, ETH_TYPE, ICMP_TYPE, ND_ADVERT, ND_TARGET, TCP_ACK,
+    TCP_FLAGS, TCP_SYN,
 };
 use lookup::{addr_info, in_cluster, prefilter, set_in, slot, source_allowed, standing_by};
 use maps::{CONFIG, IFACES, REV_HELD, REV_NAT};
 use nat::Field;
 use outline::OutOfLine;
-use parse::{be16, byte, flow_ports, is_neighbour_discovery, load, load_words, Packet, PROTO_ICMPV6};
+use parse::{
+    be16, byte, flow_ports, is_icmp, is_icmp_error, is_neighbour_discovery, load, load_words, quoted_flow, Packet,
+    PROTO_ICMPV6,
+};
 use stats::count;
 
 /// Let the packet continue (next TC program, or the stack).
@@ -127,14 +130,27 @@ fn ours_at_egress(p: &Packet) -> Option<Ours> {
 }
 
 /// The reverse-translation entry of a reply `p` (from the pod to the
-/// client), if the client's flow was translated on this node.
+/// client), if the client's flow was translated on this node. An ICMP
+/// error the pod sends about the client's packet (a closed port, a
+/// datagram too big) belongs to that flow too, as conntrack relates it:
+/// keyed by the packet it quotes, which was sent to the pod.
 #[inline(never)]
 fn rev_of_reply(ctx: &TcContext, p: &Packet) -> Option<RevValue> {
-    let (backend_port, client_port) = flow_ports(ctx, p, false).unwrap_or((0, 0));
+    let error = is_icmp(p) && byte(ctx, p.l4 + ICMP_TYPE).is_some_and(|t| is_icmp_error(p, t));
+    let (proto, client_port, backend_port) = match error {
+        true => match quoted_flow(ctx, p) {
+            Some(q) if q.dst == p.src => (q.proto, q.sport, q.dport),
+            _ => return None,
+        },
+        false => {
+            let (backend_port, client_port) = flow_ports(ctx, p, false).unwrap_or((0, 0));
+            (p.proto, client_port, backend_port)
+        }
+    };
     let k = RevKey {
         client: p.dst,
         backend: p.src,
-        proto: p.proto,
+        proto,
         _pad: 0,
         client_port,
         backend_port,

@@ -342,6 +342,44 @@ pub fn is_icmp_error(p: &Packet, icmp_type: u8) -> bool {
     }
 }
 
+/// The flow an ICMP error quotes, as its packet was sent: the protocol,
+/// the quoted destination and both ports. Only flows with ports. (Toward
+/// a pod, the pod's own packet: `sport` the pod's port, `dst` its peer;
+/// from a pod, a client's packet to it: `sport` the client's port.)
+pub struct Quoted {
+    pub proto: u8,
+    pub dst: IpKey,
+    pub sport: u16,
+    pub dport: u16,
+}
+
+/// The flow the ICMP error `p` quotes (`p.l4` its ICMP header).
+#[inline(always)]
+pub fn quoted_flow<C: Frame>(ctx: &C, p: &Packet) -> Option<Quoted> {
+    let inner = p.l4 + ICMP_HLEN;
+    let (proto, dst, ports_at) = if p.v6 {
+        let dst = load::<[u8; 16]>(ctx, inner + IP6_DADDR)?;
+        (byte(ctx, inner + IP6_NEXT)?, IpKey::v6(dst), inner + IP6_HLEN)
+    } else {
+        let ver_ihl = byte(ctx, inner + IP4_VER_IHL)?;
+        let dst = load::<[u8; 4]>(ctx, inner + IP4_DADDR)?;
+        (
+            byte(ctx, inner + IP4_PROTO)?,
+            IpKey::v4(dst),
+            inner + ((ver_ihl & 0x0f) as usize) * 4,
+        )
+    };
+    if !has_ports(proto) {
+        return None;
+    }
+    Some(Quoted {
+        proto,
+        dst,
+        sport: be16(ctx, ports_at + L4_SPORT)?,
+        dport: be16(ctx, ports_at + L4_DPORT)?,
+    })
+}
+
 /// The "ports" a flow is known by: TCP/UDP/SCTP ports, or for ICMP echo the
 /// identifier as the local end and 0. `None` when there is nothing to key on.
 #[inline(always)]

@@ -359,7 +359,8 @@ fn offloads(c: &Cluster, p: Pod, on: &str) -> Result<()> {
 /// about the pod's upload reaches the pod's socket (its path MTU drops and
 /// a 10 MB upload across the MTU-1400 hop completes, with transmit checksum
 /// offload off and on); an error the pod sends about an inbound flow
-/// quotes the LB IP.
+/// quotes the LB IP, for an outside client and for in-cluster clients on
+/// either node.
 pub fn s27_icmp_errors_and_path_mtu(c: &mut Cluster) -> Result<()> {
     service(c, "a", 0, A, false)?;
     c.settle()?;
@@ -397,6 +398,17 @@ pub fn s27_icmp_errors_and_path_mtu(c: &mut Cluster) -> Result<()> {
             e.to_string().contains("refused"),
             "the pod's ICMP error did not reach ext's socket: {e}"
         ),
+    }
+    // So do in-cluster clients' sockets, on the pod's node and the other.
+    for q in [Q1, Q2] {
+        match udp_request(&c.pod_ns(q), c.lb(0), 7999) {
+            Ok(a) => bail!("7999 answered {a:?}"),
+            Err(e) => ensure!(
+                e.to_string().contains("refused"),
+                "the pod's ICMP error did not reach {}'s socket: {e}",
+                ident(q)
+            ),
+        }
     }
     Ok(())
 }
