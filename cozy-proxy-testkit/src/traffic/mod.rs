@@ -245,10 +245,9 @@ pub fn udp_request(ns: &str, dst: IpAddr, port: u16) -> Result<String> {
     let answer = in_netns(ns, move || {
         let socket = UdpSocket::bind(SocketAddr::new(unspecified(dst.is_ipv4()), 0))?;
         socket.connect(target)?;
-        socket.set_read_timeout(Some(wait))?;
         socket.send(b"hello\n")?;
         let mut buf = [0u8; 2048];
-        let n = socket.recv(&mut buf)?;
+        let n = recv_within(&socket, &mut buf, wait)?;
         Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
     });
     match answer {
@@ -272,17 +271,37 @@ pub fn udp_flow(ns: &str, dst: IpAddr, port: u16, count: usize, gap: Duration) -
     in_netns(ns, move || {
         let socket = UdpSocket::bind(SocketAddr::new(unspecified(dst.is_ipv4()), 0))?;
         socket.connect(target)?;
-        socket.set_read_timeout(Some(UDP_ANSWER_WAIT))?;
         let mut buf = [0u8; 2048];
         for i in 0..count {
             socket.send(b"hello\n")?;
-            socket.recv(&mut buf).with_context(|| {
+            recv_within(&socket, &mut buf, UDP_ANSWER_WAIT).with_context(|| {
                 format!("UDP {target} from {ns}: datagram {i} of one flow unanswered")
             })?;
             sleep(gap);
         }
         Ok(())
     })
+}
+
+/// One datagram from a connected `socket` within `wait`: its length, or
+/// `WouldBlock`/`TimedOut` when none came. A receive under a socket
+/// timeout ends early with `Interrupted` when a signal with a handler
+/// reaches its thread, even under `SA_RESTART`, and on Linux when the
+/// process is stopped and resumed, handler or not (signal(7)). Neither is
+/// a verdict on the network, so it waits again for the time left.
+fn recv_within(socket: &UdpSocket, buf: &mut [u8], wait: Duration) -> std::io::Result<usize> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ErrorKind::TimedOut.into());
+        }
+        socket.set_read_timeout(Some(left))?;
+        match socket.recv(buf) {
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            got => return got,
+        }
+    }
 }
 
 /// The unspecified address of a family (bound to: every address).
@@ -613,10 +632,59 @@ pub fn fetch(ns: &str, dst: IpAddr, port: u16, within: Duration) -> Result<usize
         match conn.read(&mut buf) {
             Ok(0) => return Ok(got),
             Ok(n) => got += n,
+            // A signal to the test process, not the network's verdict.
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
                 return Ok(got)
             }
             Err(e) => return Err(e).with_context(|| format!("reading {dst}:{port} from {ns}")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::thread::JoinHandleExt;
+
+    extern "C" fn ignore(_: libc::c_int) {}
+
+    /// A signal that reaches the receiving thread mid-wait does not end
+    /// the wait: the datagram sent after it is still received.
+    #[test]
+    fn a_signal_during_the_wait_is_not_a_lost_answer() -> Result<()> {
+        // SAFETY: a handler that does nothing, installed with SA_RESTART
+        // (as runtimes install theirs), for a signal nothing else here uses.
+        let installed = unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = ignore as *const () as usize;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigaction(libc::SIGUSR2, &action, std::ptr::null_mut())
+        };
+        anyhow::ensure!(
+            installed == 0,
+            "sigaction: {}",
+            std::io::Error::last_os_error()
+        );
+        let server = UdpSocket::bind("127.0.0.1:0")?;
+        let client = UdpSocket::bind("127.0.0.1:0")?;
+        client.connect(server.local_addr()?)?;
+        let client_addr = client.local_addr()?;
+        let receiver = std::thread::spawn(move || {
+            let mut buf = [0u8; 16];
+            recv_within(&client, &mut buf, Duration::from_secs(3)).map(|n| buf[..n].to_vec())
+        });
+        sleep(Duration::from_millis(200));
+        // SAFETY: the thread is alive: it waits up to 3 s for a datagram
+        // not sent yet.
+        let sent = unsafe { libc::pthread_kill(receiver.as_pthread_t(), libc::SIGUSR2) };
+        anyhow::ensure!(sent == 0, "pthread_kill: {sent}");
+        sleep(Duration::from_millis(200));
+        server.send_to(b"answer", client_addr)?;
+        let got = receiver
+            .join()
+            .map_err(|_| anyhow::anyhow!("the receiver panicked"))??;
+        anyhow::ensure!(got == b"answer", "received {got:?}");
+        Ok(())
     }
 }
