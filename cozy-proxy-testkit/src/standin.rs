@@ -115,6 +115,12 @@ fn key_of(v: &Value) -> Key {
     (kind, ns, name)
 }
 
+/// The uid the stand-in gives Service `namespace/name`: what an
+/// EndpointSlice the controller would write names as its owner.
+pub fn service_uid(namespace: &str, name: &str) -> String {
+    uid_of(&("Service".into(), namespace.into(), name.into()))
+}
+
 /// The uid the API server would give object `key`: a UUID (random there;
 /// here drawn from the key, so that it is kept across updates as there).
 fn uid_of(key: &Key) -> String {

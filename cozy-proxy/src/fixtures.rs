@@ -4,7 +4,8 @@
 //! reads. Compiled for this crate's tests and, with
 //! the `fixtures` feature, for the test-support crate.
 use crate::model::{
-    ALLOW_ICMP_ANNOTATION, PROXY_NAME, PROXY_NAME_LABEL, SERVICE_NAME_LABEL, WHOLE_IP_ANNOTATION,
+    ALLOW_ICMP_ANNOTATION, MANAGED_BY_LABEL, PROXY_NAME, PROXY_NAME_LABEL, SERVICE_NAME_LABEL,
+    SLICE_CONTROLLER, WHOLE_IP_ANNOTATION,
 };
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use serde::de::DeserializeOwned;
@@ -30,6 +31,9 @@ pub struct Svc {
     pub created: Option<String>,
     /// `spec.loadBalancerSourceRanges`, as written.
     pub source_ranges: Vec<String>,
+    /// A selector `app: NAME` (a Service whose slices the EndpointSlice
+    /// controller writes).
+    pub selector: bool,
 }
 
 impl Svc {
@@ -48,11 +52,19 @@ impl Svc {
             hostname: None,
             created: None,
             source_ranges: vec![],
+            selector: false,
         }
     }
 
     pub fn in_namespace(mut self, namespace: &str) -> Svc {
         self.namespace = namespace.into();
+        self
+    }
+
+    /// With a selector (`app: NAME`): its pods are the EndpointSlice
+    /// controller's to list (see [`Slice::by_the_controller`]).
+    pub fn selecting(mut self) -> Svc {
+        self.selector = true;
         self
     }
 
@@ -145,6 +157,9 @@ impl Svc {
             metadata["annotations"] = Value::Object(annotations);
         }
         let mut spec = json!({"type": "LoadBalancer"});
+        if self.selector {
+            spec["selector"] = json!({"app": self.name});
+        }
         if !self.source_ranges.is_empty() {
             spec["loadBalancerSourceRanges"] = json!(self.source_ranges);
         }
@@ -188,6 +203,9 @@ pub struct Slice {
     pub address_type: String,
     /// `(address, ready)`: `None` leaves the condition unset.
     pub endpoints: Vec<(String, Option<bool>)>,
+    /// Written by the EndpointSlice controller for the Service of this
+    /// uid: see [`Slice::by_the_controller`].
+    pub controller_for: Option<String>,
 }
 
 impl Slice {
@@ -201,7 +219,16 @@ impl Slice {
             endpoints: (endpoints.iter())
                 .map(|(a, ready)| (a.to_string(), *ready))
                 .collect(),
+            controller_for: None,
         }
+    }
+
+    /// As the EndpointSlice controller writes it for the Service of
+    /// `uid`: its managed-by label, the Service its owner, each endpoint
+    /// naming a Pod of the namespace (`SERVICE-N`).
+    pub fn by_the_controller(mut self, uid: &str) -> Slice {
+        self.controller_for = Some(uid.into());
+        self
     }
 
     pub fn named(mut self, name: &str) -> Slice {
@@ -215,20 +242,41 @@ impl Slice {
     }
 
     pub fn value(&self) -> Value {
-        let endpoints: Vec<Value> = (self.endpoints.iter())
-            .map(|(addr, ready)| match ready {
-                Some(r) => json!({"addresses": [addr], "conditions": {"ready": r}}),
-                None => json!({"addresses": [addr]}),
+        let endpoints: Vec<Value> = (self.endpoints.iter().enumerate())
+            .map(|(i, (addr, ready))| {
+                let mut e = json!({"addresses": [addr]});
+                if let Some(r) = ready {
+                    e["conditions"] = json!({"ready": r});
+                }
+                if self.controller_for.is_some() {
+                    e["targetRef"] = json!({
+                        "kind": "Pod",
+                        "namespace": self.namespace,
+                        "name": format!("{}-{i}", self.service),
+                    });
+                }
+                e
             })
             .collect();
+        let mut metadata = json!({
+            "name": self.name,
+            "namespace": self.namespace,
+            "labels": {SERVICE_NAME_LABEL: self.service},
+        });
+        if let Some(uid) = &self.controller_for {
+            metadata["labels"][MANAGED_BY_LABEL] = json!(SLICE_CONTROLLER);
+            metadata["ownerReferences"] = json!([{
+                "apiVersion": "v1",
+                "kind": "Service",
+                "name": self.service,
+                "uid": uid,
+                "controller": true,
+            }]);
+        }
         json!({
             "apiVersion": "discovery.k8s.io/v1",
             "kind": "EndpointSlice",
-            "metadata": {
-                "name": self.name,
-                "namespace": self.namespace,
-                "labels": {SERVICE_NAME_LABEL: self.service},
-            },
+            "metadata": metadata,
             "addressType": self.address_type,
             "endpoints": endpoints,
         })

@@ -221,7 +221,9 @@ pub fn benchmarks_md(
             "\n**Through the API**: the real controller (`cozy-proxy run --kubeconfig`, the real kube-rs client) \
              against the API stand-in (`cozy-proxy-testkit/src/standin.rs`: paged lists, watches, TCP_NODELAY as \
              the API server), serving the N managed Services and as many unmanaged ones (ClusterIP, 2 ports, \
-             labels, annotations), each with its EndpointSlice. *write -> kernel*: from the write of one moved \
+             labels, annotations), each with its EndpointSlice as the EndpointSlice controller writes it (its \
+             managed-by label, the Service its owner, each endpoint naming a Pod: the slices a controller reading \
+             the API trusts by default). *write -> kernel*: from the write of one moved \
              EndpointSlice (`POST /control/apply`, answered after the watch event is queued) to the LB IP's host \
              route pointing at the new pod (read with a route lookup every 0.1 ms; the route is the last thing \
              a sync changes), 100 writes one at a time with `--debounce 0ms`, 40 with the default 50 ms. \

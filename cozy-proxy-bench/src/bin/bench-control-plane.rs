@@ -136,12 +136,17 @@ fn manifest(i: usize, pod: Option<&str>) -> String {
     let name = format!("s{i}");
     let svc = Svc::new(&name, &lb)
         .in_namespace("bench")
+        .selecting()
         .ports(&[("TCP", 22), ("UDP", 53)]);
     let svc = match i.is_multiple_of(3) {
         true => svc.whole_ip("false"),
         false => svc,
     };
-    let slice = Slice::new(&name, family, &[(pod, None)]).in_namespace("bench");
+    // The EndpointSlice controller's, as a controller reading the API
+    // trusts by default; manifests' slices count whoever wrote them.
+    let slice = Slice::new(&name, family, &[(pod, None)])
+        .in_namespace("bench")
+        .by_the_controller(&harness::standin::service_uid("bench", &name));
     format!("---\n{}---\n{}", svc.yaml(), slice.yaml())
 }
 

@@ -114,13 +114,11 @@ mod tests {
     use crate::fixtures::{Slice, Svc};
     use crate::model::{
         compute_plan_with, trim, Forbidden, Outcome, WarningKind, MANAGED_BY_LABEL,
-        SLICE_CONTROLLER,
     };
     use k8s_openapi::api::{
         core::v1::{ObjectReference, Service},
         discovery::v1::EndpointSlice,
     };
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
     const UID: &str = "0b5e1ad2-3c9a-4f7e-9d21-6a1f2b3c4d5e";
     const POD: &str = "192.0.2.11";
@@ -128,40 +126,23 @@ mod tests {
     /// Tenant `ns`'s Service `vm` on 203.0.113.10, with a selector and a
     /// uid, as the API holds it.
     fn service(selector: bool) -> Service {
-        let mut s = Svc::new("vm", "203.0.113.10").in_namespace("ns").object();
-        s.metadata.uid = Some(UID.into());
-        if selector {
-            let spec = s.spec.get_or_insert_with(Default::default);
-            spec.selector = Some([("app".to_string(), "vm".to_string())].into());
+        let svc = Svc::new("vm", "203.0.113.10").in_namespace("ns");
+        let mut s = match selector {
+            true => svc.selecting(),
+            false => svc,
         }
+        .object();
+        s.metadata.uid = Some(UID.into());
         s
     }
 
     /// Its slice as the EndpointSlice controller writes it: its label, the
     /// Service its owner, each endpoint naming its Pod.
     fn controllers(address: &str) -> EndpointSlice {
-        let mut e = Slice::new("vm", "IPv4", &[(address, None)])
+        Slice::new("vm", "IPv4", &[(address, None)])
             .in_namespace("ns")
-            .object();
-        let labels = e.metadata.labels.get_or_insert_with(Default::default);
-        labels.insert(MANAGED_BY_LABEL.into(), SLICE_CONTROLLER.into());
-        e.metadata.owner_references = Some(vec![OwnerReference {
-            api_version: "v1".into(),
-            kind: "Service".into(),
-            name: "vm".into(),
-            uid: UID.into(),
-            controller: Some(true),
-            ..Default::default()
-        }]);
-        for ep in &mut e.endpoints {
-            ep.target_ref = Some(ObjectReference {
-                kind: Some("Pod".into()),
-                namespace: Some("ns".into()),
-                name: Some("vm-0".into()),
-                ..Default::default()
-            });
-        }
-        e
+            .by_the_controller(UID)
+            .object()
     }
 
     fn plan(trust: SliceTrust, service: Service, slice: EndpointSlice) -> Outcome {
