@@ -206,6 +206,10 @@ pub struct Slice {
     /// Written by the EndpointSlice controller for the Service of this
     /// uid: see [`Slice::by_the_controller`].
     pub controller_for: Option<String>,
+    /// `nodeName` of every endpoint; unset by default.
+    pub node: Option<String>,
+    /// `ports`: `(name, port, protocol)`; none by default.
+    pub ports: Vec<(String, u16, String)>,
 }
 
 impl Slice {
@@ -220,6 +224,8 @@ impl Slice {
                 .map(|(a, ready)| (a.to_string(), *ready))
                 .collect(),
             controller_for: None,
+            node: None,
+            ports: Vec::new(),
         }
     }
 
@@ -228,6 +234,20 @@ impl Slice {
     /// naming a Pod of the namespace (`SERVICE-N`).
     pub fn by_the_controller(mut self, uid: &str) -> Slice {
         self.controller_for = Some(uid.into());
+        self
+    }
+
+    /// Every endpoint on `node` (`nodeName`).
+    pub fn on_node(mut self, node: &str) -> Slice {
+        self.node = Some(node.into());
+        self
+    }
+
+    /// The slice's `ports`, as `(name, port, protocol)`.
+    pub fn ports(mut self, ports: &[(&str, u16, &str)]) -> Slice {
+        self.ports = (ports.iter())
+            .map(|(name, port, proto)| (name.to_string(), *port, proto.to_string()))
+            .collect();
         self
     }
 
@@ -247,6 +267,9 @@ impl Slice {
                 let mut e = json!({"addresses": [addr]});
                 if let Some(r) = ready {
                     e["conditions"] = json!({"ready": r});
+                }
+                if let Some(node) = &self.node {
+                    e["nodeName"] = json!(node);
                 }
                 if self.controller_for.is_some() {
                     e["targetRef"] = json!({
@@ -273,13 +296,19 @@ impl Slice {
                 "controller": true,
             }]);
         }
-        json!({
+        let mut slice = json!({
             "apiVersion": "discovery.k8s.io/v1",
             "kind": "EndpointSlice",
             "metadata": metadata,
             "addressType": self.address_type,
             "endpoints": endpoints,
-        })
+        });
+        if !self.ports.is_empty() {
+            slice["ports"] = (self.ports.iter())
+                .map(|(name, port, proto)| json!({"name": name, "port": port, "protocol": proto}))
+                .collect();
+        }
+        slice
     }
 
     pub fn yaml(&self) -> String {

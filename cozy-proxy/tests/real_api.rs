@@ -19,7 +19,7 @@ use cozy_proxy_testkit as harness;
 
 use anyhow::{bail, ensure, Context, Result};
 use harness::{
-    controller::manifests::Svc,
+    controller::manifests::{Slice, Svc},
     nodes::net::Fam,
     scenario::WEB,
     traffic::{eventually, SETTLE},
@@ -806,28 +806,16 @@ fn slices_naming_another_tenants_pods(backend: Backend) -> Result<()> {
             Ok(out.trim().to_string())
         };
         let uid = meta("uid")?;
-        let mut slice = serde_json::json!({
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "name": format!("{name}-forged"),
-                "namespace": TENANT,
-                "labels": {"kubernetes.io/service-name": name},
-            },
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": [pod.to_string()], "nodeName": env.ctl.node}],
-            "ports": [{"name": "p0", "port": 80, "protocol": "TCP"}],
-        });
+        let pod = pod.to_string();
+        let mut forged = Slice::new(name, "IPv4", &[(&pod, None)])
+            .named(&format!("{name}-forged"))
+            .in_namespace(TENANT)
+            .on_node(&env.ctl.node)
+            .ports(&[("p0", 80, "TCP")]);
         if forged_label {
-            slice["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] =
-                "endpointslice-controller.k8s.io".into();
-            slice["metadata"]["ownerReferences"] = serde_json::json!([{
-                "apiVersion": "v1", "kind": "Service", "name": name, "uid": uid,
-                "controller": true, "blockOwnerDeletion": true,
-            }]);
-            slice["endpoints"][0]["targetRef"] =
-                serde_json::json!({"kind": "Pod", "namespace": TENANT, "name": "vm-a"});
+            forged = forged.by_the_controller(&uid);
         }
+        let slice = forged.value();
         cp.apply(&format!("{slice:#}\n"))?;
         // The model's copy (for the expected datapath): the Service with
         // its real creation time; its slice only once it is trusted.
