@@ -672,6 +672,7 @@ fn guards_behind_bridge_ports_are_checked_at_the_port() {
     };
     let mut placed = Placed::new();
     let (ip_guard, at_ports) = plan(&guard, &mut placed, place);
+    assert_eq!(placed.keys().collect::<Vec<_>>(), [&ip("192.0.2.11")]);
     let mut batch = crate::nft::batch::Batch::new();
     write(&mut batch, &at_ports);
     let diff = crate::datapath::StateDiff::default();
@@ -707,6 +708,44 @@ fn guards_behind_bridge_ports_are_checked_at_the_port() {
             "delete element bridge guard_ports4 { 192.0.2.11 . if9 }",
             "add element bridge guarded4 { 192.0.2.11 }",
             "add element bridge guard_ports4 { 192.0.2.11 . if10 }",
+        ]
+    );
+}
+
+/// Only the places behind bridge ports are kept: an address written at
+/// its own interface is taken out at that interface, also after the
+/// interface became a bridge's port (the links are read at each change,
+/// what was written is not).
+#[test]
+fn an_address_written_at_its_interface_is_removed_there_after_it_joins_a_bridge() {
+    use super::ports::{plan, write, Place, Placed};
+    use crate::datapath::Change;
+    let mut placed = Placed::new();
+    let no_bridges = |e: u32| Place::of(e, &Default::default(), &Default::default());
+    let added = Change {
+        remove: vec![],
+        add: vec![(ip("192.0.2.13"), 5), (ip("203.0.113.10"), 0)],
+    };
+    plan(&added, &mut placed, no_bridges);
+    assert!(placed.is_empty(), "direct places kept: {placed:?}");
+    let bridge_of = [(5u32, 7u32)].into_iter().collect();
+    let bridges = [7u32].into_iter().collect();
+    let now_a_port = |e: u32| Place::of(e, &bridge_of, &bridges);
+    let removed = Change {
+        remove: vec![(ip("192.0.2.13"), 5)],
+        add: vec![],
+    };
+    let (ip_guard, at_ports) = plan(&removed, &mut placed, now_a_port);
+    let mut batch = crate::nft::batch::Batch::new();
+    write(&mut batch, &at_ports);
+    let diff = crate::datapath::StateDiff::default();
+    let mut lines = describe(sync_batch(&[], &diff, &ip_guard, false).bytes());
+    lines.extend(describe(batch.bytes()));
+    assert_eq!(
+        lines,
+        [
+            "delete element ip guarded { 192.0.2.13 }",
+            "delete element ip guard_paths { 192.0.2.13 . if5 }",
         ]
     );
 }

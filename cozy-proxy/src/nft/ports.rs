@@ -194,6 +194,8 @@ pub struct Place {
 
 impl Place {
     /// `bridge_of`: each bridge port's bridge; `bridges`: the bridges.
+    /// An entry that is a bridge itself (the port not known yet) is
+    /// written at the bridge, as any other entry at itself.
     pub fn of(entry: u32, bridge_of: &BTreeMap<u32, u32>, bridges: &BTreeSet<u32>) -> Place {
         match bridge_of.get(&entry) {
             Some(bridge) => Place {
@@ -201,23 +203,37 @@ impl Place {
                 checked: true,
                 port: Some(entry),
             },
-            None if bridges.contains(&entry) => Place {
-                ip_iface: entry,
-                checked: false,
-                port: None,
-            },
-            None => Place {
-                ip_iface: entry,
-                checked: false,
-                port: None,
-            },
+            None if bridges.contains(&entry) => Place::direct(entry),
+            None => Place::direct(entry),
+        }
+    }
+
+    /// The place of an address at its entry interface: that interface in
+    /// the IP tables, nothing in this one.
+    pub fn direct(entry: u32) -> Place {
+        Place {
+            ip_iface: entry,
+            checked: false,
+            port: None,
         }
     }
 }
 
-/// Our places of the guarded addresses, as written (a removal takes out
-/// what was put in, whatever the links are now).
+/// Our places of the guarded addresses, as written, where they are not
+/// [`Place::direct`] (a removal takes out what was put in, whatever the
+/// links are now). An address not here was written at its entry: on routed
+/// veths that is every one, and a place kept for each of a node's 100 000
+/// guarded addresses would be 6.5 MiB.
 pub type Placed = BTreeMap<IpAddr, Place>;
+
+/// Keeps `p` as `a`'s place, where it is not the direct one of `entry`.
+fn keep(placed: &mut Placed, a: IpAddr, entry: u32, p: Place) {
+    if p == Place::direct(entry) {
+        placed.remove(&a);
+    } else {
+        placed.insert(a, p);
+    }
+}
 
 /// This table's element changes.
 #[derive(Debug, Default)]
@@ -237,7 +253,7 @@ pub fn plan(
     let mut ip = Change::default();
     let mut here = PortsChange::default();
     for (a, entry) in &guard.remove {
-        let p = placed.remove(a).unwrap_or_else(|| place(*entry));
+        let p = placed.remove(a).unwrap_or(Place::direct(*entry));
         ip.remove.push((*a, p.ip_iface));
         if p.checked {
             here.checked.remove.push(*a);
@@ -246,7 +262,7 @@ pub fn plan(
     }
     for (a, entry) in &guard.add {
         let p = place(*entry);
-        placed.insert(*a, p);
+        keep(placed, *a, *entry, p);
         ip.add.push((*a, p.ip_iface));
         if p.checked {
             here.checked.add.push(*a);
@@ -314,17 +330,15 @@ pub fn read_places(
     let mut placed = Placed::new();
     for (a, iface) in ip_guard.iter_mut() {
         let port = ports.get(a).copied();
-        placed.insert(
-            *a,
-            Place {
-                ip_iface: *iface,
-                checked: checked.contains(a),
-                port,
-            },
-        );
+        let written = Place {
+            ip_iface: *iface,
+            checked: checked.contains(a),
+            port,
+        };
         if let Some(port) = port {
             *iface = port;
         }
+        keep(&mut placed, *a, *iface, written);
     }
     Ok(placed)
 }

@@ -83,6 +83,7 @@ fn no_files_import_each_other_in_a_cycle() {
         ("cozy-proxy-testkit", "cozy-proxy-testkit"),
         ("cozy-proxy-common", "cozy-proxy-common"),
         ("cozy-proxy-ebpf", "cozy-proxy-ebpf"),
+        ("cozy-proxy-bench", "cozy-proxy-bench"),
         ("xtask", "xtask"),
     ] {
         let graph = CrateGraph::read(&src(krate), name).expect("read the sources");
