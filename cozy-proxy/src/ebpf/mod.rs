@@ -676,6 +676,9 @@ impl Kernel for EbpfKernel {
     }
 
     fn settle(&mut self) -> Result<(), EbpfError> {
+        if let Some(maps) = self.maps.as_mut() {
+            maps.pack_belief();
+        }
         Ok(self.steering.settle()?)
     }
 
