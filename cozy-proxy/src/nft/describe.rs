@@ -648,6 +648,22 @@ fn cleanup_deletes_only_the_tables_present() {
     );
 }
 
+/// The element messages `plan` makes of `guard`: the IP tables' guard
+/// elements, then the bridge table's.
+fn guard_lines(
+    guard: &crate::datapath::Change<(IpAddr, u32)>,
+    placed: &mut super::ports::Placed,
+    place: impl Fn(u32) -> super::ports::Place,
+) -> Vec<String> {
+    let (ip_guard, at_ports) = super::ports::plan(guard, placed, place);
+    let mut batch = crate::nft::batch::Batch::new();
+    super::ports::write(&mut batch, &at_ports);
+    let diff = crate::datapath::StateDiff::default();
+    let mut lines = describe(sync_batch(&[], &diff, &ip_guard, false).bytes());
+    lines.extend(describe(batch.bytes()));
+    lines
+}
+
 /// A pod behind bridge port 9 of bridge 7, a pod whose port is not known
 /// yet (entry: bridge 7), a pod on an interface of its own (5), a local LB
 /// IP (no entry): the IP tables get the bridge for the first two; the
@@ -656,7 +672,7 @@ fn cleanup_deletes_only_the_tables_present() {
 /// judge them). A change of port takes out exactly what was put in.
 #[test]
 fn guards_behind_bridge_ports_are_checked_at_the_port() {
-    use super::ports::{plan, write, Place, Placed};
+    use super::ports::{Place, Placed};
     use crate::datapath::Change;
     let bridge_of = [(9u32, 7u32), (10, 7)].into_iter().collect();
     let bridges = [7u32].into_iter().collect();
@@ -671,13 +687,8 @@ fn guards_behind_bridge_ports_are_checked_at_the_port() {
         ],
     };
     let mut placed = Placed::new();
-    let (ip_guard, at_ports) = plan(&guard, &mut placed, place);
+    let lines = guard_lines(&guard, &mut placed, place);
     assert_eq!(placed.keys().collect::<Vec<_>>(), [&ip("192.0.2.11")]);
-    let mut batch = crate::nft::batch::Batch::new();
-    write(&mut batch, &at_ports);
-    let diff = crate::datapath::StateDiff::default();
-    let mut lines = describe(sync_batch(&[], &diff, &ip_guard, false).bytes());
-    lines.extend(describe(batch.bytes()));
     assert_eq!(
         lines,
         [
@@ -692,11 +703,7 @@ fn guards_behind_bridge_ports_are_checked_at_the_port() {
         remove: vec![(ip("192.0.2.11"), 9)],
         add: vec![(ip("192.0.2.11"), 10)],
     };
-    let (ip_guard, at_ports) = plan(&moved, &mut placed, place);
-    let mut batch = crate::nft::batch::Batch::new();
-    write(&mut batch, &at_ports);
-    let mut lines = describe(sync_batch(&[], &diff, &ip_guard, false).bytes());
-    lines.extend(describe(batch.bytes()));
+    let lines = guard_lines(&moved, &mut placed, place);
     assert_eq!(
         lines,
         [
@@ -718,7 +725,7 @@ fn guards_behind_bridge_ports_are_checked_at_the_port() {
 /// what was written is not).
 #[test]
 fn an_address_written_at_its_interface_is_removed_there_after_it_joins_a_bridge() {
-    use super::ports::{plan, write, Place, Placed};
+    use super::ports::{Place, Placed};
     use crate::datapath::Change;
     let mut placed = Placed::new();
     let no_bridges = |e: u32| Place::of(e, &Default::default(), &Default::default());
@@ -726,7 +733,7 @@ fn an_address_written_at_its_interface_is_removed_there_after_it_joins_a_bridge(
         remove: vec![],
         add: vec![(ip("192.0.2.13"), 5), (ip("203.0.113.10"), 0)],
     };
-    plan(&added, &mut placed, no_bridges);
+    guard_lines(&added, &mut placed, no_bridges);
     assert!(placed.is_empty(), "direct places kept: {placed:?}");
     let bridge_of = [(5u32, 7u32)].into_iter().collect();
     let bridges = [7u32].into_iter().collect();
@@ -735,12 +742,7 @@ fn an_address_written_at_its_interface_is_removed_there_after_it_joins_a_bridge(
         remove: vec![(ip("192.0.2.13"), 5)],
         add: vec![],
     };
-    let (ip_guard, at_ports) = plan(&removed, &mut placed, now_a_port);
-    let mut batch = crate::nft::batch::Batch::new();
-    write(&mut batch, &at_ports);
-    let diff = crate::datapath::StateDiff::default();
-    let mut lines = describe(sync_batch(&[], &diff, &ip_guard, false).bytes());
-    lines.extend(describe(batch.bytes()));
+    let lines = guard_lines(&removed, &mut placed, now_a_port);
     assert_eq!(
         lines,
         [
