@@ -305,7 +305,7 @@ pub struct ServiceCounters {
 /// entry takes that role and cleared after it lost it.
 ///
 /// It also holds the in-cluster hint: one bit per IPv4 /16 and per hashed
-/// IPv6 /32 that holds in-cluster addresses (what the `cluster` trie
+/// IPv6 /48 that holds in-cluster addresses (what the `cluster` trie
 /// holds). An address whose bit is clear is not in the cluster, decided
 /// without the trie lookup (most traffic from outside); userspace sets the
 /// bits of a range before the range enters the trie.
@@ -324,7 +324,8 @@ pub struct Prefilter {
     pub foreign_lbs: [u64; prefilter::WORDS],
     pub cluster: [u64; prefilter::CLUSTER_WORDS],
     /// Non-zero when an IPv6 range is wider than /32: the hint cannot
-    /// exclude any IPv6 address.
+    /// exclude any IPv6 address. (A range from /32 to /47 sets the bit of
+    /// each /48 it holds.)
     pub cluster_v6_wide: u64,
 }
 
@@ -348,11 +349,13 @@ pub mod prefilter {
         ((i >> 6) as usize, 1u64 << (i & 63))
     }
 
-    /// The hint's word and bit for an IPv6 address's first word: its /32,
-    /// hashed.
+    /// The hint's word and bit for an IPv6 address's /48, hashed: its first
+    /// word and the first half of its second (memory order). A /48, not a
+    /// /32: a provider's clients and its cluster's ranges often share its
+    /// /32, and a /48 is the widest prefix a site is usually given.
     #[inline(always)]
-    pub const fn cluster_slot_v6(w0: u32) -> (usize, u64) {
-        let h = w0.wrapping_mul(0x9e37_79b1) >> 16;
+    pub const fn cluster_slot_v6(w0: u32, w1: u32) -> (usize, u64) {
+        let h = (w0 ^ (w1 & 0xffff).wrapping_mul(0x85eb_ca6b)).wrapping_mul(0x9e37_79b1) >> 16;
         (
             CLUSTER_WORDS / 2 + ((h >> 6) as usize & (CLUSTER_WORDS / 2 - 1)),
             1u64 << (h & 63),

@@ -61,14 +61,14 @@ pub fn maybe_in_cluster(ip: &IpKey) -> bool {
     let Some(f) = prefilter() else {
         return true;
     };
-    let w = ip.words()[0];
+    let w = ip.words();
     let (word, bit) = if ip.family == FAMILY_V4 {
-        prefilter::cluster_slot_v4(w)
+        prefilter::cluster_slot_v4(w[0])
     } else {
         if f.cluster_v6_wide != 0 {
             return true;
         }
-        prefilter::cluster_slot_v6(w)
+        prefilter::cluster_slot_v6(w[0], w[1])
     };
     f.cluster.get(word).is_none_or(|w| w & bit != 0)
 }

@@ -54,8 +54,7 @@ fn families() -> [(&'static str, Addrs); 2] {
             "ipv4",
             Addrs {
                 // Outside the node's /16 (its uplink is 198.51.100.2): the
-                // in-cluster hint excludes it without a trie lookup. (Every
-                // IPv6 address here shares the documentation /32.)
+                // in-cluster hint excludes it without a trie lookup.
                 ext: ip("203.0.113.200"),
                 unrelated: ip("203.0.113.201"),
                 pair: (ip("203.0.113.10"), ip("192.0.2.11")),
@@ -68,7 +67,9 @@ fn families() -> [(&'static str, Addrs); 2] {
         (
             "ipv6",
             Addrs {
-                ext: ip("2001:db8:100::200"),
+                // Outside the node's /48 (its uplink is 2001:db8:100::2/64),
+                // as a client from outside is: the hint excludes it too.
+                ext: ip("2001:db8:300::200"),
                 unrelated: ip("2001:db8:203::200"),
                 pair: (ip("2001:db8:203::10"), ip("2001:db8:2::11")),
                 filtered: (ip("2001:db8:203::20"), ip("2001:db8:2::12")),

@@ -43,7 +43,7 @@ pub const LAYOUTS: [(&str, u32); 15] = [
     (names::STATS, 1),
     (names::DROP_STATS, 2),
     (names::CONFIG, 3),
-    (names::PREFILTER, 1),
+    (names::PREFILTER, 2),
     (names::IFACES, 1),
     (names::XDP_TARGETS, 1),
 ];
@@ -266,7 +266,7 @@ mod tests {
             ("stats", 1, 4, 32),
             ("drop_stats", 2, 4, 16),
             ("config", 3, 4, 16),
-            ("prefilter", 1, 4, 409_608),
+            ("prefilter", 2, 4, 409_608),
             ("ifaces", 1, 4, 8),
             ("xdp_targets", 1, 4, 8),
         ];

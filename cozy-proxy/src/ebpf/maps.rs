@@ -2,14 +2,15 @@
 //! to the node's state, and read back for `dump`.
 use super::addr_bits::AddrBits;
 use super::apply_plan::{self, ip, key, AddrWrites, ApplyPlan, Belief, FlowSweep, Ranges, Step};
+use super::cluster_hint;
 use super::slots::Written;
 use super::{batch, EbpfError};
 use crate::datapath::{AllowedPort, DatapathState, Desired, NextHop, StateDiff};
 use crate::model::{merge_ranges, Cidr, IpRange};
 use aya::maps::{lpm_trie::Key, Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray};
 use cozy_proxy_common::{
-    addr, maps as names, prefilter, AddrInfo, Config, Counter, FlowKey, FlowState, IpKey, LbSource,
-    PortKey, Prefilter, RevKey, RevValue, ServiceCounters, FAMILY_BITS, IP_KEY_BITS,
+    addr, maps as names, AddrInfo, Config, Counter, FlowKey, FlowState, IpKey, LbSource, PortKey,
+    Prefilter, RevKey, RevValue, ServiceCounters, FAMILY_BITS, IP_KEY_BITS,
 };
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -160,7 +161,7 @@ fn write_prefilter(
     let mut bits = unsafe { Box::<Prefilter>::new_zeroed().assume_init() };
     addr_bits.write_into(&mut bits);
     for c in cluster {
-        mark_cluster(&mut bits, c);
+        cluster_hint::mark(&mut bits, c);
     }
     prefilter
         .set(0, bits.as_ref(), 0)
@@ -515,32 +516,6 @@ impl Maps {
         (self.config_map.set(0, config, 0)).map_err(named(names::CONFIG))?;
         self.config = config;
         Ok(())
-    }
-}
-
-/// Sets the in-cluster hint bits of every address of `c`: its IPv4 /16s,
-/// or its IPv6 /32 (an IPv6 range wider than that sets the "wide" flag).
-fn mark_cluster(bits: &mut Prefilter, c: &Cidr) {
-    let first = key(&c.addr()).words()[0];
-    match c.addr() {
-        IpAddr::V4(_) if c.prefix() >= 16 => {
-            let (word, bit) = prefilter::cluster_slot_v4(first);
-            bits.cluster[word] |= bit;
-        }
-        IpAddr::V4(a) => {
-            let start = u32::from(a) >> 16;
-            let count = 1u32 << (16 - c.prefix());
-            for block in start..start + count {
-                let w = u32::from_ne_bytes((block << 16).to_be_bytes());
-                let (word, bit) = prefilter::cluster_slot_v4(w);
-                bits.cluster[word] |= bit;
-            }
-        }
-        IpAddr::V6(_) if c.prefix() >= 32 => {
-            let (word, bit) = prefilter::cluster_slot_v6(first);
-            bits.cluster[word] |= bit;
-        }
-        IpAddr::V6(_) => bits.cluster_v6_wide = 1,
     }
 }
 

@@ -6,6 +6,7 @@ mod apply_plan;
 mod batch;
 mod bpffs;
 pub mod chain;
+mod cluster_hint;
 mod config;
 mod counters;
 mod error;
