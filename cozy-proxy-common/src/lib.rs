@@ -349,6 +349,16 @@ pub mod prefilter {
         ((i >> 6) as usize, 1u64 << (i & 63))
     }
 
+    /// Is an IPv6 address with this first word (memory order) in
+    /// fe80::/10? Every node's in-cluster ranges hold that prefix, which
+    /// no hint bit could cover: the programs send such an address to the
+    /// trie without the hint, and the hint's marking leaves it out.
+    #[inline(always)]
+    pub const fn v6_link_local(w0: u32) -> bool {
+        let b = w0.to_ne_bytes();
+        b[0] == 0xfe && (b[1] & 0xc0) == 0x80
+    }
+
     /// The hint's word and bit for an IPv6 address's /48, hashed: its first
     /// word and the first half of its second (memory order). A /48, not a
     /// /32: a provider's clients and its cluster's ranges often share its

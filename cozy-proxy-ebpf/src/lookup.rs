@@ -65,7 +65,7 @@ pub fn maybe_in_cluster(ip: &IpKey) -> bool {
     let (word, bit) = if ip.family == FAMILY_V4 {
         prefilter::cluster_slot_v4(w[0])
     } else {
-        if f.cluster_v6_wide != 0 {
+        if f.cluster_v6_wide != 0 || prefilter::v6_link_local(w[0]) {
             return true;
         }
         prefilter::cluster_slot_v6(w[0], w[1])

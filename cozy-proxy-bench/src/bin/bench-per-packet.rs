@@ -101,6 +101,10 @@ fn state() -> DatapathState {
             });
         }
         s.filtered_pods.insert(a.filtered.1);
+        // The link-local ranges every node's in-cluster ranges hold.
+        for c in cozy_proxy::model::cluster::link_local() {
+            s.cluster.insert(IpRange::of(&c));
+        }
         s.allowed_ports.insert(AllowedPort {
             pod: a.filtered.1,
             proto: TCP,

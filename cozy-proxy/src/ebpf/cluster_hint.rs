@@ -4,7 +4,8 @@
 //! so every address of every range must find its bit set: a range sets the
 //! bit of each /16 or /48 it holds, and an IPv6 range wider than /32 (65 536
 //! /48s and more) sets the "wide" flag instead, which turns the IPv6 hint
-//! off.
+//! off. fe80::/10, which every node's ranges hold, is the exception: the
+//! programs ask the trie for a link-local address without the hint.
 use crate::model::Cidr;
 use cozy_proxy_common::{prefilter, IpKey, Prefilter};
 use std::net::IpAddr;
@@ -24,6 +25,8 @@ pub fn mark(bits: &mut Prefilter, c: &Cidr) {
                 bits.cluster[word] |= bit;
             }
         }
+        // Asked of the trie without the hint (`prefilter::v6_link_local`).
+        IpAddr::V6(a) if c.prefix() >= 10 && link_local(&a) => {}
         IpAddr::V6(_) if c.prefix() < V6_WIDEST_MARKED => bits.cluster_v6_wide = 1,
         IpAddr::V6(a) => {
             let octets = a.octets();
@@ -40,6 +43,10 @@ pub fn mark(bits: &mut Prefilter, c: &Cidr) {
     }
 }
 
+fn link_local(a: &std::net::Ipv6Addr) -> bool {
+    prefilter::v6_link_local(IpKey::v6(a.octets()).words()[0])
+}
+
 /// Might `ip` be in a range `bits` marks? What the programs ask
 /// (`lookup::maybe_in_cluster` in cozy-proxy-ebpf), for the tests.
 #[cfg(test)]
@@ -47,7 +54,9 @@ fn maybe_in(bits: &Prefilter, ip: &IpAddr) -> bool {
     let w = IpKey::from(*ip).words();
     let (word, bit) = match ip {
         IpAddr::V4(_) => prefilter::cluster_slot_v4(w[0]),
-        IpAddr::V6(_) if bits.cluster_v6_wide != 0 => return true,
+        IpAddr::V6(_) if bits.cluster_v6_wide != 0 || prefilter::v6_link_local(w[0]) => {
+            return true
+        }
         IpAddr::V6(_) => prefilter::cluster_slot_v6(w[0], w[1]),
     };
     bits.cluster[word] & bit != 0
@@ -137,6 +146,24 @@ mod tests {
         assert_ne!(bits.cluster_v6_wide, 0);
         assert!(maybe_in(&bits, &ip("2001:db9:ffff::1")));
         assert!(!maybe_in(&bits, &ip("203.0.113.1")), "IPv4 keeps its hint");
+    }
+
+    #[test]
+    fn the_link_local_range_every_node_holds_leaves_the_hint_on() {
+        let mut bits = empty();
+        for c in crate::model::cluster::link_local() {
+            mark(&mut bits, &c);
+        }
+        mark(&mut bits, &cidr("2001:db8:2::/48"));
+        assert_eq!(bits.cluster_v6_wide, 0);
+        for inside in ["fe80::1", "febf:ffff::1", "2001:db8:2::50", "169.254.1.1"] {
+            assert!(
+                maybe_in(&bits, &ip(inside)),
+                "{inside} is excluded by the hint"
+            );
+        }
+        assert!(!maybe_in(&bits, &ip("2001:db8:300::200")));
+        assert!(!maybe_in(&bits, &ip("fec0::1")), "past fe80::/10");
     }
 
     #[test]
