@@ -329,6 +329,25 @@ pub struct Prefilter {
     pub cluster_v6_wide: u64,
 }
 
+impl Prefilter {
+    /// Might `ip` be in the cluster? `false` is certain: an address whose
+    /// hint bit is clear is in no range of the `cluster` trie. The one
+    /// rule both the programs and userspace's tests ask.
+    #[inline(always)]
+    pub fn maybe_in_cluster(&self, ip: &IpKey) -> bool {
+        let w = ip.words();
+        let (word, bit) = if ip.family == FAMILY_V4 {
+            prefilter::cluster_slot_v4(w[0])
+        } else {
+            if self.cluster_v6_wide != 0 || prefilter::v6_link_local(w[0]) {
+                return true;
+            }
+            prefilter::cluster_slot_v6(w[0], w[1])
+        };
+        self.cluster.get(word).is_none_or(|w| w & bit != 0)
+    }
+}
+
 pub mod prefilter {
     /// 2^20 bits (128 KiB): about 0.1% false positives with 1 000
     /// addresses, 10% with 100 000.

@@ -58,19 +58,7 @@ pub fn addr_bits(ip: &IpKey) -> u32 {
 /// `Prefilter`): most traffic from outside skips the trie lookup.
 #[inline(always)]
 pub fn maybe_in_cluster(ip: &IpKey) -> bool {
-    let Some(f) = prefilter() else {
-        return true;
-    };
-    let w = ip.words();
-    let (word, bit) = if ip.family == FAMILY_V4 {
-        prefilter::cluster_slot_v4(w[0])
-    } else {
-        if f.cluster_v6_wide != 0 || prefilter::v6_link_local(w[0]) {
-            return true;
-        }
-        prefilter::cluster_slot_v6(w[0], w[1])
-    };
-    f.cluster.get(word).is_none_or(|w| w & bit != 0)
+    prefilter().is_none_or(|f| f.maybe_in_cluster(ip))
 }
 
 #[inline(never)]

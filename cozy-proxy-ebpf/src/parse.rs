@@ -407,6 +407,6 @@ pub fn is_link_scope(ip: &IpKey) -> bool {
     if ip.family == cozy_proxy_common::FAMILY_V4 {
         (a0 & 0xf0) == 0xe0 || (a0 == 169 && a1 == 254) || w == u32::MAX
     } else {
-        a0 == 0xff || (a0 == 0xfe && (a1 & 0xc0) == 0x80)
+        a0 == 0xff || cozy_proxy_common::prefilter::v6_link_local(w)
     }
 }

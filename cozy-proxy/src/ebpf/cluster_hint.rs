@@ -47,19 +47,10 @@ fn link_local(a: &std::net::Ipv6Addr) -> bool {
     prefilter::v6_link_local(IpKey::v6(a.octets()).words()[0])
 }
 
-/// Might `ip` be in a range `bits` marks? What the programs ask
-/// (`lookup::maybe_in_cluster` in cozy-proxy-ebpf), for the tests.
+/// Might `ip` be in a range `bits` marks? What the programs ask.
 #[cfg(test)]
 fn maybe_in(bits: &Prefilter, ip: &IpAddr) -> bool {
-    let w = IpKey::from(*ip).words();
-    let (word, bit) = match ip {
-        IpAddr::V4(_) => prefilter::cluster_slot_v4(w[0]),
-        IpAddr::V6(_) if bits.cluster_v6_wide != 0 || prefilter::v6_link_local(w[0]) => {
-            return true
-        }
-        IpAddr::V6(_) => prefilter::cluster_slot_v6(w[0], w[1]),
-    };
-    bits.cluster[word] & bit != 0
+    bits.maybe_in_cluster(&IpKey::from(*ip))
 }
 
 #[cfg(test)]
