@@ -294,7 +294,9 @@ pub fn benchmarks_md(
              (`skb_pp_cow_data`), moves to NAPI on both ends and builds a new skb at the pod's end, work the \
              TC fast path's `bpf_redirect_peer` does not do (profile in \
              docs/notes/2026-12-xdp-path-cost.md). What XDP saves on a NIC (the skb's allocation before the \
-             drop or the redirect) does not exist on a veth, so its 2x target is not measurable here. A veth \
+             drop or the redirect) does not exist on a veth, so its 2x target is not measurable here; the \
+             kernel's live XDP frames (`BPF_F_TEST_XDP_LIVE_FRAMES`), which would stand in for a NIC's \
+             receive path, are refused by this machine's locked-down kernel (same note). A veth \
              whose peer has an XDP program also loses its software segmentation offload: TCP into the node \
              is segmented by the sender (the TCP row of ebpf_xdp, ingress).\n\
              - The per-packet comparison of the fast path's run with the stack path's charges the fast path \
@@ -305,10 +307,27 @@ pub fn benchmarks_md(
              a `nat` chain, which turns conntrack's hooks on. The baseline's node runs none, unlike a node \
              with kube-proxy, Kube-OVN, Flannel or Calico's iptables mode. Without that table (an experiment build), the stack \
              path's many-flows rate went from 0.76x to 0.87x of the baseline \
-             (docs/notes/2026-12-stack-path-and-conntrack.md).\n\
+             (docs/notes/2026-12-stack-path-and-conntrack.md). Against the baseline with conntrack, what \
+             remains on new flows is the programs' own work and conntrack's NAT binding for each new flow \
+             (that table's `nat` chain; a node whose CNI masquerades pays it anyway): profiled per packet \
+             in the same note.\n\
              - The flood's sender is one CPU's trafgen, which reaches about the baseline's forwarding rate: \
              the drops per second cannot reach 5x it on this machine, and on a veth with XDP the frames the \
-             NAPI ring cannot take are dropped by veth before XDP (not in the datapath's counter).\n",
+             NAPI ring cannot take are dropped by veth before XDP (not in the datapath's counter).\n\
+             - nft behind the conntrack peer: its rewrite is stateless by design (no NAT binding per flow), \
+             so every packet runs rules where the peer's later packets are rewritten from the binding \
+             conntrack stored. Per packet, nf_tables' interpreter, lookups and checksummed write are most \
+             of the gap, and a restructured ruleset could win about 1.5% of it \
+             (docs/notes/2026-12-nft-against-the-peer.md).\n\
+             - IPv6's mapped rewrite toward the pod against IPv4's: the two differ by 10-30 ns above the \
+             empty program in the runs measured, about what one case's samples spread in one run; the \
+             profile of what remains (the `addrs` hash, the checksum helper) is in \
+             docs/notes/2026-12-ipv6-cluster-hint.md.\n\
+             - Per packet, the limits of 20 and 50 ns above the empty program were set on machines whose \
+             empty TC program ran in 8-22 ns. Where calls cost more, as on a VM with retpolines on every \
+             indirect call (`spectre_v2` in /sys/devices/system/cpu/vulnerabilities), the empty program and \
+             every helper and map call above it cost more alike: read the cases against this run's empty \
+             program.\n",
         );
         if let Some(d) = &datapath_ref {
             md.push_str(&repetition_spread(d));
