@@ -296,7 +296,8 @@ pub fn benchmarks_md(
              docs/notes/2026-12-xdp-path-cost.md). What XDP saves on a NIC (the skb's allocation before the \
              drop or the redirect) does not exist on a veth, so its 2x target is not measurable here; the \
              kernel's live XDP frames (`BPF_F_TEST_XDP_LIVE_FRAMES`), which would stand in for a NIC's \
-             receive path, are refused by this machine's locked-down kernel (same note). A veth \
+             receive path, are refused by the locked-down kernel of the machines measured so far (same \
+             note). A veth \
              whose peer has an XDP program also loses its software segmentation offload: TCP into the node \
              is segmented by the sender (the TCP row of ebpf_xdp, ingress).\n\
              - The per-packet comparison of the fast path's run with the stack path's charges the fast path \
